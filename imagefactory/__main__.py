@@ -1,0 +1,3 @@
+from imagefactory.cli import main
+
+main()

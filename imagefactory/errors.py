@@ -1,0 +1,54 @@
+"""Typed errors. The CLI catches ImageFactoryError once, prints it, exits with its code."""
+
+from __future__ import annotations
+
+
+class ImageFactoryError(Exception):
+    """Base of every failure a user can cause or meet. Never shown with a traceback."""
+
+    exit_code = 1
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+class ConfigError(ImageFactoryError):
+    """The matrix file (or a command-line option) is wrong. Carries every problem found."""
+
+    exit_code = 2
+
+    def __init__(self, problems: list[str] | str):
+        if isinstance(problems, str):
+            problems = [problems]
+        self.problems = list(problems)
+        super().__init__("\n".join(self.problems))
+
+
+class CellFailure(ImageFactoryError):
+    """At least one cell failed to build, failed a check, or failed to publish."""
+
+    exit_code = 1
+
+
+class DockerUnavailable(ImageFactoryError):
+    """No Docker engine answered."""
+
+    exit_code = 3
+
+
+class BuildError(ImageFactoryError):
+    """One image build failed. Raised by the engine layer, caught per cell."""
+
+    def __init__(self, message: str, *, step: str | None = None, log_tail: list[str] | None = None):
+        super().__init__(message)
+        self.step = step
+        self.log_tail = log_tail or []
+
+
+class PushError(ImageFactoryError):
+    """A push failed. `transient` tells the retry policy whether trying again can help."""
+
+    def __init__(self, message: str, *, transient: bool):
+        super().__init__(message)
+        self.transient = transient

@@ -1,0 +1,84 @@
+"""The validated, expanded matrix: plain data that every later step reads.
+
+matrix.py builds these from a file; nothing else constructs them except tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CPU = None  # a cell's `cuda` is None for CPU-only cells
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One image of the matrix, with every value the templates and checks need."""
+
+    python: str  # "3.11" (major.minor)
+    cuda: str | None  # "12.9", or None for a CPU-only cell
+    blas: str  # "mkl" | "openblas"
+    installer: str  # "conda" | "pip"
+    torch: str  # "2.7.1"
+    threads: int  # baked into OMP/MKL/OPENBLAS_NUM_THREADS
+    base_image: str  # fully resolved base image reference (base_registry applied)
+    numpy: str | None = None  # optional version pin
+    packages: tuple[str, ...] = ()  # extra packages, installed with the cell's installer
+    env: tuple[tuple[str, str], ...] = ()  # extra ENV, sorted by name
+    labels: tuple[tuple[str, str], ...] = ()  # extra labels, sorted by name
+    user: str = "trainer"
+    uid: int = 1000
+    tags: tuple[str, ...] = ()  # release tags (full references), applied only after checks pass
+    hash_tag: str = ""  # immutable tag template resolved by publish once the content hash is known
+
+    @property
+    def id(self) -> str:
+        accel = "cpu" if self.cuda is None else f"cu{self.cuda}"
+        return f"py{self.python}-{accel}-{self.blas}-{self.installer}"
+
+    @property
+    def accel(self) -> str:
+        return "cpu" if self.cuda is None else f"cu{self.cuda}"
+
+
+@dataclass(frozen=True)
+class PipSettings:
+    index_url: str | None = None
+    extra_index_urls: tuple[str, ...] = ()
+    wheelhouse: Path | None = None  # absolute path on the host
+    # Index that serves torch builds; "{variant}" becomes cpu / cu126 / ...
+    # None: torch comes from index_url (PyPI) and the wheelhouse only.
+    torch_index_url: str | None = "https://download.pytorch.org/whl/{variant}"
+    numpy_index_url: str | None = None  # an index serving MKL-linked NumPy (pip + mkl cells)
+
+
+@dataclass(frozen=True)
+class CondaSettings:
+    distribution: str = "miniforge"  # miniforge | miniconda
+    version: str = "25.3.1-0"
+    sha256: str = "376b160ed8130820db0ab0f3826ac1fc85923647f75c1b8231166e3d559ab768"
+    channels: tuple[str, ...] = ("conda-forge",)
+    installer_url: str | None = None  # None: the distribution's official download URL
+
+
+@dataclass(frozen=True)
+class Matrix:
+    path: Path  # the matrix file, absolute
+    image: str  # [registry/]namespace/name
+    cells: tuple[Cell, ...]
+    pip: PipSettings = field(default_factory=PipSettings)
+    conda: CondaSettings = field(default_factory=CondaSettings)
+    ca_certificates: tuple[Path, ...] = ()  # absolute paths on the host
+    tag_template: str = "{image}:{torch}-py{python}-{accel}-{blas}{installer_suffix}"
+    hash_tag_template: str = "{image}:sha-{hash}"
+    extra_tags: tuple[str, ...] = ()  # "date", "git-sha"
+
+    def cell(self, cell_id: str) -> Cell:
+        for c in self.cells:
+            if c.id == cell_id:
+                return c
+        raise KeyError(cell_id)
+
+    @property
+    def directory(self) -> Path:
+        return self.path.parent

@@ -1,0 +1,275 @@
+"""Step 2: cells -> build contexts (a Dockerfile and every file it copies).
+
+Python decides values; the Jinja2 templates in dockerfiles/ hold every line of
+Dockerfile text. Same matrix in, same bytes out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shlex
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+
+from imagefactory import __version__
+from imagefactory.model import Cell, Matrix
+
+HASH_LABEL = "io.imagefactory.content-hash"
+LABEL_PREFIX = "io.imagefactory"
+
+MINIFORGE_URL = "https://github.com/conda-forge/miniforge/releases/download/{v}/Miniforge3-{v}-Linux-x86_64.sh"
+MINICONDA_URL = "https://repo.anaconda.com/miniconda/Miniconda3-{v}-Linux-x86_64.sh"
+
+
+def templates_dir() -> Path:
+    """dockerfiles/ beside the package (a checkout), or inside it (an installed wheel)."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "dockerfiles", here.parent / "dockerfiles"):
+        if candidate.is_dir():
+            return candidate
+    raise FileNotFoundError("imagefactory's dockerfiles/ templates are missing from this installation")
+
+
+def _dq(value: object) -> str:
+    """A double-quoted Dockerfile word (ENV/LABEL value). Values are pattern-checked already;
+    escaping here is the second line of defence."""
+    text = str(value)
+    if any(c in text for c in "\n\r"):
+        raise ValueError(f"newline in a Dockerfile value: {text!r}")
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$") + '"'
+
+
+def environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir())),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    env.filters["q"] = lambda v: shlex.quote(str(v))
+    env.filters["dq"] = _dq
+    env.filters["kv"] = lambda pair: f"{pair[0]}={_dq(pair[1])}"
+    return env
+
+
+@dataclass(frozen=True)
+class Context:
+    cell: Cell
+    path: Path
+    content_hash: str  # sha256 hex of the whole context (Dockerfile without the hash label + files)
+
+    @property
+    def dockerfile(self) -> Path:
+        return self.path / "Dockerfile"
+
+
+def runtime_env(cell: Cell) -> list[tuple[str, str]]:
+    t = str(cell.threads)
+    env = {"OMP_NUM_THREADS": t, "MKL_NUM_THREADS": t, "OPENBLAS_NUM_THREADS": t}
+    if cell.blas == "mkl":
+        # MKL beside GNU OpenMP (torch's libgomp) must use the GNU threading layer.
+        env["MKL_THREADING_LAYER"] = "GNU"
+    if cell.cuda is not None:
+        env["NVIDIA_VISIBLE_DEVICES"] = "all"
+        env["NVIDIA_DRIVER_CAPABILITIES"] = "compute,utility"
+    env.update(dict(cell.env))
+    return sorted(env.items())
+
+
+def labels(matrix: Matrix, cell: Cell, content_hash: str | None) -> list[tuple[str, str]]:
+    out = {
+        "org.opencontainers.image.title": f"{matrix.image.rsplit('/', 1)[-1]} {cell.id}",
+        "org.opencontainers.image.description": (
+            f"torch {cell.torch}, Python {cell.python}, "
+            f"{'CPU only' if cell.cuda is None else 'CUDA ' + cell.cuda}, {cell.blas}, {cell.installer}"),
+        "org.opencontainers.image.version": cell.tags[0].rsplit(":", 1)[-1] if cell.tags else cell.id,
+        "org.opencontainers.image.base.name": cell.base_image,
+        "org.opencontainers.image.vendor": "imagefactory",
+        f"{LABEL_PREFIX}.cell": cell.id,
+        f"{LABEL_PREFIX}.python": cell.python,
+        f"{LABEL_PREFIX}.cuda": cell.cuda or "none",
+        f"{LABEL_PREFIX}.blas": cell.blas,
+        f"{LABEL_PREFIX}.installer": cell.installer,
+        f"{LABEL_PREFIX}.torch": cell.torch,
+        f"{LABEL_PREFIX}.threads": str(cell.threads),
+        f"{LABEL_PREFIX}.version": __version__,
+    }
+    out.update(dict(cell.labels))
+    if content_hash:
+        out[HASH_LABEL] = content_hash
+    return sorted(out.items())
+
+
+def _conda_values(matrix: Matrix, cell: Cell) -> dict[str, object]:
+    conda = matrix.conda
+    template = MINIFORGE_URL if conda.distribution == "miniforge" else MINICONDA_URL
+    blas_pin = f"libblas=*=*{cell.blas}"
+    variant = "cpu*" if cell.cuda is None else "cuda*"
+    specs = [f"python={cell.python}", f"pytorch={cell.torch}={variant}"]
+    if cell.cuda is not None:
+        specs.append(f"cuda-version={cell.cuda}")
+    specs.append(blas_pin)
+    pinned = [blas_pin]
+    if cell.blas == "openblas":
+        # The generic (non-MKL) pytorch build wants nomkl; without it the solver prefers mkl builds.
+        specs.append("nomkl")
+        pinned.append("nomkl")
+    specs.append(f"numpy={cell.numpy}" if cell.numpy else "numpy")
+    specs.append("threadpoolctl")
+    specs.extend(cell.packages)
+    return {
+        "distribution_title": "Miniforge" if conda.distribution == "miniforge" else "Miniconda",
+        "installer_version": conda.version,
+        "installer_url": conda.installer_url or template.format(v=conda.version),
+        "installer_sha256": conda.sha256,
+        "accept_tos": conda.distribution == "miniconda",
+        "override_cuda": cell.cuda,
+        "specs": specs,
+        "pinned": pinned,
+    }
+
+
+def torch_requirement(matrix: Matrix, cell: Cell) -> tuple[str, list[str]]:
+    """The pip requirement for torch and the options that pick the right build."""
+    pip = matrix.pip
+    variant = "cpu" if cell.cuda is None else "cu" + cell.cuda.replace(".", "")
+    opts: list[str] = []
+    if pip.torch_index_url:
+        opts += ["--index-url", pip.torch_index_url.replace("{variant}", variant)]
+        if pip.index_url:
+            opts += ["--extra-index-url", pip.index_url]
+        requirement = f"torch=={cell.torch}+{variant}"
+    else:
+        if pip.index_url:
+            opts += ["--index-url", pip.index_url]
+        # PyPI's plain torch is its default CUDA build (validated); CPU builds carry +cpu.
+        requirement = f"torch=={cell.torch}" if cell.cuda is not None else f"torch=={cell.torch}+cpu"
+    for url in pip.extra_index_urls:
+        opts += ["--extra-index-url", url]
+    if pip.wheelhouse:
+        opts += ["--find-links", "/tmp/wheelhouse"]
+    return requirement, opts
+
+
+def _pip_values(matrix: Matrix, cell: Cell) -> dict[str, object]:
+    pip = matrix.pip
+    requirement, torch_opts = torch_requirement(matrix, cell)
+    opts: list[str] = []
+    if pip.index_url:
+        opts += ["--index-url", pip.index_url]
+    for url in pip.extra_index_urls:
+        opts += ["--extra-index-url", url]
+    if cell.blas == "mkl" and pip.numpy_index_url:
+        opts += ["--extra-index-url", pip.numpy_index_url]
+    if pip.wheelhouse:
+        opts += ["--find-links", "/tmp/wheelhouse"]
+    numpy = f"numpy=={cell.numpy}" if cell.numpy else "numpy"
+    return {
+        "wheelhouse": pip.wheelhouse is not None,
+        "torch_requirement": requirement,
+        "torch_opts": torch_opts,
+        "pip_opts": opts,
+        "requirements": [numpy, "threadpoolctl>=3.1", *cell.packages],
+    }
+
+
+def dockerfile_text(matrix: Matrix, cell: Cell, content_hash: str | None, certs: list[str]) -> str:
+    values: dict[str, object] = {
+        "cell": cell,
+        "base_image": cell.base_image,
+        "certs": certs,
+        "user": cell.user,
+        "uid": cell.uid,
+        "env": runtime_env(cell),
+        "labels": labels(matrix, cell, content_hash),
+    }
+    if cell.installer == "conda":
+        values.update(_conda_values(matrix, cell))
+    else:
+        values.update(_pip_values(matrix, cell))
+    return environment().get_template(f"{cell.installer}.Dockerfile.j2").render(values)
+
+
+def _cert_names(matrix: Matrix) -> list[str]:
+    # update-ca-certificates only reads *.crt; numbered so two files with one name can't clash.
+    return [f"{i:02d}-{p.stem}.crt" for i, p in enumerate(matrix.ca_certificates)]
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def _write_files(matrix: Matrix, cell: Cell, root: Path) -> None:
+    """Every file of the context except the Dockerfile."""
+    names = _cert_names(matrix)
+    if names:
+        (root / "certs").mkdir()
+        for name, src in zip(names, matrix.ca_certificates):
+            (root / "certs" / name).write_bytes(src.read_bytes())
+    if cell.installer == "conda":
+        text = environment().get_template("condarc.j2").render(
+            channels=matrix.conda.channels, certs=names)
+        (root / "condarc").write_text(text)
+    elif matrix.pip.wheelhouse is not None:
+        (root / "wheelhouse").mkdir()
+        for src in sorted(matrix.pip.wheelhouse.iterdir()):
+            if src.is_file() and src.suffix in (".whl", ".gz", ".zip"):
+                _link_or_copy(src, root / "wheelhouse" / src.name)
+
+
+def _file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def context_hash(root: Path, dockerfile_without_hash: str) -> str:
+    h = hashlib.sha256()
+    h.update(b"Dockerfile\0" + dockerfile_without_hash.encode() + b"\0")
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and p.name != "Dockerfile"):
+        rel = path.relative_to(root).as_posix()
+        h.update(rel.encode() + b"\0" + _file_digest(path).encode() + b"\0")
+    return h.hexdigest()
+
+
+def render_cell(matrix: Matrix, cell: Cell, dest: Path) -> Context:
+    """Write one cell's context to `dest` (created; must not exist)."""
+    dest.mkdir(parents=True)
+    _write_files(matrix, cell, dest)
+    certs = _cert_names(matrix)
+    digest = context_hash(dest, dockerfile_text(matrix, cell, None, certs))
+    (dest / "Dockerfile").write_text(dockerfile_text(matrix, cell, digest, certs))
+    return Context(cell=cell, path=dest, content_hash=digest)
+
+
+def render(matrix: Matrix, out: Path, cells: list[Cell] | None = None) -> list[Context]:
+    """Render every cell into out/<cell-id>/, all or nothing: contexts are written to a
+    temporary folder and moved into place only when every cell rendered."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    cells = list(matrix.cells if cells is None else cells)
+    staging = Path(tempfile.mkdtemp(prefix=".render-", dir=out))
+    try:
+        staged = [render_cell(matrix, cell, staging / cell.id) for cell in cells]
+        contexts = []
+        for ctx in staged:
+            final = out / ctx.cell.id
+            if final.exists():
+                shutil.rmtree(final)
+            ctx.path.rename(final)
+            contexts.append(Context(ctx.cell, final, ctx.content_hash))
+        return contexts
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

@@ -1,0 +1,70 @@
+"""Tag names: computed from the matrix before anything is built, validated as references.
+
+Release tags are applied (publish.py) only to cells whose build and checks passed.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import string
+
+from imagefactory.model import Cell
+
+FIELDS = ("image", "torch", "python", "cuda", "accel", "blas", "installer", "installer_suffix", "id")
+HASH_FIELDS = FIELDS + ("hash",)
+CANDIDATE_REPO = "imagefactory-candidate"
+
+
+class TagTemplateError(ValueError):
+    def __init__(self, key: str, message: str):
+        super().__init__(message)
+        self.key = key
+
+
+def _fields(image: str, cell: Cell) -> dict[str, str]:
+    return {
+        "image": image,
+        "torch": cell.torch,
+        "python": cell.python,
+        "cuda": cell.cuda or "none",
+        "accel": cell.accel,
+        "blas": cell.blas,
+        "installer": cell.installer,
+        "installer_suffix": "-pip" if cell.installer == "pip" else "",
+        "id": cell.id,
+    }
+
+
+def _format(key: str, template: str, allowed: tuple[str, ...], values: dict[str, str]) -> str:
+    for _, name, spec, conv in string.Formatter().parse(template):
+        if name is None:
+            continue
+        if name not in allowed or spec or conv:
+            raise TagTemplateError(key, f"unknown field {{{name}}} in {template!r} (allowed: "
+                                        + ", ".join("{" + f + "}" for f in allowed) + ")")
+    return template.format(**values)
+
+
+def release_tag(template: str, image: str, cell: Cell) -> str:
+    return _format("template", template, FIELDS, _fields(image, cell))
+
+
+def hash_tag(template: str, image: str, cell: Cell, content_hash: str) -> str:
+    return _format("hash_template", template, HASH_FIELDS, {**_fields(image, cell), "hash": content_hash[:12]})
+
+
+def extra_tags(release: str, kinds: tuple[str, ...], *, today: _dt.date | None = None,
+               git_sha: str | None = None) -> list[str]:
+    """Optional date / git-sha variants of a release tag: `<release>-20261130`, `<release>-g1a2b3c4`."""
+    out = []
+    for kind in kinds:
+        if kind == "date":
+            out.append(f"{release}-{(today or _dt.date.today()).strftime('%Y%m%d')}")
+        elif kind == "git-sha" and git_sha:
+            out.append(f"{release}-g{git_sha[:7]}")
+    return out
+
+
+def candidate(cell: Cell, content_hash: str) -> str:
+    """The local name a freshly built image gets before its checks pass."""
+    return f"{CANDIDATE_REPO}/{cell.id.replace('.', '_')}:{content_hash[:12]}"
