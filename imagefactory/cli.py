@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections import Counter
 from enum import Enum
 from pathlib import Path
 from typing import List, Optional
@@ -12,9 +13,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from imagefactory import build as build_mod
 from imagefactory import matrix as matrix_mod
+from imagefactory import progress as progress_mod
+from imagefactory import publish as publish_mod
 from imagefactory import render as render_mod
-from imagefactory.errors import ConfigError, ImageFactoryError
+from imagefactory import report as report_mod
+from imagefactory.errors import CellFailure, ConfigError, ImageFactoryError
 
 app = typer.Typer(
     name="imagefactory",
@@ -102,6 +107,127 @@ def render(
     contexts = render_mod.render(m, out, cells)
     for ctx in contexts:
         print(f"{ctx.cell.id}\t{ctx.path}\t{ctx.content_hash[:12]}")
+
+
+class Gpus(str, Enum):
+    none = "none"
+    all = "all"
+    auto = "auto"
+
+
+class Network(str, Enum):
+    host = "host"
+    default = "default"
+
+
+def _finish(reports, report_path: Path, gpus: bool) -> None:
+    json_path, md_path = report_mod.write(reports, report_path, gpus=gpus)
+    failed = [r for r in reports if not r.ok]
+    print(f"report: {json_path} and {md_path}", file=sys.stderr)
+    counts = ", ".join(f"{n} {s}" for s, n in sorted(Counter(
+        r.status + (f"/{r.publish}" if r.publish else "") for r in reports).items()))
+    print(f"{len(reports)} cell(s): {counts}", file=sys.stderr)
+    if failed:
+        raise CellFailure(f"{len(failed)} of {len(reports)} cell(s) failed: " + ", ".join(r.cell for r in failed))
+
+
+JobsOpt = typer.Option(1, "--jobs", "-j", min=1, help="Cells built at the same time.")
+KeepGoingOpt = typer.Option(True, "--keep-going/--fail-fast",
+                            help="Keep going past a failing cell (default), or stop starting new cells.")
+GpusOpt = typer.Option(Gpus.auto, "--gpus", help="Give the smoke tests GPUs: all (a GPU is then required), "
+                                                 "none, or auto (all when the engine has the NVIDIA runtime).")
+NetworkOpt = typer.Option(Network.host, "--network", help="Network of the build containers.")
+ReportOpt = typer.Option(Path("build/report.json"), "--report",
+                         help="Where the JSON report goes; the Markdown summary is written next to it (.md).")
+WorkDirOpt = typer.Option(Path("build"), "--work-dir", help="Rendered contexts and per-cell logs go here.")
+TimeoutOpt = typer.Option(300.0, "--probe-timeout", help="Seconds the in-image probe may run.")
+LiveOpt = typer.Option(None, "--live/--plain", help="Live display (default on a terminal) or plain lines.")
+
+
+def _options(work_dir, jobs, keep_going, gpus, network, probe_timeout) -> build_mod.Options:
+    return build_mod.Options(work_dir=work_dir, jobs=jobs, fail_fast=not keep_going, gpus=gpus.value,
+                             network=network.value, probe_timeout=probe_timeout)
+
+
+@app.command()
+def build(
+    matrix: Path = MatrixOpt,
+    only: Optional[List[str]] = OnlyOpt,
+    jobs: int = JobsOpt,
+    keep_going: bool = KeepGoingOpt,
+    gpus: Gpus = GpusOpt,
+    network: Network = NetworkOpt,
+    report: Path = ReportOpt,
+    work_dir: Path = WorkDirOpt,
+    probe_timeout: float = TimeoutOpt,
+    live: Optional[bool] = LiveOpt,
+    push: bool = typer.Option(False, "--push", help="Tag and push the cells that passed (see `imagefactory push`)."),
+    atomic: bool = typer.Option(False, "--atomic", help="With --push: publish nothing unless every cell passed."),
+) -> None:
+    """Build every cell through the Docker SDK, then smoke-test each image in a container.
+
+    An image whose rendered context is unchanged is reused (reported as cached). Built images
+    get a local candidate name (imagefactory-candidate/...); release tags are applied only by
+    --push, and only to cells that passed. Full logs: WORK_DIR/logs/<cell>.log."""
+    m, cells = _load(matrix, only)
+    options = _options(work_dir, jobs, keep_going, gpus, network, probe_timeout)
+    if atomic and not push:
+        raise ConfigError("--atomic: only meaningful with --push")
+    with progress_mod.make(live) as ui:
+        reports, has_gpus = build_mod.build(m, cells, options, ui)
+        if push:
+            _publish(m, reports, atomic, ui)
+    _finish(reports, report, has_gpus)
+
+
+def _publish(m, reports, atomic: bool, ui) -> None:
+    publish_mod.publish(m, reports, ui=ui,
+                        options=publish_mod.Options(atomic=atomic, git_sha=publish_mod.git_sha()))
+
+
+@app.command()
+def push(
+    matrix: Path = MatrixOpt,
+    only: Optional[List[str]] = OnlyOpt,
+    atomic: bool = typer.Option(False, "--atomic", help="Publish nothing unless every selected cell passes."),
+    gpus: Gpus = GpusOpt,
+    report: Path = ReportOpt,
+    work_dir: Path = WorkDirOpt,
+    probe_timeout: float = TimeoutOpt,
+    live: Optional[bool] = LiveOpt,
+) -> None:
+    """Smoke-test the built images again, then tag and push those that pass.
+
+    Tags: the release tag from the matrix (tags.template), an immutable tag with the content
+    hash (tags.hash_template) and the optional date / git-sha tags (tags.extra). Credentials:
+    IMAGEFACTORY_REGISTRY_USER and IMAGEFACTORY_REGISTRY_PASSWORD, else `docker login`'s config
+    and credential helpers."""
+    m, cells = _load(matrix, only)
+    options = _options(work_dir, 1, True, gpus, Network.host, probe_timeout)
+    with progress_mod.make(live) as ui:
+        reports, has_gpus = build_mod.test(m, cells, options, ui)
+        _publish(m, reports, atomic, ui)
+    _finish(reports, report, has_gpus)
+
+
+@app.command("test")
+def test_cmd(
+    matrix: Path = MatrixOpt,
+    only: Optional[List[str]] = OnlyOpt,
+    jobs: int = JobsOpt,
+    keep_going: bool = KeepGoingOpt,
+    gpus: Gpus = GpusOpt,
+    report: Path = ReportOpt,
+    work_dir: Path = WorkDirOpt,
+    probe_timeout: float = TimeoutOpt,
+    live: Optional[bool] = LiveOpt,
+) -> None:
+    """Re-run the smoke tests on the images already built for the matrix's current content."""
+    m, cells = _load(matrix, only)
+    options = _options(work_dir, jobs, keep_going, gpus, Network.host, probe_timeout)
+    with progress_mod.make(live) as ui:
+        reports, has_gpus = build_mod.test(m, cells, options, ui)
+    _finish(reports, report, has_gpus)
 
 
 @app.command()

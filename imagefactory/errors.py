@@ -37,6 +37,10 @@ class DockerUnavailable(ImageFactoryError):
     exit_code = 3
 
 
+class EngineError(ImageFactoryError):
+    """The Docker engine refused or failed a request (run, tag, inspect)."""
+
+
 class BuildError(ImageFactoryError):
     """One image build failed. Raised by the engine layer, caught per cell."""
 

@@ -1,0 +1,161 @@
+"""Step 3: build contexts -> candidate images, each proven by the smoke tests.
+
+Cells build one at a time by default (-j N for more). A failing cell never stops
+the others unless fail-fast is asked for; cells not started then are reported as
+skipped. An image whose content hash is already present is reused, not rebuilt.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from imagefactory import render, smoke, tags
+from imagefactory.engine import Engine
+from imagefactory.errors import BuildError, ConfigError, ImageFactoryError
+from imagefactory.model import Cell, Matrix
+from imagefactory.report import (BUILD_FAILED, CACHED, CHECK_FAILED, NOT_BUILT, PASSED, SKIPPED,
+                                 CellReport)
+
+
+@dataclass(frozen=True)
+class Options:
+    work_dir: Path = Path("build")
+    jobs: int = 1
+    fail_fast: bool = False
+    gpus: str = "auto"  # none | all | auto
+    network: str = "host"  # host | default
+    probe_timeout: float = smoke.DEFAULT_TIMEOUT
+
+
+def resolve_gpus(mode: str, engine: Engine) -> bool:
+    if mode == "all":
+        return True
+    if mode == "none":
+        return False
+    if mode == "auto":
+        return engine.gpus_available()
+    raise ConfigError(f"--gpus {mode}: not allowed (allowed: none, all, auto)")
+
+
+class _Cell:
+    """The per-cell work: log file, cache lookup, build, smoke test."""
+
+    def __init__(self, ctx: render.Context, options: Options, ui, engine: Engine, gpus: bool):
+        self.ctx, self.options, self.ui, self.engine, self.gpus = ctx, options, ui, engine, gpus
+        cell = ctx.cell
+        log_path = options.work_dir / "logs" / f"{cell.id}.log"
+        self.report = CellReport(cell=cell.id, content_hash=ctx.content_hash,
+                                 candidate=tags.candidate(cell, ctx.content_hash), log=str(log_path))
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.log_file = log_path.open("w", encoding="utf-8")
+
+    def log(self, line: str, *, show: bool = True) -> None:
+        self.log_file.write(line + "\n")
+        self.log_file.flush()
+        if show:
+            self.ui.log(self.report.cell, line)
+
+    def build(self) -> bool:
+        r, cell = self.report, self.ctx.cell
+        self.ui.status(cell.id, "looking for a cached image")
+        existing = self.engine.image_with_label(render.HASH_LABEL, self.ctx.content_hash)
+        if existing:
+            self.engine.tag(existing, r.candidate)
+            r.image_id, r.cached, r.status = existing, True, CACHED
+            self.log(f"cached: {existing} already carries content hash {self.ctx.content_hash[:12]}")
+            return True
+        self.ui.status(cell.id, "building")
+        started = time.monotonic()
+        try:
+            network = "host" if self.options.network == "host" else None
+            r.image_id = self.engine.build(str(self.ctx.path), r.candidate, network_mode=network,
+                                           log=self.log, progress=lambda p: self.ui.step(cell.id, p))
+        except BuildError as e:
+            r.status, r.error, r.failed_step, r.log_tail = BUILD_FAILED, e.message, e.step or "", e.log_tail
+            return False
+        finally:
+            r.build_seconds = round(time.monotonic() - started, 1)
+        r.status = "built"
+        return True
+
+    def test(self, image: str) -> bool:
+        r, cell = self.report, self.ctx.cell
+        self.ui.status(cell.id, "testing")
+        result = smoke.test_image(self.engine, cell, image, gpus=self.gpus, timeout=self.options.probe_timeout)
+        self.log("--- probe stdout ---", show=False)
+        self.log(result.stdout.rstrip(), show=False)
+        self.log("--- probe stderr ---", show=False)
+        self.log(result.stderr.rstrip(), show=False)
+        r.checks = result.checks
+        r.status = PASSED if result.passed else CHECK_FAILED
+        return result.passed
+
+    def close(self) -> None:
+        self.log_file.close()
+
+
+def _pool(contexts: list[render.Context], options: Options, ui, engine_factory: Callable[[], Engine],
+          gpus: bool, work: Callable[["_Cell"], bool]) -> list[CellReport]:
+    stop = threading.Event()
+    local = threading.local()
+
+    def one(ctx: render.Context) -> CellReport:
+        if stop.is_set():
+            return CellReport(cell=ctx.cell.id, status=SKIPPED, content_hash=ctx.content_hash,
+                              error="skipped: an earlier cell failed and --fail-fast is set")
+        ui.start(ctx.cell.id, "starting")
+        if not hasattr(local, "engine"):
+            local.engine = engine_factory()  # one SDK client per worker thread
+        c = _Cell(ctx, options, ui, local.engine, gpus)
+        try:
+            ok = work(c)
+        except ImageFactoryError as e:  # the engine failed us mid-cell: the cell fails, the run goes on
+            built = c.report.status in ("built", CACHED)
+            c.report.status, c.report.error, ok = (CHECK_FAILED if built else BUILD_FAILED), e.message, False
+        finally:
+            c.close()
+        if not ok and options.fail_fast:
+            stop.set()
+        ui.finish(c.report)
+        return c.report
+
+    with ThreadPoolExecutor(max_workers=max(1, options.jobs)) as pool:
+        return list(pool.map(one, contexts))
+
+
+def build(matrix: Matrix, cells: list[Cell], options: Options, ui,
+          engine_factory: Callable[[], Engine] = Engine) -> tuple[list[CellReport], bool]:
+    """Render, build (or reuse) and smoke-test every cell."""
+    engine = engine_factory()
+    gpus = resolve_gpus(options.gpus, engine)
+    contexts = render.render(matrix, options.work_dir / "contexts", cells)
+
+    def work(c: _Cell) -> bool:
+        return c.build() and c.test(c.report.candidate)
+
+    return _pool(contexts, options, ui, engine_factory, gpus, work), gpus
+
+
+def test(matrix: Matrix, cells: list[Cell], options: Options, ui,
+         engine_factory: Callable[[], Engine] = Engine) -> tuple[list[CellReport], bool]:
+    """Re-test the images already built for the cells' current content."""
+    engine = engine_factory()
+    gpus = resolve_gpus(options.gpus, engine)
+    contexts = render.render(matrix, options.work_dir / "contexts", cells)
+
+    def work(c: _Cell) -> bool:
+        image = c.engine.image_with_label(render.HASH_LABEL, c.ctx.content_hash)
+        if image is None:
+            c.report.status = NOT_BUILT
+            c.report.error = "no image for this cell's current content; run `imagefactory build` first"
+            return False
+        c.report.image_id, c.report.cached = image, True
+        c.engine.tag(image, c.report.candidate)
+        return c.test(image)
+
+    return _pool(contexts, options, ui, engine_factory, gpus, work), gpus

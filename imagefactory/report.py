@@ -1,0 +1,90 @@
+"""Step 6: the report. One JSON document for tools, one Markdown summary for people
+(ready for a GitHub step summary)."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from imagefactory.checks import Check
+
+# Cell states, in pipeline order.
+BUILT, CACHED, BUILD_FAILED, PASSED, CHECK_FAILED, NOT_BUILT, SKIPPED = (
+    "built", "cached", "build-failed", "passed", "check-failed", "not-built", "skipped")
+PUBLISHED, PUBLISH_FAILED, NOT_PUBLISHED = "published", "publish-failed", "not-published"
+
+
+@dataclass
+class CellReport:
+    cell: str
+    status: str = SKIPPED
+    content_hash: str = ""
+    image_id: str = ""
+    candidate: str = ""
+    cached: bool = False
+    build_seconds: float = 0.0
+    log: str = ""
+    error: str = ""
+    failed_step: str = ""
+    log_tail: list[str] = field(default_factory=list)
+    checks: list[Check] = field(default_factory=list)
+    tags: list[str] = field(default_factory=list)
+    publish: str = ""  # published | publish-failed | not-published | "" (no push asked)
+    pushed: list[dict] = field(default_factory=list)  # {"ref", "digest", "layers_pushed", "layers_existing"}
+
+    @property
+    def ok(self) -> bool:
+        return self.status == PASSED and self.publish in ("", PUBLISHED)
+
+
+def write(reports: list[CellReport], path: Path, *, gpus: bool) -> tuple[Path, Path]:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "ok": all(r.ok for r in reports),
+        "gpus": gpus,
+        "cells": [asdict(r) for r in reports],
+    }
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=2) + "\n")
+    tmp.replace(path)
+    md = path.with_suffix(".md")
+    md.write_text(summary(reports))
+    step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if step_summary:
+        with open(step_summary, "a") as f:
+            f.write(summary(reports))
+    return path, md
+
+
+def _cell(text: str) -> str:
+    """Text safe inside a Markdown table cell."""
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+_ICON = {"pass": "✅", "fail": "❌", "skip": "➖"}
+
+
+def summary(reports: list[CellReport]) -> str:
+    lines = ["# imagefactory report", "", "| cell | status | publish | failed checks |", "|---|---|---|---|"]
+    for r in reports:
+        failed = ", ".join(c.name for c in r.checks if c.verdict == "fail") or ("—" if r.checks else "")
+        status = r.status + (" (cached)" if r.cached else "")
+        lines.append(f"| `{r.cell}` | {status} | {r.publish or '—'} | {failed} |")
+    for r in reports:
+        lines += ["", f"## `{r.cell}`: {r.status}", ""]
+        if r.error:
+            lines += [f"**{r.failed_step or 'error'}**: {r.error}", ""]
+            if r.log_tail:
+                lines += ["```", *r.log_tail, "```", ""]
+        if r.checks:
+            lines += ["| check | expected | actual | verdict |", "|---|---|---|---|"]
+            for c in r.checks:
+                actual = c.actual + (f" — {c.detail}" if c.detail else "")
+                lines.append(f"| {c.name} | {_cell(c.expected)} | {_cell(actual)} | {_ICON.get(c.verdict, c.verdict)} {c.verdict} |")
+        for p in r.pushed:
+            lines.append(f"- pushed `{p['ref']}` → `{p['digest']}`"
+                         + ("" if p.get("layers_pushed") else " (registry had every layer)"))
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,68 @@
+"""Step 4: prove an image in-container.
+
+The probe (resources/probe.py, standard library plus what it inspects) runs inside
+the image as its default user, with no network and a timeout; the host parses its
+JSON and judges it against the cell (checks.py).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from importlib import resources
+
+from imagefactory import checks
+from imagefactory.engine import Engine
+from imagefactory.model import Cell
+
+DEFAULT_TIMEOUT = 300.0
+
+
+def probe_source() -> str:
+    return resources.files("imagefactory").joinpath("resources/probe.py").read_text()
+
+
+@dataclass(frozen=True)
+class SmokeResult:
+    checks: list[checks.Check]
+    probe: dict | None
+    stdout: str
+    stderr: str
+
+    @property
+    def passed(self) -> bool:
+        return checks.passed(self.checks)
+
+
+def parse_probe_output(stdout: str) -> dict | None:
+    """The probe's JSON is the last non-empty line of stdout."""
+    lines = [line for line in stdout.splitlines() if line.strip()]
+    if not lines:
+        return None
+    try:
+        data = json.loads(lines[-1])
+    except json.JSONDecodeError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def run_probe(engine: Engine, image: str, *, timeout: float = DEFAULT_TIMEOUT, gpus: bool = False):
+    return engine.run(image, ["python", "-c", probe_source()], timeout=timeout, gpus=gpus)
+
+
+def test_image(engine: Engine, cell: Cell, image: str, *, gpus: bool, timeout: float = DEFAULT_TIMEOUT) -> SmokeResult:
+    """Run the probe in `image` and judge it against `cell`. A probe that could not run
+    (timeout, crash, no JSON) is itself a failing check, never an exception."""
+    result = run_probe(engine, image, timeout=timeout, gpus=gpus)
+    probe = parse_probe_output(result.stdout)
+    if result.exit_code is None:
+        why = f"killed after {timeout:.0f} s"
+    elif probe is None:
+        tail = " | ".join(result.stderr.strip().splitlines()[-3:]) or "no output"
+        why = f"exit code {result.exit_code}, no probe JSON: {tail}"
+    else:
+        why = None
+    if why is not None:
+        failed = checks.Check("probe.ran", "probe JSON on stdout", why, checks.FAIL, why)
+        return SmokeResult([failed], None, result.stdout, result.stderr)
+    return SmokeResult(checks.judge(cell, probe, gpu_required=gpus), probe, result.stdout, result.stderr)
