@@ -1,0 +1,313 @@
+"""checks.judge against crafted probe reports: a good probe passes, each defect fails its own check."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from imagefactory.checks import Check, judge, passed
+from imagefactory.model import Cell
+
+CPU_OPENBLAS = Cell(python="3.11", cuda=None, blas="openblas", installer="pip", torch="2.13.0",
+                    threads=4, base_image="python:3.11-slim-bookworm")
+CUDA_MKL = Cell(python="3.12", cuda="12.9", blas="mkl", installer="conda", torch="2.7.1",
+                threads=2, base_image="nvidia/cuda:12.9.1-runtime-ubuntu24.04")
+
+
+def good_probe(cell: Cell, *, gpu: bool = False, cpus: int = 8) -> dict:
+    """What a correct image for `cell` reports."""
+    t = str(cell.threads)
+    blas = {"internal_api": cell.blas, "version": "0.3.31", "num_threads": cell.threads,
+            "threading_layer": "pthreads" if cell.blas == "openblas" else "gnu",
+            "filepath": f"/opt/lib/lib{cell.blas}.so", "architecture": "Haswell"}
+    gomp = {"prefix": "libgomp", "filepath": "/opt/lib/libgomp.so.1", "version": None,
+            "num_threads": cell.threads, "internal_api": "openmp"}
+    local = "+cpu" if cell.cuda is None else "+cu" + cell.cuda.replace(".", "")
+    return {
+        "probe_version": 1,
+        "python": {"version": cell.python + ".7", "executable": "/opt/venv/bin/python"},
+        "user": {"uid": 1000, "gid": 1000, "name": "trainer"},
+        "cpus": {"os_cpu_count": cpus, "affinity": cpus, "cgroup_quota": None, "physical_cores": cpus},
+        "env": {"OMP_NUM_THREADS": t, "MKL_NUM_THREADS": t, "OPENBLAS_NUM_THREADS": t,
+                "MKL_THREADING_LAYER": "GNU" if cell.blas == "mkl" else None,
+                "NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "compute,utility"},
+        "numpy": {"error": None, "version": "2.2.1", "blas": [blas]},
+        "torch": {"error": None, "version": cell.torch + local, "cuda": cell.cuda,
+                  "cudnn": None if cell.cuda is None else 92400, "cuda_available": gpu,
+                  "device_count": int(gpu), "devices": ["NVIDIA H200"] if gpu else [],
+                  "blas_info": "mkl", "mkl_available": True, "num_threads": cell.threads,
+                  "gpu_matmul": {"ok": True, "max_abs_err": 2e-5, "tolerance": 1e-3, "error": None} if gpu else None},
+        "openmp": [gomp],
+        "threadpool_info": [dict(blas, user_api="blas", prefix="lib" + cell.blas), dict(gomp, user_api="openmp")],
+    }
+
+
+def by_name(checks: list[Check]) -> dict[str, Check]:
+    names = [c.name for c in checks]
+    assert len(names) == len(set(names)), names
+    return {c.name: c for c in checks}
+
+
+def failures(checks: list[Check]) -> set[str]:
+    return {c.name for c in checks if c.verdict == "fail"}
+
+
+def only_failure(cell: Cell, probe: dict, name: str, *, gpu_required: bool = False) -> Check:
+    checks = judge(cell, probe, gpu_required=gpu_required)
+    assert failures(checks) == {name}, [c for c in checks if c.verdict == "fail"]
+    assert not passed(checks)
+    check = by_name(checks)[name]
+    assert check.detail and "\n" not in check.detail
+    return check
+
+
+ALL_NAMES = {
+    "python.version", "torch.version", "torch.cuda_build", "torch.gpu_available", "torch.gpu_matmul",
+    "numpy.blas", "torch.mkl", "env.MKL_THREADING_LAYER", "env.OMP_NUM_THREADS", "env.MKL_NUM_THREADS",
+    "env.OPENBLAS_NUM_THREADS", "threads.torch", "threads.numpy_blas", "openmp.single_runtime",
+    "user.non_root", "probe.numpy", "probe.torch",
+}
+
+
+@pytest.mark.parametrize("cell, gpu", [(CPU_OPENBLAS, False), (CUDA_MKL, False), (CUDA_MKL, True)])
+def test_good_probe_passes_everything(cell, gpu):
+    checks = judge(cell, good_probe(cell, gpu=gpu), gpu_required=gpu)
+    assert set(by_name(checks)) == ALL_NAMES
+    assert passed(checks), [c for c in checks if c.verdict == "fail"]
+    for c in checks:
+        assert c.verdict in ("pass", "skip") and isinstance(c.actual, str) and isinstance(c.expected, str)
+
+
+def test_skips_for_cpu_cell_and_openblas():
+    checks = by_name(judge(CPU_OPENBLAS, good_probe(CPU_OPENBLAS), gpu_required=True))
+    for name in ("torch.gpu_available", "torch.gpu_matmul", "torch.mkl", "env.MKL_THREADING_LAYER"):
+        assert checks[name].verdict == "skip", checks[name]
+
+
+def test_gpu_not_requested_is_skip_showing_what_was_seen():
+    checks = by_name(judge(CUDA_MKL, good_probe(CUDA_MKL), gpu_required=False))
+    assert checks["torch.gpu_available"].verdict == "skip"
+    assert checks["torch.gpu_available"].actual == "not available (no GPU requested)"
+    assert checks["torch.gpu_matmul"].verdict == "skip"
+
+
+def test_wrong_python():
+    p = good_probe(CPU_OPENBLAS)
+    p["python"]["version"] = "3.10.14"
+    assert only_failure(CPU_OPENBLAS, p, "python.version").actual == "3.10"
+
+
+def test_wrong_torch():
+    p = good_probe(CPU_OPENBLAS)
+    p["torch"]["version"] = "2.12.1+cpu"
+    assert only_failure(CPU_OPENBLAS, p, "torch.version").actual == "2.12.1+cpu"
+
+
+def test_torch_version_ignores_local_label_and_zero_padding():
+    cell = Cell(python="3.11", cuda=None, blas="openblas", installer="pip", torch="2.7",
+                threads=4, base_image="python:3.11-slim-bookworm")
+    p = good_probe(cell)
+    p["torch"]["version"] = "2.7.0+cpu"
+    assert passed(judge(cell, p, gpu_required=False))
+
+
+def test_cpu_cell_with_cuda_torch():
+    p = good_probe(CPU_OPENBLAS)
+    p["torch"]["cuda"] = "12.6"
+    assert only_failure(CPU_OPENBLAS, p, "torch.cuda_build").actual == "12.6"
+
+
+def test_cuda_cell_with_cpu_torch():
+    p = good_probe(CUDA_MKL)
+    p["torch"]["cuda"] = None
+    assert only_failure(CUDA_MKL, p, "torch.cuda_build").actual == "none (CPU build)"
+
+
+def test_cuda_minor_mismatch():
+    p = good_probe(CUDA_MKL)
+    p["torch"]["cuda"] = "12.8"
+    assert "12.8" in only_failure(CUDA_MKL, p, "torch.cuda_build").detail
+
+
+def test_gpu_required_without_gpu():
+    p = good_probe(CUDA_MKL, gpu=False)
+    checks = judge(CUDA_MKL, p, gpu_required=True)
+    assert failures(checks) == {"torch.gpu_available", "torch.gpu_matmul"}
+    assert by_name(checks)["torch.gpu_available"].actual == "not available"
+
+
+def test_bad_matmul():
+    p = good_probe(CUDA_MKL, gpu=True)
+    p["torch"]["gpu_matmul"] = {"ok": False, "max_abs_err": 3.5, "tolerance": 1e-3, "error": None}
+    check = only_failure(CUDA_MKL, p, "torch.gpu_matmul", gpu_required=True)
+    assert "3.5" in check.actual
+
+
+def test_matmul_error_is_reported():
+    p = good_probe(CUDA_MKL, gpu=True)
+    p["torch"]["gpu_matmul"] = {"ok": False, "max_abs_err": None, "tolerance": None,
+                                "error": "RuntimeError: CUDA error: no kernel image"}
+    assert "no kernel image" in only_failure(CUDA_MKL, p, "torch.gpu_matmul", gpu_required=True).detail
+
+
+def test_mkl_expected_but_openblas():
+    p = good_probe(CUDA_MKL)
+    p["numpy"]["blas"][0]["internal_api"] = "openblas"
+    check = only_failure(CUDA_MKL, p, "numpy.blas")
+    assert (check.expected, check.actual) == ("mkl", "openblas")
+
+
+def test_two_blas_libraries():
+    p = good_probe(CPU_OPENBLAS)
+    p["numpy"]["blas"].append(dict(p["numpy"]["blas"][0], internal_api="mkl"))
+    assert "2 BLAS" in only_failure(CPU_OPENBLAS, p, "numpy.blas").detail
+
+
+def test_no_blas_found():
+    p = good_probe(CPU_OPENBLAS)
+    p["numpy"]["blas"] = []
+    checks = judge(CPU_OPENBLAS, p, gpu_required=False)
+    assert failures(checks) == {"numpy.blas", "threads.numpy_blas"}
+
+
+def test_threadpoolctl_missing():
+    p = good_probe(CPU_OPENBLAS)
+    p["numpy"] = {"error": "ModuleNotFoundError: No module named 'threadpoolctl'", "version": "2.2.1", "blas": None}
+    p["openmp"] = None
+    checks = judge(CPU_OPENBLAS, p, gpu_required=False)
+    assert failures(checks) == {"probe.numpy", "numpy.blas", "threads.numpy_blas", "openmp.single_runtime"}
+    assert "threadpoolctl" in by_name(checks)["numpy.blas"].detail
+
+
+def test_mkl_cell_torch_without_mkl():
+    p = good_probe(CUDA_MKL)
+    p["torch"].update(mkl_available=False, blas_info="open")
+    only_failure(CUDA_MKL, p, "torch.mkl")
+
+
+def test_mkl_cell_blas_info_alone_is_enough():
+    p = good_probe(CUDA_MKL)
+    p["torch"]["mkl_available"] = None
+    assert passed(judge(CUDA_MKL, p, gpu_required=False))
+
+
+@pytest.mark.parametrize("value", [None, "INTEL"])
+def test_mkl_cell_threading_layer_missing_or_wrong(value):
+    p = good_probe(CUDA_MKL)
+    p["env"]["MKL_THREADING_LAYER"] = value
+    only_failure(CUDA_MKL, p, "env.MKL_THREADING_LAYER")
+
+
+@pytest.mark.parametrize("var", ["OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"])
+@pytest.mark.parametrize("value", [None, "8", " 4", "4.0"])
+def test_thread_env_missing_or_wrong(var, value):
+    p = good_probe(CPU_OPENBLAS)
+    if value is None:
+        del p["env"][var]
+    else:
+        p["env"][var] = value
+    check = only_failure(CPU_OPENBLAS, p, f"env.{var}")
+    assert check.expected == "4"
+
+
+def test_torch_threads_capped_by_mkl_at_physical_cores_passes():
+    p = good_probe(CPU_OPENBLAS, cpus=4)  # MKL_NUM_THREADS=4, 4 logical CPUs on 2 cores
+    p["cpus"]["physical_cores"] = 2
+    p["torch"]["num_threads"] = 2
+    assert passed(judge(CPU_OPENBLAS, p, gpu_required=False))
+
+
+def test_torch_threads_wrong():
+    p = good_probe(CPU_OPENBLAS)
+    p["torch"]["num_threads"] = 2
+    only_failure(CPU_OPENBLAS, p, "threads.torch")
+
+
+def test_numpy_blas_threads_capped_at_cpu_count_passes():
+    p = good_probe(CPU_OPENBLAS, cpus=2)  # OPENBLAS_NUM_THREADS=4 on 2 visible CPUs reports 2
+    p["numpy"]["blas"][0]["num_threads"] = 2
+    checks = judge(CPU_OPENBLAS, p, gpu_required=False)
+    assert passed(checks)
+    assert by_name(checks)["threads.numpy_blas"].expected.startswith("2 or 4")
+
+
+def test_numpy_blas_threads_other_value_fails():
+    p = good_probe(CPU_OPENBLAS, cpus=2)
+    p["numpy"]["blas"][0]["num_threads"] = 1
+    only_failure(CPU_OPENBLAS, p, "threads.numpy_blas")
+    p = good_probe(CPU_OPENBLAS, cpus=8)  # plenty of CPUs: no capping excuse
+    p["numpy"]["blas"][0]["num_threads"] = 2
+    only_failure(CPU_OPENBLAS, p, "threads.numpy_blas")
+
+
+def test_two_openmp_runtimes():
+    p = good_probe(CUDA_MKL)
+    p["openmp"].append({"prefix": "libiomp", "filepath": "/opt/lib/libiomp5.so", "version": None,
+                        "num_threads": 2, "internal_api": "openmp"})
+    assert "libgomp, libiomp" in only_failure(CUDA_MKL, p, "openmp.single_runtime").actual
+
+
+def test_same_openmp_runtime_twice_is_one_runtime():
+    p = good_probe(CUDA_MKL)
+    p["openmp"].append(dict(p["openmp"][0], filepath="/opt/torch/lib/libgomp-a34b3233.so.1"))
+    assert passed(judge(CUDA_MKL, p, gpu_required=False))
+
+
+def test_root_user():
+    p = good_probe(CPU_OPENBLAS)
+    p["user"] = {"uid": 0, "gid": 0, "name": "root"}
+    assert only_failure(CPU_OPENBLAS, p, "user.non_root").actual == "uid 0"
+
+
+@pytest.mark.parametrize("cell, gpu_required", [(CPU_OPENBLAS, False), (CUDA_MKL, True)])
+def test_torch_import_error(cell, gpu_required):
+    p = good_probe(cell)
+    p["torch"] = {"error": "ImportError: libcudnn.so.9: cannot open shared object file", "version": None,
+                  "cuda": None, "cuda_available": False, "gpu_matmul": None}
+    checks = by_name(judge(cell, p, gpu_required=gpu_required))
+    assert checks["probe.torch"].verdict == "fail" and "libcudnn" in checks["probe.torch"].detail
+    torch_derived = ["torch.version", "torch.cuda_build", "threads.torch"]
+    if cell.blas == "mkl":
+        torch_derived.append("torch.mkl")
+    if gpu_required:
+        torch_derived += ["torch.gpu_available", "torch.gpu_matmul"]
+    for name in torch_derived:
+        assert checks[name].verdict == "fail", checks[name]
+        assert checks[name].actual == "torch not importable"
+        assert "libcudnn" in checks[name].detail
+    assert {n for n, c in checks.items() if c.verdict == "fail"} == {"probe.torch", *torch_derived}
+
+
+def test_empty_probe_fails_without_raising():
+    for cell, gpu in ((CPU_OPENBLAS, False), (CUDA_MKL, True)):
+        checks = judge(cell, {}, gpu_required=gpu)
+        named = by_name(checks)
+        assert set(named) == ALL_NAMES
+        assert not passed(checks)
+        for name in ("probe.numpy", "probe.torch", "python.version", "user.non_root", "torch.version",
+                     "numpy.blas", "env.OMP_NUM_THREADS", "threads.torch", "threads.numpy_blas",
+                     "openmp.single_runtime"):
+            assert named[name].verdict == "fail", named[name]
+
+
+@pytest.mark.parametrize("mutate", [
+    lambda p: p.update(torch="garbage"),
+    lambda p: p.update(numpy={"blas": "not a list"}),
+    lambda p: p["numpy"].update(blas=[None, 3]),
+    lambda p: p.update(env=None, cpus=[], user="x", python=None),
+    lambda p: p["torch"].update(version=None, cuda=7, gpu_matmul="x"),
+    lambda p: p.update(openmp=[None, {"prefix": None}, "x"]),
+])
+def test_malformed_probes_never_raise(mutate):
+    for cell in (CPU_OPENBLAS, CUDA_MKL):
+        p = copy.deepcopy(good_probe(cell, gpu=True))
+        mutate(p)
+        checks = judge(cell, p, gpu_required=True)
+        assert all(isinstance(c, Check) and c.verdict in ("pass", "fail", "skip") for c in checks)
+        assert not passed(checks)
+        assert "probe.judge" not in {c.name for c in checks}
+
+
+def test_non_dict_probe():
+    assert not passed(judge(CPU_OPENBLAS, None, gpu_required=False))  # type: ignore[arg-type]
