@@ -154,7 +154,23 @@ def _judge(cell: Cell, probe: dict, gpu_required: bool) -> list[Check]:
                          f"numpy's BLAS runs {counts} threads, cell wants {cell.threads}" if counts
                          else "threadpoolctl saw no BLAS in numpy"))
     checks.append(_openmp(probe.get("openmp")))
+    checks += _compute(probe.get("compute"), no_torch, torch_why)
     return checks
+
+
+def _compute(compute: Any, no_torch: str | None, torch_why: str | None) -> list[Check]:
+    """A small matmul through each library, in a child process of the probe: a BLAS that
+    loads but aborts at its first call fails here rather than on the training node."""
+    out = []
+    for name, key in (("numpy.matmul", "numpy_matmul"), ("torch.matmul", "torch_matmul")):
+        result = _get(compute, key)
+        if name == "torch.matmul" and no_torch:
+            out.append(_check(name, "correct result", no_torch, False, torch_why or no_torch))
+            continue
+        ok = _get(result, "ok") is True
+        actual = "correct result" if ok else (_get(result, "error") or "not reported")
+        out.append(_check(name, "correct result", actual, ok, f"{key} failed: {actual}"))
+    return out
 
 
 def _gpu_checks(cell: Cell, torch: Any, no_torch: str | None, torch_why: str | None, gpu_required: bool) -> list[Check]:

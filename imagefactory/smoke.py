@@ -13,6 +13,7 @@ from importlib import resources
 
 from imagefactory import checks
 from imagefactory.engine import Engine
+from imagefactory.errors import EngineError
 from imagefactory.model import Cell
 
 DEFAULT_TIMEOUT = 300.0
@@ -53,7 +54,11 @@ def run_probe(engine: Engine, image: str, *, timeout: float = DEFAULT_TIMEOUT, g
 def test_image(engine: Engine, cell: Cell, image: str, *, gpus: bool, timeout: float = DEFAULT_TIMEOUT) -> SmokeResult:
     """Run the probe in `image` and judge it against `cell`. A probe that could not run
     (timeout, crash, no JSON) is itself a failing check, never an exception."""
-    result = run_probe(engine, image, timeout=timeout, gpus=gpus)
+    try:
+        result = run_probe(engine, image, timeout=timeout, gpus=gpus)
+    except EngineError as e:  # e.g. no `python` in the image, or GPUs asked of a host without any
+        failed = checks.Check("probe.ran", "probe JSON on stdout", e.message, checks.FAIL, e.message)
+        return SmokeResult([failed], None, "", e.message)
     probe = parse_probe_output(result.stdout)
     if result.exit_code is None:
         why = f"killed after {timeout:.0f} s"

@@ -171,6 +171,43 @@ def _blas_info(torch):
     return m.group(1) if m else None
 
 
+# Each runs in a child process: a BLAS that aborts (MKL's GNU threading layer without
+# libgomp loaded dies with "undefined symbol: omp_get_num_procs") must not take the
+# probe down with it.
+COMPUTE = {
+    "numpy_matmul": (
+        "import numpy as np\n"
+        "a = np.arange(96 * 96, dtype=np.float64).reshape(96, 96) % 7\n"
+        "c = a @ a.T\n"
+        "r = [sum(a[i, k] * a[j, k] for k in range(96)) for i, j in ((0, 0), (5, 90), (95, 3))]\n"
+        "assert all(abs(c[i, j] - x) < 1e-9 for (i, j), x in zip(((0, 0), (5, 90), (95, 3)), r)), c\n"
+        "print('ok')\n"
+    ),
+    "torch_matmul": (
+        "import numpy, torch\n"
+        "a = torch.arange(96 * 96, dtype=torch.float64).reshape(96, 96) % 7\n"
+        "c = a @ a.T\n"
+        "x = float(sum(a[5, k] * a[90, k] for k in range(96)))\n"
+        "assert abs(float(c[5, 90]) - x) < 1e-9, (float(c[5, 90]), x)\n"
+        "print('ok')\n"
+    ),
+}
+
+
+def probe_compute():
+    import subprocess
+    out = {}
+    for name, code in COMPUTE.items():
+        try:
+            r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+            tail = " | ".join(r.stderr.strip().splitlines()[-3:])
+            out[name] = {"ok": r.returncode == 0 and r.stdout.strip() == "ok", "returncode": r.returncode,
+                         "error": None if r.returncode == 0 else (tail or "exit %d" % r.returncode)}
+        except Exception as exc:
+            out[name] = {"ok": False, "returncode": None, "error": _err(exc)}
+    return out
+
+
 def probe_threadpools():
     """threadpool_info() with numpy and torch both imported: (openmp list, full list, error)."""
     try:
@@ -186,7 +223,8 @@ def run():
     for key, fn in (("python", probe_python), ("user", probe_user), ("cpus", probe_cpus),
                     ("env", lambda: {k: os.environ.get(k) for k in ENV_VARS}),
                     ("numpy", probe_numpy),  # before torch, see module docstring
-                    ("torch", probe_torch)):
+                    ("torch", probe_torch),
+                    ("compute", probe_compute)):
         try:
             result[key] = fn()
         except Exception as exc:

@@ -40,6 +40,8 @@ def good_probe(cell: Cell, *, gpu: bool = False, cpus: int = 8) -> dict:
                   "gpu_matmul": {"ok": True, "max_abs_err": 2e-5, "tolerance": 1e-3, "error": None} if gpu else None},
         "openmp": [gomp],
         "threadpool_info": [dict(blas, user_api="blas", prefix="lib" + cell.blas), dict(gomp, user_api="openmp")],
+        "compute": {"numpy_matmul": {"ok": True, "returncode": 0, "error": None},
+                    "torch_matmul": {"ok": True, "returncode": 0, "error": None}},
     }
 
 
@@ -66,7 +68,7 @@ ALL_NAMES = {
     "python.version", "torch.version", "torch.cuda_build", "torch.gpu_available", "torch.gpu_matmul",
     "numpy.blas", "torch.mkl", "env.MKL_THREADING_LAYER", "env.OMP_NUM_THREADS", "env.MKL_NUM_THREADS",
     "env.OPENBLAS_NUM_THREADS", "threads.torch", "threads.numpy_blas", "openmp.single_runtime",
-    "user.non_root", "probe.numpy", "probe.torch",
+    "user.non_root", "probe.numpy", "probe.torch", "numpy.matmul", "torch.matmul",
 }
 
 
@@ -267,7 +269,7 @@ def test_torch_import_error(cell, gpu_required):
                   "cuda": None, "cuda_available": False, "gpu_matmul": None}
     checks = by_name(judge(cell, p, gpu_required=gpu_required))
     assert checks["probe.torch"].verdict == "fail" and "libcudnn" in checks["probe.torch"].detail
-    torch_derived = ["torch.version", "torch.cuda_build", "threads.torch"]
+    torch_derived = ["torch.version", "torch.cuda_build", "threads.torch", "torch.matmul"]
     if cell.blas == "mkl":
         torch_derived.append("torch.mkl")
     if gpu_required:
@@ -311,3 +313,29 @@ def test_malformed_probes_never_raise(mutate):
 
 def test_non_dict_probe():
     assert not passed(judge(CPU_OPENBLAS, None, gpu_required=False))  # type: ignore[arg-type]
+
+
+def test_numpy_matmul_that_aborts_is_caught():
+    cell = Cell(python="3.11", cuda=None, blas="mkl", installer="conda", torch="2.7.1", threads=4,
+                base_image="debian:bookworm-slim")
+    probe = good_probe(cell)
+    probe["compute"]["numpy_matmul"] = {"ok": False, "returncode": 127,
+                                        "error": "symbol lookup error: libmkl_gnu_thread.so: undefined symbol: omp_get_num_procs"}
+    check = only_failure(cell, probe, "numpy.matmul")
+    assert "omp_get_num_procs" in check.actual
+
+
+def test_torch_matmul_wrong_result_is_caught():
+    cell = Cell(python="3.11", cuda=None, blas="openblas", installer="pip", torch="2.13.0", threads=2,
+                base_image="python:3.11-slim-bookworm")
+    probe = good_probe(cell)
+    probe["compute"]["torch_matmul"] = {"ok": False, "returncode": 1, "error": "AssertionError: (1.0, 2.0)"}
+    only_failure(cell, probe, "torch.matmul")
+
+
+def test_compute_not_reported_fails():
+    cell = Cell(python="3.11", cuda=None, blas="openblas", installer="pip", torch="2.13.0", threads=2,
+                base_image="python:3.11-slim-bookworm")
+    probe = good_probe(cell)
+    del probe["compute"]
+    assert {"numpy.matmul", "torch.matmul"} <= failures(judge(cell, probe, gpu_required=False))
