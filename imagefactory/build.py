@@ -42,11 +42,26 @@ def resolve_gpus(mode: str, engine: Engine) -> bool:
     raise ConfigError(f"--gpus {mode}: not allowed (allowed: none, all, auto)")
 
 
+def find_built(engine: Engine, matrix: Matrix, cell: Cell, content_hash: str) -> str | None:
+    """The local image built from exactly this content, if any.
+
+    The content-hash label alone is not enough: every image built FROM a cell's image
+    inherits its labels. So only an image that also carries one of the names this cell's
+    image gets (its candidate name, its content-hash tag, a release tag, e.g. pulled from
+    the registry as a cache source) counts."""
+    names = {tags.candidate(cell, content_hash), *cell.tags,
+             tags.hash_tag(matrix.hash_tag_template, matrix.image, cell, content_hash)}
+    for image_id, image_tags in engine.images_with_label(render.HASH_LABEL, content_hash).items():
+        if names & set(image_tags):
+            return image_id
+    return None
+
+
 class _Cell:
     """The per-cell work: log file, cache lookup, build, smoke test."""
 
-    def __init__(self, ctx: render.Context, options: Options, ui, engine: Engine, gpus: bool):
-        self.ctx, self.options, self.ui, self.engine, self.gpus = ctx, options, ui, engine, gpus
+    def __init__(self, matrix: Matrix, ctx: render.Context, options: Options, ui, engine: Engine, gpus: bool):
+        self.matrix, self.ctx, self.options, self.ui, self.engine, self.gpus = matrix, ctx, options, ui, engine, gpus
         cell = ctx.cell
         log_path = options.work_dir / "logs" / f"{cell.id}.log"
         self.report = CellReport(cell=cell.id, content_hash=ctx.content_hash,
@@ -63,7 +78,7 @@ class _Cell:
     def build(self) -> bool:
         r, cell = self.report, self.ctx.cell
         self.ui.status(cell.id, "looking for a cached image")
-        existing = self.engine.image_with_label(render.HASH_LABEL, self.ctx.content_hash)
+        existing = find_built(self.engine, self.matrix, cell, self.ctx.content_hash)
         if existing:
             self.engine.tag(existing, r.candidate)
             r.image_id, r.cached, r.status = existing, True, CACHED
@@ -99,7 +114,8 @@ class _Cell:
         self.log_file.close()
 
 
-def _pool(contexts: list[render.Context], options: Options, ui, engine_factory: Callable[[], Engine],
+def _pool(matrix: Matrix, contexts: list[render.Context], options: Options, ui,
+          engine_factory: Callable[[], Engine],
           gpus: bool, work: Callable[["_Cell"], bool]) -> list[CellReport]:
     stop = threading.Event()
     local = threading.local()
@@ -111,7 +127,7 @@ def _pool(contexts: list[render.Context], options: Options, ui, engine_factory: 
         ui.start(ctx.cell.id, "starting")
         if not hasattr(local, "engine"):
             local.engine = engine_factory()  # one SDK client per worker thread
-        c = _Cell(ctx, options, ui, local.engine, gpus)
+        c = _Cell(matrix, ctx, options, ui, local.engine, gpus)
         try:
             ok = work(c)
         except ImageFactoryError as e:  # the engine failed us mid-cell: the cell fails, the run goes on
@@ -138,7 +154,7 @@ def build(matrix: Matrix, cells: list[Cell], options: Options, ui,
     def work(c: _Cell) -> bool:
         return c.build() and c.test(c.report.candidate)
 
-    return _pool(contexts, options, ui, engine_factory, gpus, work), gpus
+    return _pool(matrix, contexts, options, ui, engine_factory, gpus, work), gpus
 
 
 def test(matrix: Matrix, cells: list[Cell], options: Options, ui,
@@ -149,7 +165,7 @@ def test(matrix: Matrix, cells: list[Cell], options: Options, ui,
     contexts = render.render(matrix, options.work_dir / "contexts", cells)
 
     def work(c: _Cell) -> bool:
-        image = c.engine.image_with_label(render.HASH_LABEL, c.ctx.content_hash)
+        image = find_built(c.engine, matrix, c.ctx.cell, c.ctx.content_hash)
         if image is None:
             c.report.status = NOT_BUILT
             c.report.error = "no image for this cell's current content; run `imagefactory build` first"
@@ -158,4 +174,4 @@ def test(matrix: Matrix, cells: list[Cell], options: Options, ui,
         c.engine.tag(image, c.report.candidate)
         return c.test(image)
 
-    return _pool(contexts, options, ui, engine_factory, gpus, work), gpus
+    return _pool(matrix, contexts, options, ui, engine_factory, gpus, work), gpus

@@ -141,6 +141,11 @@ ReportOpt = typer.Option(Path("build/report.json"), "--report",
                          help="Where the JSON report goes; the Markdown summary is written next to it (.md).")
 WorkDirOpt = typer.Option(Path("build"), "--work-dir", help="Rendered contexts and per-cell logs go here.")
 TimeoutOpt = typer.Option(300.0, "--probe-timeout", help="Seconds the in-image probe may run.")
+RetriesOpt = typer.Option(4, "--push-tries", min=1, help="Tries per tag when a push fails for a transient "
+                                                         "reason (authentication errors are never retried).")
+RetryDelayOpt = typer.Option(2.0, "--retry-delay", min=0.0, help="Seconds before the first retry; doubles each time.")
+
+
 LiveOpt = typer.Option(None, "--live/--plain", help="Live display (default on a terminal) or plain lines.")
 
 
@@ -163,6 +168,8 @@ def build(
     live: Optional[bool] = LiveOpt,
     push: bool = typer.Option(False, "--push", help="Tag and push the cells that passed (see `imagefactory push`)."),
     atomic: bool = typer.Option(False, "--atomic", help="With --push: publish nothing unless every cell passed."),
+    push_tries: int = RetriesOpt,
+    retry_delay: float = RetryDelayOpt,
 ) -> None:
     """Build every cell through the Docker SDK, then smoke-test each image in a container.
 
@@ -176,13 +183,13 @@ def build(
     with progress_mod.make(live) as ui:
         reports, has_gpus = build_mod.build(m, cells, options, ui)
         if push:
-            _publish(m, reports, atomic, ui)
+            _publish(m, reports, atomic, ui, push_tries, retry_delay)
     _finish(reports, report, has_gpus)
 
 
-def _publish(m, reports, atomic: bool, ui) -> None:
-    publish_mod.publish(m, reports, ui=ui,
-                        options=publish_mod.Options(atomic=atomic, git_sha=publish_mod.git_sha()))
+def _publish(m, reports, atomic: bool, ui, tries: int, delay: float) -> None:
+    publish_mod.publish(m, reports, ui=ui, options=publish_mod.Options(
+        atomic=atomic, git_sha=publish_mod.git_sha(), attempts=tries, backoff=delay))
 
 
 @app.command()
@@ -195,6 +202,8 @@ def push(
     work_dir: Path = WorkDirOpt,
     probe_timeout: float = TimeoutOpt,
     live: Optional[bool] = LiveOpt,
+    push_tries: int = RetriesOpt,
+    retry_delay: float = RetryDelayOpt,
 ) -> None:
     """Smoke-test the built images again, then tag and push those that pass.
 
@@ -206,7 +215,7 @@ def push(
     options = _options(work_dir, 1, True, gpus, Network.host, probe_timeout)
     with progress_mod.make(live) as ui:
         reports, has_gpus = build_mod.test(m, cells, options, ui)
-        _publish(m, reports, atomic, ui)
+        _publish(m, reports, atomic, ui, push_tries, retry_delay)
     _finish(reports, report, has_gpus)
 
 

@@ -55,10 +55,10 @@ class Engine:
         self.api = self.client.api
 
     # -- images -----------------------------------------------------------------------------
-    def image_with_label(self, key: str, value: str) -> str | None:
-        """The id of a local image carrying label key=value, if any."""
+    def images_with_label(self, key: str, value: str) -> dict[str, list[str]]:
+        """Local images carrying label key=value: {image id: its tags}."""
         images = self.client.images.list(filters={"label": f"{key}={value}"})
-        return images[0].id if images else None
+        return {image.id: list(image.tags) for image in images}
 
     def image_labels(self, ref: str) -> dict[str, str] | None:
         try:

@@ -1,0 +1,371 @@
+#!/usr/bin/env bash
+# ci-setup.sh -- bring a fresh CI machine (Debian 12, root, no public Docker
+# registry reachable; only Debian's mirror and PyPI) to the state the
+# imagefactory test suite needs:
+#
+#   * a running Docker engine (Debian's docker.io, no default bridge);
+#   * two base images made with debootstrap, standing in for Docker Hub's
+#       127.0.0.1:5000/library/debian:bookworm-slim
+#       127.0.0.1:5000/library/python:3.11-slim-bookworm
+#   * two local registries (CNCF distribution 2.8):
+#       127.0.0.1:5000  no auth, holds the base images ("base_registry" mirror)
+#       127.0.0.1:5001  htpasswd auth (imagefactory / ci-password), deletes on,
+#                       for push tests.
+#
+# Idempotent: every step checks whether its result is already there, and the
+# slow part (debootstrap) is cached as tarballs in
+# ${IMAGEFACTORY_CI_CACHE:-$HOME/.cache/imagefactory-ci}, so a rerun takes
+# seconds. Must run as root; works from any cwd. Exports nothing, but writes
+# ${cache}/env.sh with the variables the tests read.
+set -euo pipefail
+
+readonly CACHE_DIR="${IMAGEFACTORY_CI_CACHE:-$HOME/.cache/imagefactory-ci}"
+readonly MIRROR="http://deb.debian.org/debian"
+readonly SUITE="bookworm"
+readonly BASE_REGISTRY="127.0.0.1:5000"
+readonly TEST_REGISTRY="127.0.0.1:5001"
+readonly TEST_USER="imagefactory"
+readonly TEST_PASSWORD="ci-password"
+readonly DEBIAN_IMAGE="${BASE_REGISTRY}/library/debian:bookworm-slim"
+readonly PYTHON_IMAGE="${BASE_REGISTRY}/library/python:3.11-slim-bookworm"
+readonly IMAGE_PATH="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+# Scratch space removed on exit (debootstrap trees, a temporary policy-rc.d).
+CLEANUP_PATHS=()
+cleanup() {
+    local p
+    for p in "${CLEANUP_PATHS[@]+"${CLEANUP_PATHS[@]}"}"; do
+        remove_tree "$p"
+    done
+}
+
+# remove_tree DIR: rm -rf, after unmounting what an interrupted debootstrap
+# may have left mounted inside (proc, sys), deepest first.
+remove_tree() {
+    local dir="$1" mnt
+    [[ -e "$dir" ]] || return 0
+    awk -v d="$dir/" 'index($2, d) == 1 { print $2 }' /proc/mounts | sort -r |
+        while read -r mnt; do umount -l "$mnt" 2>/dev/null || true; done
+    rm -rf --one-file-system -- "$dir"
+}
+
+log() { printf '[ci-setup] %s\n' "$*" >&2; }
+DIED=0
+die() { printf '[ci-setup] FAILED: %s\n' "$*" >&2; DIED=1; exit 1; }
+
+# Expected failures go through die() with a reason. For anything else that
+# trips set -e, remember the command (ERR) and report it once, on exit.
+set -E
+FAILED_CMD=""
+trap 'FAILED_CMD="${FAILED_CMD:-line $LINENO: $BASH_COMMAND}"' ERR
+on_exit() {
+    local rc=$?
+    cleanup
+    if ((rc != 0 && DIED == 0)); then
+        printf '[ci-setup] FAILED: unexpected error (exit %d) at %s\n' "$rc" "${FAILED_CMD:-unknown}" >&2
+    fi
+}
+trap on_exit EXIT
+
+# --------------------------------------------------------------------------
+# 1. Debian packages
+# --------------------------------------------------------------------------
+install_packages() {
+    local pkgs=(docker.io debootstrap docker-registry apache2-utils)
+    local missing=() p
+    for p in "${pkgs[@]}"; do
+        # (dpkg -s, but also rejecting removed-but-not-purged packages)
+        if [[ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)" != "install ok installed" ]]; then
+            missing+=("$p")
+        fi
+    done
+    if ((${#missing[@]} == 0)); then
+        log "packages already installed"
+        return
+    fi
+    # docker.io and docker-registry ship init scripts that would start a
+    # dockerd with the default 172.17.x bridge and a registry on :5000 with
+    # Debian's config. Forbid service starts during the install (the usual
+    # policy-rc.d trick) unless the machine already has such a policy.
+    if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+        printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
+        chmod +x /usr/sbin/policy-rc.d
+        CLEANUP_PATHS+=(/usr/sbin/policy-rc.d)
+    fi
+    log "installing: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq || die "apt-get update failed"
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null \
+        || die "apt-get install ${missing[*]} failed"
+}
+
+# --------------------------------------------------------------------------
+# 2. Docker engine
+# --------------------------------------------------------------------------
+start_docker() {
+    if docker info >/dev/null 2>&1; then
+        log "docker engine already running"
+        return
+    fi
+    log "starting dockerd"
+    # No bridge/iptables: these machines may only talk to loopback and the
+    # package mirrors; builds use host networking, smoke tests network none.
+    setsid dockerd --bridge=none --iptables=false </dev/null >/tmp/dockerd.log 2>&1 9>&- &
+    local i
+    for ((i = 0; i < 60; i++)); do
+        docker info >/dev/null 2>&1 && return
+        sleep 1
+    done
+    tail -n 20 /tmp/dockerd.log >&2 || true
+    die "dockerd did not answer 'docker info' within 60 s (log: /tmp/dockerd.log)"
+}
+
+# --------------------------------------------------------------------------
+# 3. Base images (debootstrap -> cached tarball -> docker import)
+# --------------------------------------------------------------------------
+
+# make_rootfs_tar TARBALL [debootstrap --include list]
+# Builds the tarball only if it is not cached. Written under a temporary name
+# and renamed, so an interrupted run never leaves a truncated cache entry.
+make_rootfs_tar() {
+    local tarball="$1" include="${2:-}"
+    if [[ -s "$tarball" ]]; then
+        log "cached: $tarball"
+        return
+    fi
+    local root
+    root="$(mktemp -d "${CACHE_DIR}/rootfs.XXXXXX")"
+    CLEANUP_PATHS+=("$root")
+    local args=(--variant=minbase)
+    [[ -n "$include" ]] && args+=("--include=$include")
+    log "debootstrap ${args[*]} $SUITE (takes ~30 s)"
+    debootstrap "${args[@]}" "$SUITE" "$root" "$MIRROR" >"${root}.log" 2>&1 || {
+        tail -n 20 "${root}.log" >&2 || true
+        die "debootstrap for $(basename "$tarball") failed (log: ${root}.log)"
+    }
+    rm -f "${root}.log"
+    # Plain http: containers do not trust the TLS-intercepting proxy's CA.
+    echo "deb $MIRROR $SUITE main" >"$root/etc/apt/sources.list"
+    # Keep the image small, as the official slim images are.
+    rm -rf "${root:?}"/var/cache/apt/archives/*.deb "${root:?}"/var/lib/apt/lists/*
+    rm -rf "${root:?}"/dev/* "${root:?}"/proc/* "${root:?}"/sys/* "${root:?}"/tmp/* 2>/dev/null || true
+    tar --numeric-owner -C "$root" -cf "${tarball}.tmp" . || die "tar of $root failed"
+    mv -f "${tarball}.tmp" "$tarball"
+    remove_tree "$root"
+}
+
+# import_image TARBALL IMAGE [extra --change ...]
+import_image() {
+    local tarball="$1" image="$2"
+    shift 2
+    if docker image inspect "$image" >/dev/null 2>&1; then
+        log "image present: $image"
+        return
+    fi
+    log "importing $image"
+    docker import \
+        --change 'CMD ["/bin/bash"]' \
+        --change "ENV PATH=$IMAGE_PATH" \
+        "$@" "$tarball" "$image" >/dev/null || die "docker import $image failed"
+}
+
+make_base_images() {
+    mkdir -p "$CACHE_DIR"
+    # Remove leftovers of an interrupted earlier run.
+    local leftover
+    for leftover in "$CACHE_DIR"/rootfs.* "$CACHE_DIR"/*.tar.tmp; do
+        remove_tree "$leftover"
+    done
+    local minbase="$CACHE_DIR/bookworm-minbase.tar"
+    local python="$CACHE_DIR/bookworm-python.tar"
+    # Only debootstrap when the image is missing and the tarball too: a
+    # machine that already has the images does not need the cache.
+    docker image inspect "$DEBIAN_IMAGE" >/dev/null 2>&1 || make_rootfs_tar "$minbase"
+    docker image inspect "$PYTHON_IMAGE" >/dev/null 2>&1 ||
+        make_rootfs_tar "$python" "python3,python3-venv,ca-certificates"
+    import_image "$minbase" "$DEBIAN_IMAGE"
+    # Like the official python image: a UTF-8 locale for Python's I/O.
+    import_image "$python" "$PYTHON_IMAGE" --change 'ENV LANG=C.UTF-8'
+}
+
+# --------------------------------------------------------------------------
+# 4. Registries
+# --------------------------------------------------------------------------
+
+# http_code URL -> prints the HTTP status (000 when nothing answers).
+http_code() {
+    curl -s -o /dev/null -w '%{http_code}' --max-time 3 --noproxy '*' "$1" || true
+}
+
+# listener_pids PORT -> PIDs of processes listening on 127.0.0.1/any:PORT.
+listener_pids() {
+    ss -ltnpH "sport = :$1" 2>/dev/null | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -u || true
+}
+
+# write_registry_config PORT DATA_DIR [HTPASSWD_FILE] -> prints config path
+write_registry_config() {
+    local port="$1" data="$2" htpasswd="${3:-}"
+    local conf="$CACHE_DIR/registry-$port.yml"
+    {
+        echo "version: 0.1"
+        echo "log:"
+        echo "  level: info"
+        echo "storage:"
+        echo "  filesystem:"
+        echo "    rootdirectory: $data"
+        echo "  delete:"
+        echo "    enabled: true"
+        echo "http:"
+        echo "  addr: 127.0.0.1:$port"
+        if [[ -n "$htpasswd" ]]; then
+            echo "auth:"
+            echo "  htpasswd:"
+            echo "    realm: imagefactory-ci"
+            echo "    path: $htpasswd"
+        fi
+    } >"$conf.tmp"
+    # Rewriting an identical file would not matter, but keep mtimes stable.
+    if cmp -s "$conf.tmp" "$conf"; then rm -f "$conf.tmp"; else mv -f "$conf.tmp" "$conf"; fi
+    echo "$conf"
+}
+
+# start_registry PORT CONFIG EXPECTED_CODE
+# Skips a registry that already answers and was started with CONFIG. Anything
+# else on the port (e.g. Debian's packaged service with its own config) is a
+# docker-registry we stop; a foreign program there is an error.
+start_registry() {
+    local port="$1" conf="$2" want="$3"
+    local url="http://127.0.0.1:$port/v2/" pid ours=0 others=() cmd
+    for pid in $(listener_pids "$port"); do
+        cmd="$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null || true)"
+        if [[ "$cmd" == *"serve $conf"* ]]; then ours=1; else others+=("$pid"); fi
+    done
+    if ((ours)) && ((${#others[@]} == 0)) && [[ "$(http_code "$url")" == "$want" ]]; then
+        log "registry :$port already running"
+        return
+    fi
+    # The packaged service, if systemd runs it, would come back: disable it.
+    if [[ -d /run/systemd/system ]]; then
+        systemctl disable --now docker-registry.service >/dev/null 2>&1 || true
+    fi
+    # Whatever listens now is a stray or a broken copy of ours: stop it.
+    local exe
+    for pid in $(listener_pids "$port"); do
+        exe="$(readlink "/proc/$pid/exe" 2>/dev/null || true)"
+        [[ "$(basename "$exe")" == docker-registry* ]] ||
+            die "port $port is taken by pid $pid ($exe), not a docker-registry; stop it first"
+        log "stopping registry pid $pid on :$port (not started with $conf, or not answering)"
+        kill "$pid" 2>/dev/null || true
+    done
+    local i
+    for ((i = 0; i < 20; i++)); do
+        [[ -z "$(listener_pids "$port")" ]] && break
+        sleep 0.5
+    done
+    log "starting registry :$port"
+    setsid docker-registry serve "$conf" </dev/null >"/tmp/registry-$port.log" 2>&1 9>&- &
+    for ((i = 0; i < 60; i++)); do
+        [[ "$(http_code "$url")" == "$want" ]] && return
+        sleep 0.5
+    done
+    tail -n 20 "/tmp/registry-$port.log" >&2 || true
+    die "registry :$port did not answer $want on $url within 30 s (log: /tmp/registry-$port.log)"
+}
+
+start_registries() {
+    local data="$CACHE_DIR/registry-data"
+    mkdir -p "$data/5000" "$data/5001"
+
+    # htpasswd hashes are salted, so only rewrite when the password no
+    # longer verifies (a rewrite would need a registry restart in 2.8).
+    local htpasswd="$CACHE_DIR/registry-5001.htpasswd"
+    if ! htpasswd -vb "$htpasswd" "$TEST_USER" "$TEST_PASSWORD" >/dev/null 2>&1; then
+        htpasswd -Bbn "$TEST_USER" "$TEST_PASSWORD" >"$htpasswd.tmp"
+        mv -f "$htpasswd.tmp" "$htpasswd"
+    fi
+
+    local conf
+    conf="$(write_registry_config 5000 "$data/5000")"
+    start_registry 5000 "$conf" 200
+    conf="$(write_registry_config 5001 "$data/5001" "$htpasswd")"
+    start_registry 5001 "$conf" 401
+}
+
+# registry_digest IMAGE -> the manifest digest the base registry serves for
+# IMAGE (empty when it has none).
+registry_digest() {
+    local ref="${1#*/}" # strip host:port
+    curl -s -I --max-time 5 --noproxy '*' \
+        -H 'Accept: application/vnd.docker.distribution.manifest.v2+json' \
+        "http://$BASE_REGISTRY/v2/${ref%:*}/manifests/${ref##*:}" |
+        tr -d '\r' | awk -F': ' 'tolower($1) == "docker-content-digest" { print $2 }' || true
+}
+
+# Push unless the registry already serves this very image: after a re-import
+# (new image ID) the tag in the registry would otherwise be stale.
+push_base_images() {
+    local image digest
+    for image in "$DEBIAN_IMAGE" "$PYTHON_IMAGE"; do
+        digest="$(registry_digest "$image")"
+        if [[ -n "$digest" ]] && docker image inspect -f '{{join .RepoDigests " "}}' "$image" |
+            grep -qF -- "@$digest"; then
+            log "registry has $image"
+            continue
+        fi
+        log "pushing $image"
+        docker push -q "$image" >/dev/null || die "docker push $image failed"
+        [[ -n "$(registry_digest "$image")" ]] || die "registry does not serve $image after push"
+    done
+}
+
+# --------------------------------------------------------------------------
+# 5. Smoke check and summary
+# --------------------------------------------------------------------------
+smoke_check() {
+    # The python stand-in must make venvs offline, as tests build with it.
+    docker run --rm --network none "$PYTHON_IMAGE" \
+        sh -c 'python3.11 -m venv /tmp/v && /tmp/v/bin/python -c "import sys"' \
+        >/dev/null 2>&1 || die "python3.11 -m venv fails in $PYTHON_IMAGE"
+}
+
+write_env_file() {
+    cat >"$CACHE_DIR/env.sh.tmp" <<EOF
+# Written by scripts/ci-setup.sh: the registries it started.
+export IMAGEFACTORY_TEST_REGISTRY=$TEST_REGISTRY IMAGEFACTORY_TEST_REGISTRY_USER=$TEST_USER IMAGEFACTORY_TEST_REGISTRY_PASSWORD=$TEST_PASSWORD IMAGEFACTORY_BASE_REGISTRY=$BASE_REGISTRY
+EOF
+    mv -f "$CACHE_DIR/env.sh.tmp" "$CACHE_DIR/env.sh"
+}
+
+summary() {
+    local version
+    version="$(docker version -f '{{.Server.Version}} (API {{.Server.APIVersion}})')"
+    cat <<EOF
+imagefactory CI setup ready
+  engine:         docker $version
+  base registry:  http://$BASE_REGISTRY (no auth)
+  test registry:  http://$TEST_REGISTRY (user $TEST_USER, password $TEST_PASSWORD, deletes on)
+  images:
+EOF
+    docker image ls --format '{{.Repository}}:{{.Tag}}  {{.Size}}' \
+        | grep -F -e "$DEBIAN_IMAGE" -e "$PYTHON_IMAGE" | sed 's/^/    /'
+    echo "  env:            source $CACHE_DIR/env.sh"
+}
+
+main() {
+    ((EUID == 0)) || die "must run as root"
+    mkdir -p "$CACHE_DIR"
+    # Two CI jobs on one machine must not debootstrap into the same cache.
+    # (Daemons started below close fd 9, or they would hold the lock forever.)
+    exec 9>"$CACHE_DIR/.lock"
+    flock -w 900 9 || die "another ci-setup.sh holds $CACHE_DIR/.lock"
+    install_packages
+    start_docker
+    make_base_images
+    start_registries
+    push_base_images
+    smoke_check
+    write_env_file
+    summary
+}
+
+main "$@"
