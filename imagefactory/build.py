@@ -30,6 +30,7 @@ class Options:
     gpus: str = "auto"  # none | all | auto
     network: str = "host"  # host | default
     probe_timeout: float = smoke.DEFAULT_TIMEOUT
+    cache_from: tuple[str, ...] = ()  # images whose layers a build may reuse (e.g. the previous release)
 
 
 def resolve_gpus(mode: str, engine: Engine) -> bool:
@@ -89,7 +90,9 @@ class _Cell:
         try:
             network = "host" if self.options.network == "host" else None
             r.image_id = self.engine.build(str(self.ctx.path), r.candidate, network_mode=network,
-                                           log=self.log, progress=lambda p: self.ui.step(cell.id, p))
+                                           log=self.log, progress=lambda p: self.ui.step(cell.id, p),
+                                           cache_from=[ref for ref in self.options.cache_from
+                                                       if self.engine.image_id(ref)])
         except BuildError as e:
             r.status, r.error, r.failed_step, r.log_tail = BUILD_FAILED, e.message, e.step or "", e.log_tail
             return False

@@ -149,9 +149,9 @@ RetryDelayOpt = typer.Option(2.0, "--retry-delay", min=0.0, help="Seconds before
 LiveOpt = typer.Option(None, "--live/--plain", help="Live display (default on a terminal) or plain lines.")
 
 
-def _options(work_dir, jobs, keep_going, gpus, network, probe_timeout) -> build_mod.Options:
+def _options(work_dir, jobs, keep_going, gpus, network, probe_timeout, cache_from=()) -> build_mod.Options:
     return build_mod.Options(work_dir=work_dir, jobs=jobs, fail_fast=not keep_going, gpus=gpus.value,
-                             network=network.value, probe_timeout=probe_timeout)
+                             network=network.value, probe_timeout=probe_timeout, cache_from=tuple(cache_from or ()))
 
 
 @app.command()
@@ -170,6 +170,9 @@ def build(
     atomic: bool = typer.Option(False, "--atomic", help="With --push: publish nothing unless every cell passed."),
     push_tries: int = RetriesOpt,
     retry_delay: float = RetryDelayOpt,
+    cache_from: Optional[List[str]] = typer.Option(
+        None, "--cache-from", help="A local image whose layers the builds may reuse, e.g. the previous "
+                                   "release pulled from the registry (repeatable)."),
 ) -> None:
     """Build every cell through the Docker SDK, then smoke-test each image in a container.
 
@@ -177,7 +180,7 @@ def build(
     get a local candidate name (imagefactory-candidate/...); release tags are applied only by
     --push, and only to cells that passed. Full logs: WORK_DIR/logs/<cell>.log."""
     m, cells = _load(matrix, only)
-    options = _options(work_dir, jobs, keep_going, gpus, network, probe_timeout)
+    options = _options(work_dir, jobs, keep_going, gpus, network, probe_timeout, cache_from)
     if atomic and not push:
         raise ConfigError("--atomic: only meaningful with --push")
     with progress_mod.make(live) as ui:

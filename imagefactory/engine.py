@@ -103,6 +103,7 @@ class Engine:
         log: Callable[[str], None] = lambda line: None,
         progress: Callable[[BuildProgress], None] = lambda p: None,
         pull: bool = False,
+        cache_from: list[str] | None = None,
     ) -> str:
         """Build `context` and tag it; returns the image id. Raises BuildError with the
         failing step and the log tail when the stream reports an error."""
@@ -116,7 +117,7 @@ class Engine:
 
         try:
             stream = self.api.build(path=context, tag=tag, rm=True, forcerm=True, decode=True,
-                                    network_mode=network_mode, pull=pull)
+                                    network_mode=network_mode, pull=pull, cache_from=cache_from or None)
             for event in stream:
                 if "stream" in event:
                     for line in event["stream"].splitlines():

@@ -1,0 +1,408 @@
+"""GitHub Actions workflows: valid YAML, and every `imagefactory` / `bash X` line they run is real.
+
+The checker (`check_workflow_text`) parses each `run:` script the way a shell would split it
+(backslash continuations joined, `${{ ... }}` expressions replaced by a placeholder word,
+`$( ... )` substitutions checked as commands of their own) and reports:
+
+* `imagefactory <sub>` with a subcommand the CLI does not have;
+* options that subcommand does not accept (introspected from the Typer app);
+* `bash X` / `sh X` / `sudo [-E] bash X` / `./X` scripts that do not exist in the repository.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import typer
+import yaml
+from typer.testing import CliRunner
+
+from imagefactory.cli import app
+
+REPO = Path(__file__).resolve().parents[2]
+WORKFLOW_DIR = REPO / ".github" / "workflows"
+WORKFLOWS = sorted(p for p in WORKFLOW_DIR.glob("*") if p.suffix in (".yml", ".yaml"))
+
+PLACEHOLDER = "GHA_EXPR"
+_EXPR = re.compile(r"\$\{\{.*?\}\}", re.S)
+_SUBST = re.compile(r"\$\(([^()]*)\)")
+_SEPARATORS = {";", ";;", "&", "&&", "|", "||", "|&", "(", ")", "((", "))", "\n"}
+_KEYWORDS = {"if", "then", "else", "elif", "fi", "do", "done", "while", "until", "!", "{", "}", "time"}
+_PREFIXES = {"exec", "command", "nohup", "time"}
+# sudo options that take a value (e.g. `sudo -u runner bash x`).
+_SUDO_ARG_OPTS = {"-u", "-g", "-C", "-h", "-p", "-r", "-t", "-U", "-D"}
+_SHELLS = {"bash", "sh"}
+_SHELL_ARG_OPTS = {"-o", "-O", "--rcfile", "--init-file"}
+
+
+# --------------------------------------------------------------------------- CLI model
+
+def _cli_model():
+    """{subcommand: {option: takes_value}} plus the root group's options."""
+    group = typer.main.get_command(app)
+    subs = {}
+    for name, cmd in group.commands.items():
+        opts = {"--help": False}
+        for p in cmd.params:
+            if getattr(p, "param_type_name", "option") != "option":
+                continue
+            takes_value = not (getattr(p, "is_flag", False) or getattr(p, "count", False))
+            for o in list(p.opts) + list(p.secondary_opts):
+                opts[o] = takes_value
+        subs[name] = opts
+    root = {"--help": False}
+    for p in group.params:
+        for o in list(p.opts) + list(p.secondary_opts):
+            root[o] = not getattr(p, "is_flag", False)
+    return root, subs
+
+
+ROOT_OPTS, SUBCOMMANDS = _cli_model()
+
+
+# --------------------------------------------------------------------------- shell splitting
+
+def _normalise(script: str) -> str:
+    script = _EXPR.sub(PLACEHOLDER, script)
+    return re.sub(r"\\\r?\n", " ", script)
+
+
+def _command_strings(script: str) -> list[str]:
+    """Every logical line of the script, plus the bodies of `$( ... )` substitutions."""
+    script = _normalise(script)
+    found = []
+    while True:
+        m = _SUBST.search(script)
+        if not m:
+            break
+        found.append(m.group(1))
+        script = script[: m.start()] + PLACEHOLDER + script[m.end():]
+    return [line for text in [script, *found] for line in text.splitlines() if line.strip()]
+
+
+def _simple_commands(line: str) -> list[list[str]]:
+    """Split one line into simple commands (word lists), dropping redirections."""
+    lex = shlex.shlex(line, posix=True, punctuation_chars=True)
+    lex.whitespace_split = True
+    lex.commenters = "#"
+    try:
+        tokens = list(lex)
+    except ValueError as e:  # unbalanced quotes, a heredoc body, ...
+        raise _Unparsable(f"{e}: {line!r}") from None
+    commands, words, skip_next = [], [], False
+    for tok in tokens:
+        if skip_next:
+            skip_next = False
+            continue
+        if tok in _SEPARATORS:
+            if words:
+                commands.append(words)
+            words = []
+        elif tok and set(tok) <= set("<>&"):
+            skip_next = True  # redirection: the next word is its target
+            if words and words[-1].isdigit():
+                words.pop()  # the fd number in `2> file`
+        else:
+            words.append(tok)
+    if words:
+        commands.append(words)
+    return commands
+
+
+class _Unparsable(Exception):
+    pass
+
+
+def _strip_prefixes(words: list[str]) -> list[str]:
+    """Drop `FOO=bar`, `sudo [-E] [-u user]`, `env ...`, `exec` and shell keywords in front."""
+    i = 0
+    while i < len(words):
+        w = words[i]
+        if w in _KEYWORDS or w in _PREFIXES or re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", w):
+            i += 1
+        elif w in ("sudo", "env"):
+            i += 1
+            while i < len(words) and (words[i].startswith("-") or (w == "env" and "=" in words[i])):
+                i += 2 if (w == "sudo" and words[i] in _SUDO_ARG_OPTS) else 1
+        else:
+            break
+    return words[i:]
+
+
+# --------------------------------------------------------------------------- the checker
+
+def _check_imagefactory(words: list[str]) -> list[str]:
+    problems, shown = [], " ".join(words)
+    args = words[1:]
+    if not args:
+        return problems
+    sub = args[0]
+    if sub.startswith("-"):
+        allowed, rest, where = ROOT_OPTS, args, "imagefactory"
+    elif sub not in SUBCOMMANDS:
+        return [f"unknown subcommand {sub!r} (have {sorted(SUBCOMMANDS)}): {shown}"]
+    else:
+        allowed, rest, where = SUBCOMMANDS[sub], args[1:], f"imagefactory {sub}"
+    i = 0
+    while i < len(rest):
+        tok = rest[i]
+        i += 1
+        if tok == "--":
+            break
+        if tok.startswith("--"):
+            name = tok.split("=", 1)[0]
+            if name not in allowed:
+                problems.append(f"{where}: unknown option {name!r}: {shown}")
+            elif allowed[name] and "=" not in tok:
+                i += 1  # its value
+        elif tok.startswith("-") and len(tok) > 1:
+            name = tok[:2]
+            if name not in allowed:
+                problems.append(f"{where}: unknown option {tok!r}: {shown}")
+            elif allowed[name] and len(tok) == 2:
+                i += 1
+        elif "$" not in tok and PLACEHOLDER not in tok:
+            problems.append(f"{where}: unexpected argument {tok!r}: {shown}")
+    return problems
+
+
+def _check_script_ref(words: list[str], base: Path) -> list[str]:
+    cmd = words[0]
+    if cmd in _SHELLS:
+        i = 1
+        while i < len(words) and words[i].startswith("-"):
+            if not words[i].startswith("--") and "c" in words[i][1:]:
+                return []  # inline script, nothing to look up
+            i += 2 if words[i] in _SHELL_ARG_OPTS else 1
+        if i >= len(words):
+            return []
+        target = words[i]
+    elif cmd.startswith("./"):
+        target = cmd
+    else:
+        return []
+    if "$" in target or PLACEHOLDER in target or target.startswith("/"):
+        return []
+    if not (base / target).is_file():
+        return [f"script {target!r} does not exist (relative to {base}): {' '.join(words)}"]
+    return []
+
+
+def check_run_script(script: str, base: Path = REPO) -> list[str]:
+    problems = []
+    for line in _command_strings(script):
+        try:
+            commands = _simple_commands(line)
+        except _Unparsable as e:
+            problems.append(f"cannot split shell line: {e}")
+            continue
+        for words in commands:
+            words = _strip_prefixes(words)
+            if not words:
+                continue
+            if Path(words[0]).name == "imagefactory":
+                problems += _check_imagefactory(words)
+            problems += _check_script_ref(words, base)
+    return problems
+
+
+def triggers(doc: dict):
+    """PyYAML (YAML 1.1) reads the bare key `on` as the boolean True."""
+    return doc.get("on", doc.get(True))
+
+
+def check_workflow_text(text: str, repo: Path = REPO) -> list[str]:
+    """All problems found in one workflow file's text (empty list: fine)."""
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        return [f"not valid YAML: {e}"]
+    if not isinstance(doc, dict):
+        return ["top level is not a mapping"]
+    problems = []
+    if not triggers(doc):
+        problems.append("no `on:` triggers")
+    jobs = doc.get("jobs")
+    if not isinstance(jobs, dict) or not jobs:
+        return problems + ["no jobs"]
+    for job_id, job in jobs.items():
+        if not isinstance(job, dict):
+            problems.append(f"job {job_id}: not a mapping")
+            continue
+        if "uses" in job:  # reusable workflow call
+            continue
+        steps = job.get("steps")
+        if not isinstance(steps, list) or not steps:
+            problems.append(f"job {job_id}: no steps")
+            continue
+        needs = job.get("needs", [])
+        for need in [needs] if isinstance(needs, str) else needs:
+            if need not in jobs:
+                problems.append(f"job {job_id}: needs unknown job {need!r}")
+        job_wd = ((job.get("defaults") or {}).get("run") or {}).get("working-directory")
+        job_shell = ((job.get("defaults") or {}).get("run") or {}).get("shell", "bash")
+        for n, step in enumerate(steps):
+            where = f"job {job_id} step {step.get('name') or step.get('id') or n}"
+            if not isinstance(step, dict) or ("run" in step) == ("uses" in step):
+                problems.append(f"{where}: needs exactly one of run/uses")
+                continue
+            if "uses" in step:
+                uses = step["uses"]
+                if not uses.startswith(("./", "docker://")) and "@" not in uses:
+                    problems.append(f"{where}: action {uses!r} is not pinned to a version")
+                continue
+            shell = str(step.get("shell", job_shell))
+            if not (shell.startswith("bash") or shell.startswith("sh")):
+                continue
+            wd = step.get("working-directory", job_wd)
+            base = repo / _EXPR.sub(PLACEHOLDER, wd) if wd else repo
+            problems += [f"{where}: {p}" for p in check_run_script(str(step["run"]), base)]
+    return problems
+
+
+# --------------------------------------------------------------------------- the repository's workflows
+
+def _load(path: Path) -> dict:
+    return yaml.safe_load(path.read_text())
+
+
+def test_there_are_workflows():
+    names = {p.name for p in WORKFLOWS}
+    assert {"ci.yml", "publish.yml"} <= names, names
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
+def test_workflow_is_clean(path):
+    assert check_workflow_text(path.read_text()) == []
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
+def test_workflow_has_minimal_top_level_permissions(path):
+    perms = _load(path).get("permissions")
+    assert isinstance(perms, dict), "declare top-level permissions explicitly"
+    assert perms.get("contents") == "read"
+    assert set(perms.values()) <= {"read", "none", "write"}
+    writes = {k for k, v in perms.items() if v == "write"}
+    assert writes <= {"packages"}, writes
+
+
+def test_ci_workflow_shape():
+    doc = _load(WORKFLOW_DIR / "ci.yml")
+    on = triggers(doc)
+    assert "pull_request" in on and "main" in on["push"]["branches"]
+    jobs = doc["jobs"]
+    assert {"lint-and-unit", "small-matrix"} <= set(jobs)
+    assert jobs["small-matrix"]["needs"] in ("lint-and-unit", ["lint-and-unit"])
+    runs = "\n".join(s.get("run", "") for s in jobs["lint-and-unit"]["steps"])
+    assert "imagefactory render" in runs and "hadolint" in runs and "pytest tests/unit" in runs
+    assert "concurrency" in doc
+
+
+def test_publish_matrix_comes_from_plan():
+    doc = _load(WORKFLOW_DIR / "publish.yml")
+    on = triggers(doc)
+    assert "workflow_dispatch" in on and "v*" in on["push"]["tags"]
+    plan, cell = doc["jobs"]["plan"], doc["jobs"]["cell"]
+    strategy = cell["strategy"]
+    assert strategy["fail-fast"] is False
+    assert re.fullmatch(r"\$\{\{\s*fromJSON\(needs\.plan\.outputs\.matrix\)\s*\}\}", strategy["matrix"])
+    assert cell["needs"] in ("plan", ["plan"])
+    # plan's output is wired to a step that exists and runs `imagefactory list --format github`.
+    m = re.fullmatch(r"\$\{\{\s*steps\.([\w-]+)\.outputs\.matrix\s*\}\}", plan["outputs"]["matrix"])
+    assert m, plan["outputs"]
+    step = next(s for s in plan["steps"] if s.get("id") == m.group(1))
+    assert re.search(r"imagefactory list .*--format github", step["run"])
+    assert "GITHUB_OUTPUT" in step["run"]
+    summary = doc["jobs"]["summary"]
+    assert summary["needs"] in ("cell", ["cell"]) and "always()" in summary["if"]
+
+
+def test_publish_uses_only_matrix_keys_that_list_emits():
+    """`matrix.X` in the cell job must be a key of every entry `imagefactory list --format github` prints."""
+    text = (WORKFLOW_DIR / "publish.yml").read_text()
+    exprs = " ".join(_EXPR.findall(text))
+    used = set(re.findall(r"\bmatrix\.([A-Za-z_][\w-]*)", exprs))
+    assert {"cell", "tag"} <= used
+    result = CliRunner().invoke(app, ["list", "--matrix", str(REPO / "matrix.yaml"), "--format", "github"])
+    assert result.exit_code == 0, result.output
+    include = json.loads(result.stdout)["include"]
+    assert include
+    for entry in include:
+        assert used <= set(entry), used - set(entry)
+
+
+# --------------------------------------------------------------------------- the checker can fail
+
+CRAFTED = """
+on: push
+jobs:
+  x:
+    runs-on: ubuntu-latest
+    steps:
+      - uses: actions/checkout@v4
+      - run: |
+          imagefactory build --matrix matrix.yaml --only ${{ matrix.cell }} \\
+            --no-such-option --plain
+"""
+
+
+def test_checker_reports_bogus_option():
+    problems = check_workflow_text(CRAFTED)
+    assert len(problems) == 1, problems
+    assert "--no-such-option" in problems[0] and "imagefactory build" in problems[0]
+
+
+def test_checker_accepts_the_same_line_without_the_bogus_option():
+    assert check_workflow_text(CRAFTED.replace("--no-such-option ", "")) == []
+
+
+@pytest.mark.parametrize(
+    "script, needle",
+    [
+        ("imagefactory frobnicate --matrix m.yaml", "unknown subcommand 'frobnicate'"),
+        ("imagefactory list --push", "'--push'"),  # exists on build, not on list
+        ("imagefactory render -x", "'-x'"),
+        ('echo "m=$(imagefactory list --fromat github)" >> "$GITHUB_OUTPUT"', "'--fromat'"),
+        ("set -e; imagefactory test --gpus none && imagefactory push --jobs 2", "'--jobs'"),
+        ("imagefactory build stray-word", "unexpected argument 'stray-word'"),
+        ("sudo -E bash scripts/no-such-script.sh", "scripts/no-such-script.sh"),
+        ("bash -eu .ci/nope", ".ci/nope"),
+        ("FOO=1 ./scripts/missing.sh --x", "./scripts/missing.sh"),
+        ("echo 'unbalanced", "cannot split"),
+    ],
+)
+def test_checker_reports(script, needle):
+    problems = check_run_script(script)
+    assert any(needle in p for p in problems), problems
+
+
+@pytest.mark.parametrize(
+    "script",
+    [
+        "imagefactory build -m matrix.yaml -j 2 --fail-fast --report=build/r.json --gpus none",
+        "imagefactory --help",
+        "imagefactory list --only ${{ matrix.cell }} --format github 2>&1 | tee out.json",
+        "sudo -E bash scripts/ci-setup.sh",
+        "bash -c 'anything goes here'",
+        "# imagefactory build --bogus  (a comment)",
+        "docker pull ${{ matrix.tag }} || true",
+        'echo "--not-an-option imagefactory"',
+    ],
+)
+def test_checker_accepts(script):
+    assert check_run_script(script) == []
+
+
+def test_on_key_is_read_despite_yaml_1_1():
+    doc = yaml.safe_load("on: [push]\njobs: {}\n")
+    assert triggers(doc) == ["push"]
+    assert "no `on:` triggers" in check_workflow_text("name: x\njobs:\n  a:\n    steps: [{run: 'true'}]\n")
+
+
+def test_checker_reports_invalid_yaml_and_missing_steps():
+    assert check_workflow_text("on: push\njobs: [unclosed\n")[0].startswith("not valid YAML")
+    assert any("no steps" in p for p in check_workflow_text("on: push\njobs:\n  a:\n    runs-on: x\n"))
