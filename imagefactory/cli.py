@@ -34,7 +34,6 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-err = Console(stderr=True, highlight=False)
 
 MatrixOpt = typer.Option(Path("matrix.yaml"), "--matrix", "-m", help="The matrix file.", show_default=True)
 OnlyOpt = typer.Option(None, "--only", help="Only this cell id (repeatable). See `imagefactory list`.")
@@ -259,5 +258,5 @@ def main() -> None:
         print(f"error: {e.message}", file=sys.stderr)
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
-        err.print("interrupted", markup=False)
+        print("interrupted", file=sys.stderr)
         sys.exit(130)

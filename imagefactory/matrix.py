@@ -12,7 +12,7 @@ import glob
 import itertools
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -288,8 +288,8 @@ def _build(path: Path, data: dict[str, Any], loc: _Located, problems: list[Probl
     image = data["image"]
 
     cells: list[Cell] = []
-    seen: dict[str, int] = {}
-    for n, combo in enumerate(combos):
+    seen: set[str] = set()
+    for combo in combos:
         cuda = None if combo["cuda"] == "none" else combo["cuda"]
         torch = combo.get("torch", data["torch"])
         accel = "cpu" if cuda is None else f"cu{cuda}"
@@ -307,11 +307,11 @@ def _build(path: Path, data: dict[str, Any], loc: _Located, problems: list[Probl
             labels=tuple(sorted(data.get("labels", {}).items())),
             user=user.get("name", "trainer"), uid=user.get("uid", 1000),
         )
-        where = _cell_source(n, len(axes_spec.get("include", [])), combos, original, axes_spec)
+        where = _cell_source(combo, axes_spec)
         if cell.id in seen:
             problem(where, f"cell {cell.id} is defined twice")
             continue
-        seen[cell.id] = n
+        seen.add(cell.id)
         if not is_reference(base):
             problem(where + ("base_image",) if "base_image" in combo else ("base_images", combo["installer"]),
                     f"cell {cell.id}: base image {base!r} is not a valid image reference")
@@ -336,7 +336,7 @@ def _build(path: Path, data: dict[str, Any], loc: _Located, problems: list[Probl
             problem(("tags", key), f"cell {cell.id}: {ref!r} is not a valid Docker reference")
         if bad:
             break  # one cell shows the mistake; the others would repeat it
-        resolved.append(_replace(cell, tags=(release,), hash_tag=hash_template))
+        resolved.append(replace(cell, tags=(release,)))
     if problems:
         return None
     return Matrix(
@@ -346,15 +346,8 @@ def _build(path: Path, data: dict[str, Any], loc: _Located, problems: list[Probl
     )
 
 
-def _replace(cell: Cell, **changes: Any) -> Cell:
-    from dataclasses import replace
-
-    return replace(cell, **changes)
-
-
-def _cell_source(n: int, n_include: int, combos, original, spec) -> tuple[Any, ...]:
+def _cell_source(combo: dict[str, Any], spec: dict[str, Any]) -> tuple[Any, ...]:
     """The key path a cell's problems point at: its include entry if it has one, else matrix."""
-    combo = combos[n]
     for i, inc in enumerate(spec.get("include", [])):
         if all(combo.get(k) == v for k, v in inc.items()):
             return ("matrix", "include", i)

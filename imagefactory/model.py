@@ -8,9 +8,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-CPU = None  # a cell's `cuda` is None for CPU-only cells
-
-
 @dataclass(frozen=True)
 class Cell:
     """One image of the matrix, with every value the templates and checks need."""
@@ -29,7 +26,6 @@ class Cell:
     user: str = "trainer"
     uid: int = 1000
     tags: tuple[str, ...] = ()  # release tags (full references), applied only after checks pass
-    hash_tag: str = ""  # immutable tag template resolved by publish once the content hash is known
 
     @property
     def id(self) -> str:

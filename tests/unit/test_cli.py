@@ -1,0 +1,62 @@
+"""The command line itself: help, output formats, exit codes (no Docker needed)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+
+def cli(*args, env=None):
+    import os
+
+    return subprocess.run([sys.executable, "-m", "imagefactory", *args], capture_output=True, text=True,
+                          cwd=REPO, env={**os.environ, **(env or {})})
+
+
+@pytest.mark.parametrize("command", ["list", "render", "build", "test", "push", "schema"])
+def test_every_command_has_help(command):
+    r = cli(command, "--help")
+    assert r.returncode == 0 and "Usage" in r.stdout
+
+
+def test_list_github_format_is_a_job_matrix():
+    r = cli("list", "--format", "github")
+    assert r.returncode == 0
+    doc = json.loads(r.stdout)
+    assert len(doc["include"]) == 11
+    first = doc["include"][0]
+    assert first["cell"] == first["id"] and first["tag"].startswith("registry.example.com/ml/train:")
+
+
+def test_list_json_and_only():
+    r = cli("list", "--format", "json", "--only", "py3.11-cu12.9-mkl-conda")
+    rows = json.loads(r.stdout)
+    assert [row["id"] for row in rows] == ["py3.11-cu12.9-mkl-conda"] and rows[0]["cuda"] == "12.9"
+
+
+def test_schema_is_json_schema():
+    doc = json.loads(cli("schema").stdout)
+    assert doc["$schema"].startswith("https://json-schema.org/") and "matrix" in doc["properties"]
+
+
+def test_no_docker_engine_exits_3_with_how_to_start_one(tmp_path):
+    r = cli("build", "--only", "py3.11-cpu-mkl-conda", "--work-dir", str(tmp_path), "--report",
+            str(tmp_path / "r.json"), env={"DOCKER_HOST": f"unix://{tmp_path}/nothing.sock"})
+    assert r.returncode == 3, r.stderr
+    assert "Traceback" not in r.stderr
+    assert r.stderr.startswith("error: no Docker engine answered") and "dockerd" in r.stderr
+
+
+def test_atomic_without_push_is_a_usage_error(tmp_path):
+    r = cli("build", "--atomic", "--work-dir", str(tmp_path))
+    assert r.returncode == 2 and "--atomic" in r.stderr
+
+
+def test_missing_matrix_file():
+    r = cli("list", "--matrix", "nope.yaml")
+    assert r.returncode == 2 and "nope.yaml: no such matrix file" in r.stderr
