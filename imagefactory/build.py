@@ -117,16 +117,20 @@ class _Cell:
         self.log_file.close()
 
 
-def _pool(matrix: Matrix, contexts: list[render.Context], options: Options, ui,
-          engine_factory: Callable[[], Engine],
-          gpus: bool, work: Callable[["_Cell"], bool]) -> list[CellReport]:
+def _run(matrix: Matrix, cells: list[Cell], options: Options, ui, engine_factory: Callable[[], Engine],
+         work: Callable[["_Cell"], bool]) -> tuple[list[CellReport], bool]:
+    """Render the cells, then do `work` for each on a pool of workers; (reports, gpus given)."""
+    gpus = resolve_gpus(options.gpus, engine_factory())
+    contexts = render.render(matrix, options.work_dir / "contexts", cells)
     stop = threading.Event()
     local = threading.local()
 
     def one(ctx: render.Context) -> CellReport:
         if stop.is_set():
-            return CellReport(cell=ctx.cell.id, status=SKIPPED, content_hash=ctx.content_hash,
-                              error="skipped: an earlier cell failed and --fail-fast is set")
+            skipped = CellReport(cell=ctx.cell.id, status=SKIPPED, content_hash=ctx.content_hash,
+                                 error="skipped: an earlier cell failed and --fail-fast is set")
+            ui.finish(skipped)
+            return skipped
         ui.start(ctx.cell.id, "starting")
         if not hasattr(local, "engine"):
             local.engine = engine_factory()  # one SDK client per worker thread
@@ -144,28 +148,22 @@ def _pool(matrix: Matrix, contexts: list[render.Context], options: Options, ui,
         return c.report
 
     with ThreadPoolExecutor(max_workers=max(1, options.jobs)) as pool:
-        return list(pool.map(one, contexts))
+        return list(pool.map(one, contexts)), gpus
 
 
 def build(matrix: Matrix, cells: list[Cell], options: Options, ui,
           engine_factory: Callable[[], Engine] = Engine) -> tuple[list[CellReport], bool]:
     """Render, build (or reuse) and smoke-test every cell."""
-    engine = engine_factory()
-    gpus = resolve_gpus(options.gpus, engine)
-    contexts = render.render(matrix, options.work_dir / "contexts", cells)
 
     def work(c: _Cell) -> bool:
         return c.build() and c.test(c.report.candidate)
 
-    return _pool(matrix, contexts, options, ui, engine_factory, gpus, work), gpus
+    return _run(matrix, cells, options, ui, engine_factory, work)
 
 
 def test(matrix: Matrix, cells: list[Cell], options: Options, ui,
          engine_factory: Callable[[], Engine] = Engine) -> tuple[list[CellReport], bool]:
     """Re-test the images already built for the cells' current content."""
-    engine = engine_factory()
-    gpus = resolve_gpus(options.gpus, engine)
-    contexts = render.render(matrix, options.work_dir / "contexts", cells)
 
     def work(c: _Cell) -> bool:
         image = find_built(c.engine, matrix, c.ctx.cell, c.ctx.content_hash)
@@ -177,4 +175,4 @@ def test(matrix: Matrix, cells: list[Cell], options: Options, ui,
         c.engine.tag(image, c.report.candidate)
         return c.test(image)
 
-    return _pool(matrix, contexts, options, ui, engine_factory, gpus, work), gpus
+    return _run(matrix, cells, options, ui, engine_factory, work)
