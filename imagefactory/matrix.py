@@ -20,6 +20,7 @@ from typing import Any
 import jsonschema
 import yaml
 
+from imagefactory import tags as tagging
 from imagefactory.errors import ConfigError
 from imagefactory.model import Cell, CondaSettings, Matrix, PipSettings
 
@@ -27,6 +28,9 @@ AXES = ("python", "cuda", "blas", "installer")
 CELL_KEYS = ("torch", "numpy", "threads", "base_image", "packages", "env")
 DEFAULT_BASE_IMAGES = {"conda": "debian:bookworm-slim", "pip": "python:{python}-slim-bookworm"}
 DEFAULT_THREADS = 4
+# Variables the templates bake from the cell; the smoke tests judge them, so `env` cannot override them.
+MANAGED_ENV = {"OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_THREADING_LAYER",
+               "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "PATH", "VIRTUAL_ENV"}
 
 # The CUDA build `pip install torch==X` gets from PyPI, by torch minor release
 # (pytorch/test-infra generate_binary_build_matrix.py history; see docs/domain.md).
@@ -281,6 +285,16 @@ def _build(path: Path, data: dict[str, Any], loc: _Located, problems: list[Probl
             else:
                 certs.append(p)
 
+    env_sources = [("env",)] * ("env" in data) + [("matrix", "include", i, "env") for i, inc in
+                                 enumerate(axes_spec.get("include", [])) if "env" in inc]
+    for keypath in env_sources:
+        node = data
+        for part in keypath:
+            node = node[part]
+        for name in sorted(set(node) & MANAGED_ENV):
+            problem(keypath + (name,), f"{name} is set by imagefactory "
+                                       f"({'use threads' if 'THREADS' in name else 'from the cell'}), not by env")
+
     base_images = {**DEFAULT_BASE_IMAGES, **data.get("base_images", {})}
     base_registry = data.get("base_registry")
     user = data.get("user", {})
@@ -320,7 +334,6 @@ def _build(path: Path, data: dict[str, Any], loc: _Located, problems: list[Probl
 
     tag_template = tags_cfg.get("template", Matrix.tag_template)
     hash_template = tags_cfg.get("hash_template", Matrix.hash_tag_template)
-    from imagefactory import tags as tagging  # tags depend on matrix values only
 
     resolved: list[Cell] = []
     for cell in cells:
