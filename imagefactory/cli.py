@@ -33,6 +33,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
 
 MatrixOpt = typer.Option(Path("matrix.yaml"), "--matrix", "-m", help="The matrix file.", show_default=True)
