@@ -343,7 +343,9 @@ def _build(path: Path, data: dict[str, Any], loc: _Located, problems: list[Probl
         except tagging.TagTemplateError as e:
             problem(("tags", e.key), str(e))
             break
-        bad = [(ref, key) for ref, key in ((release, "template"), (hashed, "hash_template"))
+        extras = [(ref, "extra") for ref in tagging.extra_tags(release, tuple(tags_cfg.get("extra", [])),
+                                                               git_sha="0" * 40)]
+        bad = [(ref, key) for ref, key in [(release, "template"), (hashed, "hash_template"), *extras]
                if not is_reference(ref)]
         for ref, key in bad:
             problem(("tags", key), f"cell {cell.id}: {ref!r} is not a valid Docker reference")

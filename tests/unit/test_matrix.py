@@ -94,6 +94,7 @@ def test_base_registry_prefixes_docker_hub_images_only(write_matrix):
     ("pip: {wheelhouse: nowhere/}", 7, "pip.wheelhouse", ["directory not found"]),
     ("pip: {index_url: 'https://user:secret@mirror.example.com/simple'}", 7, "pip.index_url", ["credentials"]),
     ("tags: {template: '{image}:{nope}'}", 7, "tags.template", ["unknown field {nope}"]),
+    ("tags: {template: '{image}:%s', extra: [date]}" % ("x" * 120), 7, "tags.extra", ["not a valid Docker reference"]),
     ("env: {OMP_NUM_THREADS: '64'}", 7, "env.OMP_NUM_THREADS", ["set by imagefactory (use threads)"]),
     ("tags: {template: '{image}:{torch}+{python}'}", 7, "tags.template", ["not a valid Docker reference"]),
 ])
