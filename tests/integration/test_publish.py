@@ -42,7 +42,9 @@ def test_push_with_credentials_publishes_the_passing_cell_with_matching_digests(
     for p in good["pushed"]:
         tag = p["ref"].rsplit(":", 1)[1]
         assert registry_digest(TEST_REGISTRY, repo, tag) == p["digest"]  # read back from the registry API
-    assert good["pushed"][0]["layers_pushed"], "the first push of a new image uploads layers"
+    first = good["pushed"][0]
+    # every layer was either uploaded or already there (blobs can be shared with other repositories)
+    assert first["layers_pushed"] or first["layers_existing"]
 
 
 def test_a_cell_that_failed_is_never_pushed(cpu_build, pushed):
