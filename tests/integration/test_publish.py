@@ -75,11 +75,12 @@ def test_pushing_what_the_registry_has_uploads_no_layer(cpu_build, pushed):
     assert "registry had every layer" in cpu_build.report_path.with_suffix(".md").read_text()
 
 
-def test_push_without_credentials_fails_clearly_and_is_not_retried(cpu_build, test_registry):
+def test_push_without_credentials_fails_clearly_and_is_not_retried(cpu_build, test_registry, created_images):
     image = f"{TEST_REGISTRY}/noauth-{id(cpu_build)}/train"
     result = cpu_build.run("push", "--only", Build.GOOD, matrix=cpu_build.with_image(image))
     assert result.returncode == 1
     good = cpu_build.report()[Build.GOOD]
+    created_images.extend(good["tags"])
     assert good["publish"] == "publish-failed" and good["pushed"] == []
     assert "no basic auth credentials" in good["error"] or "unauthorized" in good["error"].lower()
     assert "retrying" not in result.stdout + result.stderr
