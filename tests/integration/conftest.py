@@ -155,10 +155,15 @@ class Registry:
               delete: {{enabled: true}}
             http: {{addr: {self.address}}}
         """))
+        self.config = config
+        self.data = root / "data"
+        self.start()
+
+    def start(self) -> None:
         exe = shutil.which("docker-registry")
         if exe is None:
             _unavailable("docker-registry is not installed")
-        self.proc = subprocess.Popen([exe, "serve", str(config)], stdout=subprocess.DEVNULL,
+        self.proc = subprocess.Popen([exe, "serve", str(self.config)], stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL, start_new_session=True)
         for _ in range(100):
             try:
@@ -170,8 +175,12 @@ class Registry:
 
     def stop(self) -> None:
         if self.proc.poll() is None:
-            self.proc.terminate()
+            self.proc.kill()
             self.proc.wait(timeout=10)
+
+    def receiving(self) -> bool:
+        """Whether an upload has started (the registry keeps partial uploads under _uploads)."""
+        return any(p.name == "_uploads" for p in self.data.rglob("_uploads"))
 
 
 def registry_tags(registry: str, repo: str, auth=(TEST_USER, TEST_PASSWORD)) -> list[str]:

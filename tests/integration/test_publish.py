@@ -125,3 +125,32 @@ def test_build_with_push_publishes_in_one_command(cpu_build, tmp_path, created_i
         assert f"sha-{good['content_hash'][:12]}" in tags and "2.13.0-py3.11-cpu-openblas-pip" in tags
     finally:
         registry.stop()
+
+
+def test_registry_dying_during_a_push_is_retried_and_nothing_is_reported_published(cpu_build, tmp_path,
+                                                                                     created_images):
+    import subprocess
+    import sys
+    import time
+
+    registry = Registry(tmp_path)
+    try:
+        image = f"{registry.address}/midpush/train"
+        args = [sys.executable, "-m", "imagefactory", "push", "--only", Build.GOOD, "--plain",
+                "--matrix", str(cpu_build.with_image(image)), "--report", str(cpu_build.report_path),
+                "--work-dir", str(cpu_build.work_dir), "--push-tries", "3", "--retry-delay", "0.5"]
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        deadline = time.monotonic() + 120
+        while not registry.receiving() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert registry.receiving(), "the push never reached the registry"
+        registry.stop()  # mid-upload
+        out, _ = proc.communicate(timeout=600)
+        good = cpu_build.report()[Build.GOOD]
+        created_images.extend(good["tags"])
+        assert proc.returncode == 1, out
+        assert "(try 1/3)" in out and good["publish"] == "publish-failed" and good["pushed"] == []
+        registry.start()  # same storage: whatever arrived before the crash is still there
+        assert registry_tags(registry.address, "midpush/train", auth=None) == []
+    finally:
+        registry.stop()
