@@ -258,6 +258,9 @@ def main() -> None:
     except ImageFactoryError as e:
         print(f"error: {e.message}", file=sys.stderr)
         sys.exit(e.exit_code)
+    except OSError as e:  # a path the user gave cannot be written or read
+        print(f"error: {e.strerror or e}: {e.filename or ''}".rstrip(": "), file=sys.stderr)
+        sys.exit(1)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)

@@ -60,3 +60,11 @@ def test_atomic_without_push_is_a_usage_error(tmp_path):
 def test_missing_matrix_file():
     r = cli("list", "--matrix", "nope.yaml")
     assert r.returncode == 2 and "nope.yaml: no such matrix file" in r.stderr
+
+
+def test_unwritable_output_is_one_line_not_a_traceback(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    r = cli("render", "--out", str(blocker / "sub"))
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stderr.startswith("error: ") and str(blocker) in r.stderr
