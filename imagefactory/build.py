@@ -18,7 +18,7 @@ from imagefactory import render, smoke, tags
 from imagefactory.engine import Engine
 from imagefactory.errors import BuildError, ConfigError, ImageFactoryError
 from imagefactory.model import Cell, Matrix
-from imagefactory.report import (BUILD_FAILED, CACHED, CHECK_FAILED, NOT_BUILT, PASSED, SKIPPED,
+from imagefactory.report import (BUILD_FAILED, BUILT, CACHED, CHECK_FAILED, NOT_BUILT, PASSED, SKIPPED,
                                  CellReport)
 
 
@@ -98,7 +98,7 @@ class _Cell:
             return False
         finally:
             r.build_seconds = round(time.monotonic() - started, 1)
-        r.status = "built"
+        r.status = BUILT
         return True
 
     def test(self, image: str) -> bool:
@@ -138,7 +138,7 @@ def _run(matrix: Matrix, cells: list[Cell], options: Options, ui, engine_factory
         try:
             ok = work(c)
         except ImageFactoryError as e:  # the engine failed us mid-cell: the cell fails, the run goes on
-            built = c.report.status in ("built", CACHED)
+            built = c.report.status in (BUILT, CACHED)
             c.report.status, c.report.error, ok = (CHECK_FAILED if built else BUILD_FAILED), e.message, False
         finally:
             c.close()

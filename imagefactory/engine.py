@@ -60,12 +60,6 @@ class Engine:
         images = self.client.images.list(filters={"label": f"{key}={value}"})
         return {image.id: list(image.tags) for image in images}
 
-    def image_labels(self, ref: str) -> dict[str, str] | None:
-        try:
-            return self.client.images.get(ref).labels or {}
-        except docker.errors.ImageNotFound:
-            return None
-
     def image_id(self, ref: str) -> str | None:
         try:
             return self.client.images.get(ref).id
@@ -80,18 +74,6 @@ class Engine:
             raise EngineError(f"could not tag {image} as {ref}: {_short(e)}") from None
         if not ok:
             raise EngineError(f"could not tag {image} as {ref}")
-
-    def remove(self, ref: str) -> None:
-        try:
-            self.client.images.remove(ref, force=True, noprune=False)
-        except docker.errors.ImageNotFound:
-            pass
-
-    def repo_digests(self, ref: str) -> list[str]:
-        try:
-            return self.client.images.get(ref).attrs.get("RepoDigests", []) or []
-        except docker.errors.ImageNotFound:
-            return []
 
     # -- build ------------------------------------------------------------------------------
     def build(

@@ -47,7 +47,6 @@ _TAG = r"[\w][\w.-]{0,127}"
 REFERENCE_RE = re.compile(
     rf"^(?:{_DOMAIN}/)?{_COMPONENT}(?:/{_COMPONENT})*(?::{_TAG})?(?:@sha256:[0-9a-f]{{64}})?$"
 )
-NAME_RE = re.compile(rf"^(?:{_DOMAIN}/)?{_COMPONENT}(?:/{_COMPONENT})*$")
 
 
 def is_reference(ref: str) -> bool:

@@ -11,15 +11,14 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from imagefactory.engine import BuildProgress
-from imagefactory.report import BUILD_FAILED, CellReport
+from imagefactory.report import BUILD_FAILED, BUILT, CACHED, PASSED, CellReport
 
 
 class Plain:
     """One line per event, prefixed with the cell id; safe for interleaved parallel builds."""
 
-    def __init__(self, stream=None, *, verbose: bool = True):
+    def __init__(self, stream=None):
         self.stream = stream or sys.stdout
-        self.verbose = verbose
         self.lock = threading.Lock()
         self.started: dict[str, float] = {}
 
@@ -41,8 +40,7 @@ class Plain:
         pass  # the step line itself arrives through log()
 
     def log(self, cell: str, line: str) -> None:
-        if self.verbose:
-            self._say(cell, line)
+        self._say(cell, line)
 
     def status(self, cell: str, text: str) -> None:
         self._say(cell, text)
@@ -92,7 +90,7 @@ class Live:
 
     def finish(self, r: CellReport) -> None:
         task = self._task(r.cell)
-        mark = "[green]✔" if r.status in ("passed", "built", "cached") else "[red]✘"
+        mark = "[green]✔" if r.status in (PASSED, BUILT, CACHED) else "[red]✘"
         self.progress.update(task, state=f"{mark} {r.status}{' (cached)' if r.cached else ''}[/]",
                              total=1, completed=1)
         self.progress.stop_task(task)
@@ -124,7 +122,7 @@ def _failure_text(r: CellReport) -> str:
     return ""
 
 
-def make(live: bool | None = None, *, verbose: bool = True):
+def make(live: bool | None = None):
     if live is None:
         live = sys.stderr.isatty()
-    return Live() if live else Plain(verbose=verbose)
+    return Live() if live else Plain()

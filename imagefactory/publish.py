@@ -14,7 +14,6 @@ import datetime as _dt
 import os
 import subprocess
 from dataclasses import dataclass
-from typing import Callable
 
 import tenacity
 
@@ -75,8 +74,7 @@ def _redact(text: str, auth: dict[str, str] | None) -> str:
     return text
 
 
-def publish(matrix: Matrix, reports: list[CellReport], *, options: Options, ui,
-            engine: Engine | None = None, sleep: Callable[[float], None] | None = None) -> None:
+def publish(matrix: Matrix, reports: list[CellReport], *, options: Options, ui) -> None:
     """Tag and push every passing cell of `reports`, updating each report in place."""
     auth = credentials()
     failing = [r.cell for r in reports if r.status != PASSED]
@@ -86,7 +84,7 @@ def publish(matrix: Matrix, reports: list[CellReport], *, options: Options, ui,
             if r.status == PASSED:
                 r.error = f"not published: --atomic and {len(failing)} cell(s) failed ({', '.join(failing)})"
         return
-    engine = engine or Engine()
+    engine = Engine()
     for r in reports:
         if r.status != PASSED:
             r.publish = NOT_PUBLISHED
@@ -96,7 +94,7 @@ def publish(matrix: Matrix, reports: list[CellReport], *, options: Options, ui,
             for ref in r.tags:
                 engine.tag(r.candidate, ref)
             for ref in r.tags:
-                outcome = _push_with_retries(engine, ref, auth, options, ui, r.cell, sleep)
+                outcome = _push_with_retries(engine, ref, auth, options, ui, r.cell)
                 r.pushed.append({"ref": ref, "digest": outcome.digest,
                                  "layers_pushed": outcome.layers_pushed,
                                  "layers_existing": outcome.layers_existing})
@@ -110,8 +108,7 @@ def publish(matrix: Matrix, reports: list[CellReport], *, options: Options, ui,
         r.publish = PUBLISHED
 
 
-def _push_with_retries(engine: Engine, ref: str, auth, options: Options, ui, cell: str,
-                       sleep: Callable[[float], None] | None) -> PushOutcome:
+def _push_with_retries(engine: Engine, ref: str, auth, options: Options, ui, cell: str) -> PushOutcome:
     def announce(state: tenacity.RetryCallState) -> None:
         e = state.outcome.exception() if state.outcome else None
         wait = state.next_action.sleep if state.next_action else 0
@@ -131,7 +128,6 @@ def _push_with_retries(engine: Engine, ref: str, auth, options: Options, ui, cel
         retry=tenacity.retry_if_exception(lambda e: isinstance(e, PushError) and e.transient),
         before_sleep=announce,
         reraise=True,
-        **({"sleep": sleep} if sleep else {}),
     )
     outcome = retrying(engine.push, ref, auth_config=auth, progress=on_event)
     served = engine.registry_digest(ref, auth_config=auth)

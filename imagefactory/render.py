@@ -6,6 +6,7 @@ Dockerfile text. Same matrix in, same bytes out.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shlex
@@ -44,6 +45,7 @@ def _dq(value: object) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$") + '"'
 
 
+@functools.cache
 def environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates_dir())),
@@ -136,40 +138,35 @@ def _conda_values(matrix: Matrix, cell: Cell) -> dict[str, object]:
     }
 
 
+def _index_opts(matrix: Matrix, first: str | None, extra: list[str]) -> list[str]:
+    """pip options: the first index (None: pip's default), extra indexes, then the wheelhouse."""
+    opts = ["--index-url", first] if first else []
+    for url in extra:
+        opts += ["--extra-index-url", url]
+    if matrix.pip.wheelhouse:
+        opts += ["--find-links", "/tmp/wheelhouse"]
+    return opts
+
+
 def torch_requirement(matrix: Matrix, cell: Cell) -> tuple[str, list[str]]:
     """The pip requirement for torch and the options that pick the right build."""
     pip = matrix.pip
     variant = "cpu" if cell.cuda is None else "cu" + cell.cuda.replace(".", "")
-    opts: list[str] = []
     if pip.torch_index_url:
-        opts += ["--index-url", pip.torch_index_url.replace("{variant}", variant)]
-        if pip.index_url:
-            opts += ["--extra-index-url", pip.index_url]
-        requirement = f"torch=={cell.torch}+{variant}"
-    else:
-        if pip.index_url:
-            opts += ["--index-url", pip.index_url]
-        # PyPI's plain torch is its default CUDA build (validated); CPU builds carry +cpu.
-        requirement = f"torch=={cell.torch}" if cell.cuda is not None else f"torch=={cell.torch}+cpu"
-    for url in pip.extra_index_urls:
-        opts += ["--extra-index-url", url]
-    if pip.wheelhouse:
-        opts += ["--find-links", "/tmp/wheelhouse"]
-    return requirement, opts
+        extra = [pip.index_url] if pip.index_url else []
+        opts = _index_opts(matrix, pip.torch_index_url.replace("{variant}", variant),
+                           extra + list(pip.extra_index_urls))
+        return f"torch=={cell.torch}+{variant}", opts
+    # PyPI's plain torch is its default CUDA build (validated); CPU builds carry +cpu.
+    requirement = f"torch=={cell.torch}" if cell.cuda is not None else f"torch=={cell.torch}+cpu"
+    return requirement, _index_opts(matrix, pip.index_url, list(pip.extra_index_urls))
 
 
 def _pip_values(matrix: Matrix, cell: Cell) -> dict[str, object]:
     pip = matrix.pip
     requirement, torch_opts = torch_requirement(matrix, cell)
-    opts: list[str] = []
-    if pip.index_url:
-        opts += ["--index-url", pip.index_url]
-    for url in pip.extra_index_urls:
-        opts += ["--extra-index-url", url]
-    if cell.blas == "mkl" and pip.numpy_index_url:
-        opts += ["--extra-index-url", pip.numpy_index_url]
-    if pip.wheelhouse:
-        opts += ["--find-links", "/tmp/wheelhouse"]
+    numpy_index = [pip.numpy_index_url] if cell.blas == "mkl" and pip.numpy_index_url else []
+    opts = _index_opts(matrix, pip.index_url, list(pip.extra_index_urls) + numpy_index)
     numpy = f"numpy=={cell.numpy}" if cell.numpy else "numpy"
     return {
         "wheelhouse": pip.wheelhouse is not None,

@@ -51,11 +51,12 @@ def write(reports: list[CellReport], path: Path, *, gpus: bool) -> tuple[Path, P
     tmp.write_text(json.dumps(doc, indent=2) + "\n")
     tmp.replace(path)
     md = path.with_suffix(".md")
-    md.write_text(summary(reports))
+    text = summary(reports)
+    md.write_text(text)
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary:
         with open(step_summary, "a") as f:
-            f.write(summary(reports))
+            f.write(text)
     return path, md
 
 

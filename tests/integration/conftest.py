@@ -101,7 +101,7 @@ def created_images(engine):
     engine.client.images.prune(filters={"dangling": True})
 
 
-def matrix_text(*, image: str, wheelhouse: Path, body: str = "", cells: str | None = None) -> str:
+def matrix_text(*, image: str, wheelhouse: Path, cells: str | None = None) -> str:
     """A pip-route matrix that builds here: base images from the local registry, torch's CPU
     wheel from the wheelhouse, the rest from PyPI through the proxy (whose CAs are added)."""
     cells = cells or """
@@ -123,7 +123,7 @@ def matrix_text(*, image: str, wheelhouse: Path, body: str = "", cells: str | No
     """).strip() + "\n"
     if HOST_CAS:
         text += f"ca_certificates: {certs}\n"
-    return text + textwrap.dedent(body)
+    return text
 
 
 def run_cli(*args: str, env: dict | None = None, timeout: float = 1800) -> subprocess.CompletedProcess:
