@@ -208,6 +208,6 @@ def test_shipped_matrices_are_valid():
 
     m = matrix.load(REPO / "matrix.yaml")
     assert {c.installer for c in m.cells} == {"conda"}
-    assert {c.python for c in m.cells} == {"3.10", "3.11", "3.12"}
-    assert {c.cuda for c in m.cells} == {None, "12.6", "12.9"}
+    assert {c.python for c in m.cells} == {"3.11", "3.12", "3.13"}
+    assert {c.cuda for c in m.cells} == {None, "12.9", "13.0"}
     assert {c.blas for c in m.cells} == {"mkl", "openblas"}
