@@ -34,7 +34,7 @@ RUN useradd --create-home --uid 4242 --shell /bin/bash ml
 ENV PATH=/opt/env/bin:/opt/conda/bin:$PATH
 RUN CONDA_OVERRIDE_CUDA=12.9 /opt/conda/bin/conda create -y -p /opt/env \
       python=3.11 \
-      'pytorch=2.13.0=cuda*' \
+      'pytorch=2.13.0=cuda129*' \
       cuda-version=12.9 \
       'libblas=*=*openblas' \
       nomkl \
@@ -56,7 +56,7 @@ ENV HF_HOME="/data/hf" \
 LABEL com.example.team="ml-platform" \
       io.imagefactory.blas="openblas" \
       io.imagefactory.cell="py3.11-cu12.9-openblas-conda" \
-      io.imagefactory.content-hash="55f4426b4f259f49c7a918fd0dab8bededbdcb4e420a10011915023fd02cb4f6" \
+      io.imagefactory.content-hash="93637b8286c02d40eea2f8134b209877bf39696ecebab53836bdf33687484f93" \
       io.imagefactory.cuda="12.9" \
       io.imagefactory.installer="conda" \
       io.imagefactory.python="3.11" \
