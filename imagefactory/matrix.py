@@ -297,16 +297,18 @@ def _parse(text: str, shown: str) -> tuple[yaml.Node | None, Any]:
         if depth > MAX_DEPTH:
             raise fail(number, f"nested deeper than {MAX_DEPTH} levels")
     try:
-        depth, events, alias_line = 0, 0, None
+        depth, events = 0, 0
+        alias_line: int | None = None
         for event in yaml.parse(text, Loader=yaml.SafeLoader):
             events += 1
             depth += isinstance(event, yaml.CollectionStartEvent) - isinstance(event, yaml.CollectionEndEvent)
+            at = event.start_mark.line + 1 if event.start_mark else 1
             if isinstance(event, yaml.AliasEvent) and alias_line is None:
-                alias_line = event.start_mark.line + 1
+                alias_line = at
             if depth > MAX_DEPTH:
-                raise fail(event.start_mark.line + 1, f"nested deeper than {MAX_DEPTH} levels")
+                raise fail(at, f"nested deeper than {MAX_DEPTH} levels")
             if events > MAX_EVENTS:
-                raise fail(event.start_mark.line + 1, f"more than {MAX_EVENTS} values")
+                raise fail(at, f"more than {MAX_EVENTS} values")
         loader = yaml.SafeLoader(text)
         try:
             root = loader.get_single_node()
@@ -391,8 +393,8 @@ def _build(path: Path, data: dict[str, Any], loc: _Located, problems: list[Probl
                         f"(allowed: {', '.join(axes[axis])})")
 
     combos: list[dict[str, Any]] = []
-    for values in itertools.product(*(dict.fromkeys(axes[a]) for a in AXES)):
-        combo = dict(zip(AXES, values))
+    for picked in itertools.product(*(dict.fromkeys(axes[a]) for a in AXES)):
+        combo = dict(zip(AXES, picked))
         if any(all(combo[k] == v for k, v in ex.items()) for ex in axes_spec.get("exclude", [])):
             continue
         combos.append(combo)
@@ -431,7 +433,7 @@ def _build(path: Path, data: dict[str, Any], loc: _Located, problems: list[Probl
     env_sources = [("env",)] * ("env" in data) + [("matrix", "include", i, "env") for i, inc in
                                  enumerate(axes_spec.get("include", [])) if "env" in inc]
     for keypath in env_sources:
-        node = data
+        node: Any = data
         for part in keypath:
             node = node[part]
         for name in sorted(set(node) & MANAGED_ENV):
@@ -599,9 +601,9 @@ def _check_packages(cell: Cell, combo: dict[str, Any], where: tuple[Any, ...], p
         if cell.installer == "pip":
             try:
                 Requirement(spec)
-            except InvalidRequirement as e:
-                problem(keypath, f"cell {cell.id}: {spec!r} is not a pip requirement (PEP 508: "
-                                 f"{str(e).splitlines()[0]}), e.g. scipy>=1.11 or scipy==1.11.*")
+            except InvalidRequirement:
+                problem(keypath, f"cell {cell.id}: {spec!r} is not a pip requirement (PEP 508: a name, then "
+                                 f"==, !=, >=, <=, >, <, ~= or === and a version), e.g. scipy>=1.11")
         elif not CONDA_SPEC_RE.fullmatch(spec):
             problem(keypath, f"cell {cell.id}: {spec!r} is not a conda package spec "
                              f"(name, then =, ==, >=, <=, !=, ~=, > or < and a version), e.g. scipy>=1.11")
