@@ -49,10 +49,11 @@ def read_regular(path: Path, limit: int) -> bytes:
         raise InputError("file not found") from None
     except OSError as e:
         raise InputError(f"cannot be read: {e.strerror}") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise InputError(f"is {kind(mode)}, not a regular file")
     with os.fdopen(fd, "rb") as f:
-        mode = os.fstat(f.fileno()).st_mode
-        if not stat.S_ISREG(mode):
-            raise InputError(f"is {kind(mode)}, not a regular file")
         data = f.read(limit + 1)
     if len(data) > limit:
         raise InputError(f"is larger than {limit} bytes")
