@@ -271,12 +271,14 @@ def test_condarc_channels_keep_their_type(tmp_path, write_matrix):
 
 
 def test_only_certificate_blocks_enter_the_context(tmp_path, write_matrix):
-    (tmp_path / "ca.pem").write_text("# corporate bundle\n" + CERT + "trailing text\n")
+    crl = "-----BEGIN X509 CRL-----\nMAA=\n-----END X509 CRL-----\n"
+    (tmp_path / "ca.pem").write_text("# corporate bundle\n" + CERT + crl + "trailing text\n")
     m = matrix.load(write_matrix(BASE + "ca_certificates: [ca.pem]\n"))
     (ctx,) = render.render(m, tmp_path / "out")
     copied = (ctx.path / "certs" / "00-ca.crt").read_text()
     assert copied.startswith("-----BEGIN CERTIFICATE-----\n") and copied.endswith("-----END CERTIFICATE-----\n")
-    assert "corporate" not in copied and "trailing" not in copied
+    assert "corporate" not in copied and "trailing" not in copied and "CRL" not in copied
+    assert copied.count("BEGIN") == 1
     # A key added after the matrix was checked is still refused when the context is written.
     (tmp_path / "ca.pem").write_text(CERT + KEY)
     with pytest.raises(matrix.ConfigError, match="private key"):
