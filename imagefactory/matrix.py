@@ -48,8 +48,9 @@ STAGE_NAMES = {"venv"}  # build-stage names in dockerfiles/; a base image with o
 CONDA_SPEC_RE = re.compile(
     r"[A-Za-z0-9_][A-Za-z0-9._-]*(?:(?:==|=|>=|<=|!=|~=|>|<)[A-Za-z0-9_][A-Za-z0-9.*+_]*"
     r"(?:,(?:==|=|>=|<=|!=|~=|>|<)[A-Za-z0-9_][A-Za-z0-9.*+_]*)*)?")
-# scheme://user[:password]@ anywhere in a string (a URL inside an env or label value too).
-CREDENTIALS_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/?#\s@]*@")
+# scheme://user[:password]@ anywhere in a string (a URL inside an env or label value too). No
+# scheme before "://": a pattern that starts with [A-Za-z]+ is quadratic on a long run of letters.
+CREDENTIALS_RE = re.compile(r"://[^/?#\s@]*@")
 # Characters the YAML reader refuses; reported by us with their line, not a byte offset.
 _UNREADABLE = re.compile("[^\x09\x0A\x0D\x20-\x7E\x85\xA0-\uD7FF\uE000-\uFFFD\U00010000-\U0010FFFF]")
 
@@ -616,13 +617,18 @@ def _vtuple(version: str) -> tuple[int, ...]:
 def _pip_settings(cfg: dict[str, Any], base_dir: Path, problem) -> PipSettings:
     wheelhouse = None
     if "wheelhouse" in cfg:
-        wheelhouse = (base_dir / cfg["wheelhouse"]).resolve()
-        if not wheelhouse.is_dir():
+        wheelhouse = base_dir / cfg["wheelhouse"]
+        try:
+            wheelhouse = wheelhouse.resolve()
+            refused = inputs.wheelhouse_files(wheelhouse)[1] if wheelhouse.is_dir() else None
+        except OSError as e:
+            problem(("pip", "wheelhouse"), f"cannot be read: {e.strerror}")
+            return PipSettings()
+        if refused is None:
             problem(("pip", "wheelhouse"), f"directory not found: {wheelhouse}")
             wheelhouse = None
-        else:
-            for reason in inputs.wheelhouse_files(wheelhouse)[1]:
-                problem(("pip", "wheelhouse"), f"{reason}; only regular files inside it enter an image")
+        for reason in refused or []:
+            problem(("pip", "wheelhouse"), f"{reason}; only regular files inside it enter an image")
     return PipSettings(
         index_url=cfg.get("index_url"),
         extra_index_urls=tuple(cfg.get("extra_index_urls", [])),
