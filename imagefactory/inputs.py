@@ -30,6 +30,11 @@ class InputError(ValueError):
     """The file cannot be used; the message says why."""
 
 
+def _short(path: Path | str, limit: int = 120) -> str:
+    text = str(path)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def kind(mode: int) -> str:
     """What a file's mode says it is, in words."""
     for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
@@ -47,7 +52,7 @@ def read_regular(path: Path, limit: int) -> bytes:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         raise InputError("file not found") from None
-    except OSError as e:
+    except OSError as e:  # ENAMETOOLONG, EACCES, ELOOP, ...
         raise InputError(f"cannot be read: {e.strerror}") from None
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
@@ -62,30 +67,33 @@ def read_regular(path: Path, limit: int) -> bytes:
 
 def certificates(path: Path) -> bytes:
     """The CERTIFICATE blocks of a PEM file, normalised, one after another."""
-    path = Path(path).resolve()
+    try:
+        path = Path(path).resolve()
+    except OSError as e:
+        raise InputError(f"{_short(path)}: cannot be read: {e.strerror}") from None
     if any(path == root or path.is_relative_to(root) for root in REFUSED_ROOTS):
-        raise InputError(f"{path} is in a pseudo file system, not a certificate file")
+        raise InputError(f"{_short(path)} is in a pseudo file system, not a certificate file")
     try:
         data = read_regular(path, MAX_BYTES)
     except InputError as e:
-        raise InputError(f"{path}: {e}") from None
+        raise InputError(f"{_short(path)}: {e}") from None
     blocks = _BLOCK.findall(data)
     keys = sorted({label.decode() for label, _ in blocks if b"PRIVATE KEY" in label})
     if keys or b"PRIVATE KEY-----" in data:
-        raise InputError(f"{path} holds a private key ({', '.join(keys) or 'PRIVATE KEY'}); "
+        raise InputError(f"{_short(path)} holds a private key ({', '.join(keys) or 'PRIVATE KEY'}); "
                        f"give a file with the certificates only")
     out = []
     for label, body in blocks:
         if label != b"CERTIFICATE":
             continue
         if not _BASE64.fullmatch(body):
-            raise InputError(f"{path}: a CERTIFICATE block is not base64")
+            raise InputError(f"{_short(path)}: a CERTIFICATE block is not base64")
         try:
             der = base64.b64decode(b"".join(body.split()), validate=True)
         except (binascii.Error, ValueError):
-            raise InputError(f"{path}: a CERTIFICATE block is not valid base64") from None
+            raise InputError(f"{_short(path)}: a CERTIFICATE block is not valid base64") from None
         if not der.startswith(b"\x30"):
-            raise InputError(f"{path}: a CERTIFICATE block does not hold a DER certificate")
+            raise InputError(f"{_short(path)}: a CERTIFICATE block does not hold a DER certificate")
         text = base64.encodebytes(der).decode().replace("\n", "")
         lines = [text[i:i + 64] for i in range(0, len(text), 64)]
         out.append("-----BEGIN CERTIFICATE-----\n" + "\n".join(lines) + "\n-----END CERTIFICATE-----\n")

@@ -152,6 +152,11 @@ CASES = [
     Case("base-image-venv", PIP + "base_images: {pip: venv}\n", 8, "base_images.pip", ("build stage",)),
     Case("base-image-bad-digest", BASE + 'base_images: {conda: "debian@sha256:abc"}\n', 7, "base_images.conda",
          ("malformed",)),
+    Case("long-image", BASE.replace("ml/train", "a" * 300), 1, "image", ("too long (at most 255)",)),
+    Case("long-wheelhouse", PIP + f"pip: {{wheelhouse: {'w' * 300}, torch_index_url: null}}\n", 8, "pip.wheelhouse",
+         ("cannot be read: File name too long",)),
+    Case("long-ca-name", BASE + f"ca_certificates: [{'c' * 300}.pem]\n", 7, "ca_certificates[0]",
+         ("File name too long",)),
     Case("long-value", BASE.replace('"2.7.1"', '"' + "9" * 100_000 + '"'), 6, "torch", ("more characters",)),
 ]
 
