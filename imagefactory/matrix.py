@@ -234,8 +234,8 @@ def _schema_message(error: jsonschema.ValidationError, loc: _Located) -> tuple[t
         got = type(inst).__name__
         typed = loc.source(path)
         if isinstance(inst, (float, int)) and not isinstance(inst, bool) and want == "string" and typed:
-            return path, (f"{typed} was read as a number; quote it "
-                          f"(YAML reads 3.10 as 3.1): write \"{typed}\""), False
+            why = f"YAML reads {typed} as {inst!r}" if str(inst) != typed else "a version is text"
+            return path, f"{typed} was read as a number; quote it ({why}): write \"{typed}\"", False
         return path, f"expected {want}, got {got} {_show(inst)}", False
     if v == "enum":
         return path, f"{_show(inst)} is not allowed (allowed: {', '.join(map(str, error.validator_value))})", False
