@@ -19,8 +19,9 @@ from typing import Any
 
 import jsonschema
 import yaml
+from packaging.requirements import InvalidRequirement, Requirement
 
-from imagefactory import availability
+from imagefactory import availability, inputs
 from imagefactory import tags as tagging
 from imagefactory.errors import ConfigError
 from imagefactory.model import Cell, CondaSettings, Matrix, PipSettings
@@ -32,6 +33,26 @@ DEFAULT_THREADS = 4
 # Variables the templates bake from the cell; the smoke tests judge them, so `env` cannot override them.
 MANAGED_ENV = {"OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_THREADING_LAYER",
                "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "PATH", "VIRTUAL_ENV"}
+
+# Bounds on what a matrix file may cost to read (a real one is a few KB, tens of cells).
+MAX_BYTES = 256 * 1024  # pure-Python YAML parses about 20 KB a second on a busy machine
+MAX_DEPTH = 32  # nesting of mappings and sequences
+MAX_EVENTS = 20_000  # YAML parser events (scalars, starts, ends)
+MAX_VALUES = 20_000  # values after aliases are expanded
+MAX_CELLS = 256
+MAX_LINE = 400  # characters of one error line
+MAX_PROBLEMS = 20  # error lines shown
+RESERVED_LABEL_PREFIX = "io.imagefactory"
+STAGE_NAMES = {"venv"}  # build-stage names in dockerfiles/; a base image with one of them would be the stage
+# Whole-string patterns for what reaches a Dockerfile, a condarc or a shell word.
+CONDA_SPEC_RE = re.compile(
+    r"[A-Za-z0-9_][A-Za-z0-9._-]*(?:(?:==|=|>=|<=|!=|~=|>|<)[A-Za-z0-9_][A-Za-z0-9.*+_]*"
+    r"(?:,(?:==|=|>=|<=|!=|~=|>|<)[A-Za-z0-9_][A-Za-z0-9.*+_]*)*)?")
+# scheme://user[:password]@ anywhere in a string (a URL inside an env or label value too). No
+# scheme before "://": a pattern that starts with [A-Za-z]+ is quadratic on a long run of letters.
+CREDENTIALS_RE = re.compile(r"://[^/?#\s@]*@")
+# Characters the YAML reader refuses; reported by us with their line, not a byte offset.
+_UNREADABLE = re.compile("[^\x09\x0A\x0D\x20-\x7E\x85\xA0-\uD7FF\uE000-\uFFFD\U00010000-\U0010FFFF]")
 
 # The CUDA build `pip install torch==X` gets from PyPI, by torch minor release
 # (pytorch/test-infra generate_binary_build_matrix.py history; see docs/domain.md).
@@ -46,13 +67,13 @@ _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _DOMAIN = r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*(?::[0-9]+)?"
 _TAG = r"[\w][\w.-]{0,127}"
 REFERENCE_RE = re.compile(
-    rf"^(?:{_DOMAIN}/)?{_COMPONENT}(?:/{_COMPONENT})*(?::{_TAG})?(?:@sha256:[0-9a-f]{{64}})?$"
+    rf"(?:{_DOMAIN}/)?{_COMPONENT}(?:/{_COMPONENT})*(?::{_TAG})?(?:@sha256:[0-9a-f]{{64}})?"
 )
 
 
 def is_reference(ref: str) -> bool:
     """True when `ref` is a valid Docker image reference (name, optional tag/digest)."""
-    if not REFERENCE_RE.match(ref):
+    if not REFERENCE_RE.fullmatch(ref):
         return False
     name = ref.split("@")[0]
     return len(name) <= 255
@@ -77,48 +98,112 @@ class _Located:
     def __init__(self, root: yaml.Node | None):
         self.root = root
 
-    def line(self, path: tuple[Any, ...], *, key: bool = True) -> int:
-        """The line of the value at `path`; for a mapping entry, the line of its key."""
+    def node(self, path: tuple[Any, ...], *, key: bool = True) -> yaml.Node | None:
+        """The node at `path` (for a mapping entry, its key node), or the deepest one found."""
         node = self.root
-        if node is None:
-            return 1
-        best = node.start_mark.line + 1
         for i, part in enumerate(path):
             child = None
             if isinstance(node, yaml.MappingNode):
                 for k, v in node.value:
                     if k.value == part:
-                        last = i == len(path) - 1
-                        child = k if (key and last) else v
+                        child = k if (key and i == len(path) - 1) else v
                         break
             elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
                 child = node.value[part]
             if child is None:
-                return best
+                return node
             node = child
-            best = node.start_mark.line + 1
-        return best
+        return node
 
-    def duplicate_keys(self) -> list[tuple[int, str]]:
-        found: list[tuple[int, str]] = []
+    def line(self, path: tuple[Any, ...], *, key: bool = True) -> int:
+        """The line of the value at `path`; for a mapping entry, the line of its key."""
+        node = self.node(path, key=key)
+        return 1 if node is None else node.start_mark.line + 1
 
-        def walk(node: yaml.Node, path: str) -> None:
-            if isinstance(node, yaml.MappingNode):
-                seen: set[str] = set()
-                for k, v in node.value:
-                    name = str(k.value)
-                    sub = f"{path}.{name}" if path else name
-                    if name in seen:
-                        found.append((k.start_mark.line + 1, sub))
-                    seen.add(name)
-                    walk(v, sub)
+    def source(self, path: tuple[Any, ...]) -> str | None:
+        """The text the user typed for the scalar at `path` (3.10, not the float 3.1)."""
+        node = self.node(path, key=False)
+        return node.value if isinstance(node, yaml.ScalarNode) else None
+
+
+_STR = "tag:yaml.org,2002:str"
+_KEY_KINDS = {"int": "a number", "float": "a number", "bool": "true/false", "null": "null (empty)",
+              "timestamp": "a date", "binary": "binary data"}
+
+
+def _structure(root: yaml.Node) -> tuple[list[Problem], int]:
+    """Problems of the document's shape, found without expanding aliases: keys that are not
+    text, keys given twice, control characters, credentials in URLs. Also the number of
+    values the document has once its aliases are expanded."""
+    problems: list[Problem] = []
+    visited: set[int] = set()
+    sizes: dict[int, int] = {}
+
+    def scalar(node: yaml.ScalarNode, path: str) -> None:
+        text = node.value
+        bad = next((c for c in text if not c.isprintable()), None)
+        if node.tag == _STR and bad is not None:
+            problems.append(Problem(node.start_mark.line + 1, path or "(top level)",
+                                    f"{_show(text)} holds the control character {_show(bad)[1:-1]}"))
+        elif node.tag == _STR and CREDENTIALS_RE.search(text):
+            problems.append(Problem(node.start_mark.line + 1, path or "(top level)",
+                                    "credentials in a URL would be baked into an image layer and its "
+                                    "history; serve it without them (or through a local proxy)"))
+
+    def walk(node: yaml.Node, path: str) -> int:
+        if id(node) in sizes:
+            return sizes[id(node)]
+        size = 1
+        if id(node) not in visited:
+            visited.add(id(node))
+            if isinstance(node, yaml.ScalarNode):
+                scalar(node, path)
             elif isinstance(node, yaml.SequenceNode):
                 for i, v in enumerate(node.value):
-                    walk(v, f"{path}[{i}]")
+                    size += walk(v, f"{path}[{i}]")
+            elif isinstance(node, yaml.MappingNode):
+                size += _mapping(node, path, walk, problems)
+        sizes[id(node)] = size
+        return size
 
-        if self.root is not None:
-            walk(self.root, "")
-        return found
+    total = walk(root, "")
+    return problems, total
+
+
+def _mapping(node: yaml.MappingNode, path: str, walk, problems: list[Problem]) -> int:
+    seen: set[str] = set()
+    size = 0
+    for k, v in node.value:
+        line = k.start_mark.line + 1
+        if not isinstance(k, yaml.ScalarNode):
+            problems.append(Problem(line, path or "(top level)", "a key must be text, not a list or mapping"))
+            size += 1 + walk(v, path)
+            continue
+        name = k.value
+        sub = f"{path}.{name}" if path else name
+        if k.tag not in (_STR, "tag:yaml.org,2002:merge"):
+            kind = _KEY_KINDS.get(k.tag.rsplit(":", 1)[-1], k.tag)
+            problems.append(Problem(line, sub, f"key {_show(name)} is read as {kind}, not text; "
+                                               f"quote it (\"{name}\") or rename it"))
+        elif name in seen:
+            problems.append(Problem(line, sub, "key given twice (the later one would silently win)"))
+        else:
+            walk(k, sub)  # control characters in a key
+        seen.add(name)
+        size += 1 + walk(v, sub)
+    return size
+
+
+def _show(value: object, limit: int = 80) -> str:
+    """A value as it appears in a message: repr (control characters escaped), cut to `limit`."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit} more characters)"
+
+
+def _printable(line: str) -> str:
+    """One message line safe for a terminal: no control or escape characters, bounded length."""
+    line = "".join(c if c.isprintable() else repr(c)[1:-1] for c in line)
+    return line if len(line) <= MAX_LINE else f"{line[:MAX_LINE]}... ({len(line) - MAX_LINE} more characters)"
 
 
 def _keypath(path: tuple[Any, ...]) -> str:
@@ -128,7 +213,7 @@ def _keypath(path: tuple[Any, ...]) -> str:
     return out or "(top level)"
 
 
-def _schema_message(error: jsonschema.ValidationError) -> tuple[tuple[Any, ...], str, bool]:
+def _schema_message(error: jsonschema.ValidationError, loc: _Located) -> tuple[tuple[Any, ...], str, bool]:
     """Turn a jsonschema error into (path, one-line message, points-at-key)."""
     path = tuple(error.absolute_path)
     v = error.validator
@@ -139,7 +224,7 @@ def _schema_message(error: jsonschema.ValidationError) -> tuple[tuple[Any, ...],
         name = str(extra[0]) if extra else "?"
         guess = difflib.get_close_matches(name, allowed, n=1)
         hint = f"did you mean '{guess[0]}'? " if guess else ""
-        return path + (name,), f"unknown key '{name}' ({hint}allowed: {', '.join(allowed)})", True
+        return path + (name,), f"unknown key {_show(name)} ({hint}allowed: {', '.join(allowed)})", True
     if v == "required":
         missing = error.message.split("'")[1] if "'" in error.message else error.message
         return path, f"missing required key '{missing}'", False
@@ -147,24 +232,111 @@ def _schema_message(error: jsonschema.ValidationError) -> tuple[tuple[Any, ...],
         want = error.validator_value
         want = " or ".join(want) if isinstance(want, list) else want
         got = type(inst).__name__
-        if isinstance(inst, float) and want == "string":
-            return path, (f"{inst!r} was read as a number; quote it "
-                          f"(YAML reads 3.10 as 3.1): write \"{inst}\""), False
-        return path, f"expected {want}, got {got} {inst!r}", False
+        typed = loc.source(path)
+        if isinstance(inst, (float, int)) and not isinstance(inst, bool) and want == "string" and typed:
+            why = f"YAML reads {typed} as {inst!r}" if str(inst) != typed else "a version is text"
+            return path, f"{typed} was read as a number; quote it ({why}): write \"{typed}\"", False
+        return path, f"expected {want}, got {got} {_show(inst)}", False
     if v == "enum":
-        return path, f"{inst!r} is not allowed (allowed: {', '.join(map(str, error.validator_value))})", False
+        return path, f"{_show(inst)} is not allowed (allowed: {', '.join(map(str, error.validator_value))})", False
     if v == "pattern":
         desc = error.schema.get("description", f"must match {error.validator_value}")
-        return path, f"{inst!r} is malformed ({desc})", False
+        return path, f"{_show(inst)} is malformed ({desc})", False
     if v in ("minItems", "minProperties"):
         return path, "must not be empty", False
+    if v in ("maxItems", "maxProperties", "maxLength"):
+        return path, f"too long (at most {error.validator_value})", False
     if v in ("minimum", "maximum"):
-        return path, f"{inst!r} is out of range ({v} {error.validator_value})", False
+        return path, f"{_show(inst)} is out of range ({v} {error.validator_value})", False
     if v == "propertyNames":
         return path, f"{error.message}", True
     if v == "oneOf":
-        return path, f"{inst!r} is not a valid value (a URL or null)", False
-    return path, error.message, False
+        return path, f"{_show(inst)} is not a valid value (a URL or null)", False
+    return path, _show(error.message, MAX_LINE), False
+
+
+def _fullmatch(validator, pattern: str, instance: Any, schema: dict[str, Any]):
+    """`pattern`, matched against the whole string: `$` alone lets "3.11\\n" through."""
+    if isinstance(instance, str) and not re.fullmatch(pattern, instance):
+        yield jsonschema.ValidationError(f"{_show(instance)} does not match {pattern!r}")
+
+
+# Integers are ints: JSON Schema counts 4.0 as an integer, and `threads: 4.0` would bake "4.0".
+_TYPES = jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
+    "integer", lambda checker, value: isinstance(value, int) and not isinstance(value, bool))
+Validator = jsonschema.validators.extend(jsonschema.Draft202012Validator, validators={"pattern": _fullmatch},
+                                         type_checker=_TYPES)
+_RANK = {"type": 0, "additionalProperties": 1, "required": 1}  # per value, the most basic mistake wins
+
+
+def _read(path: Path, shown: str) -> str:
+    """The text of a regular, bounded, UTF-8 file; a located error for anything else."""
+    try:
+        raw = inputs.read_regular(path, MAX_BYTES)
+    except inputs.InputError as e:
+        raise ConfigError(f"{shown}: {'no such matrix file' if str(e) == 'file not found' else e}") from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise ConfigError(f"{shown}:{line}: (yaml): byte 0x{raw[e.start]:02x} is not UTF-8 "
+                          f"(save the file as UTF-8)") from None
+
+
+def _parse(text: str, shown: str) -> tuple[yaml.Node | None, Any]:
+    """Compose and construct the document within MAX_DEPTH, MAX_EVENTS and MAX_VALUES."""
+    def fail(line: int, message: str) -> ConfigError:
+        return ConfigError(f"{shown}:{line}: (yaml): {message}")
+
+    bad = _UNREADABLE.search(text)
+    if bad:
+        raise fail(text.count("\n", 0, bad.start()) + 1,
+                   f"control character {_show(bad.group())[1:-1]} is not allowed in a YAML file")
+    depth = 0
+    for number, line in enumerate(text.splitlines(), 1):  # the scanner slows down with each flow level
+        depth = max(0, depth + line.count("[") + line.count("{") - line.count("]") - line.count("}"))
+        if depth > MAX_DEPTH:
+            raise fail(number, f"nested deeper than {MAX_DEPTH} levels")
+    try:
+        depth, events = 0, 0
+        alias_line: int | None = None
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+            events += 1
+            depth += isinstance(event, yaml.CollectionStartEvent) - isinstance(event, yaml.CollectionEndEvent)
+            at = event.start_mark.line + 1 if event.start_mark else 1
+            if isinstance(event, yaml.AliasEvent) and alias_line is None:
+                alias_line = at
+            if depth > MAX_DEPTH:
+                raise fail(at, f"nested deeper than {MAX_DEPTH} levels")
+            if events > MAX_EVENTS:
+                raise fail(at, f"more than {MAX_EVENTS} values")
+        loader = yaml.SafeLoader(text)
+        try:
+            root = loader.get_single_node()
+            if root is None:
+                return None, None
+            problems, size = _structure(root)
+            if size > MAX_VALUES:
+                raise fail(alias_line or 1, f"aliases expand the document to more than {MAX_VALUES} values")
+            if problems:
+                raise _config_error(shown, problems)
+            return root, loader.construct_document(root)
+        finally:
+            loader.dispose()
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        raise fail(mark.line + 1 if mark else 1, str(e.problem or e)) from None
+    except yaml.YAMLError as e:
+        raise fail(1, str(e)) from None
+
+
+def _config_error(shown: str, problems: list[Problem]) -> ConfigError:
+    """Every problem once, in file order, each line printable and bounded."""
+    unique = sorted(set(problems), key=lambda p: (p.line, p.key, p.message))
+    lines = [_printable(f"{shown}:{p.line}: {p.key}: {p.message}") for p in unique[:MAX_PROBLEMS]]
+    if len(unique) > MAX_PROBLEMS:
+        lines.append(f"{_printable(shown)}: {len(unique) - MAX_PROBLEMS} more problems not shown")
+    return ConfigError(lines)
 
 
 def load(path: str | Path) -> Matrix:
@@ -172,41 +344,28 @@ def load(path: str | Path) -> Matrix:
     path = Path(path).absolute()
     shown = str(path if not path.is_relative_to(Path.cwd()) else path.relative_to(Path.cwd()))
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{shown}: no such matrix file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{shown}: cannot read: {e}") from None
-
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        line = mark.line + 1 if mark else 1
-        raise ConfigError(f"{shown}:{line}: (yaml): {e.problem or e}") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{shown}:1: (yaml): {e}") from None
+        root, data = _parse(_read(path, shown), shown)
+    except ConfigError as e:
+        raise ConfigError([_printable(line) for line in e.problems]) from None
+    if not isinstance(data, dict):
+        raise ConfigError(_printable(f"{shown}:1: (top level): expected a mapping with keys image, matrix, torch"))
 
     loc = _Located(root)
     problems: list[Problem] = []
-    for line, key in loc.duplicate_keys():
-        problems.append(Problem(line, key, "key given twice (the later one would silently win)"))
-
-    if not isinstance(data, dict):
-        raise ConfigError(f"{shown}:1: (top level): expected a mapping with keys image, matrix, torch")
-
-    validator = jsonschema.Draft202012Validator(schema())
-    for error in sorted(validator.iter_errors(data), key=lambda e: list(map(str, e.absolute_path))):
-        epath, msg, at_key = _schema_message(error)
-        problems.append(Problem(loc.line(epath, key=at_key), _keypath(epath), msg))
+    best: dict[tuple[str, ...], tuple[int, Problem]] = {}
+    for error in Validator(schema()).iter_errors(data):
+        epath, msg, at_key = _schema_message(error, loc)
+        rank = _RANK.get(str(error.validator), 2)
+        where = tuple(map(str, error.absolute_path)) + ((str(error.validator),) if at_key else ())
+        if where not in best or rank < best[where][0]:
+            best[where] = (rank, Problem(loc.line(epath, key=at_key), _keypath(epath), msg))
+    problems.extend(p for _, p in best.values())
 
     matrix = None
     if not problems:
         matrix = _build(path, data, loc, problems)
     if problems:
-        problems.sort(key=lambda p: (p.line, p.key))
-        raise ConfigError([f"{shown}:{p.line}: {p.key}: {p.message}" for p in problems])
+        raise _config_error(shown, problems)
     assert matrix is not None
     return matrix
 
@@ -235,8 +394,8 @@ def _build(path: Path, data: dict[str, Any], loc: _Located, problems: list[Probl
                         f"(allowed: {', '.join(axes[axis])})")
 
     combos: list[dict[str, Any]] = []
-    for values in itertools.product(*(dict.fromkeys(axes[a]) for a in AXES)):
-        combo = dict(zip(AXES, values))
+    for picked in itertools.product(*(dict.fromkeys(axes[a]) for a in AXES)):
+        combo = dict(zip(AXES, picked))
         if any(all(combo[k] == v for k, v in ex.items()) for ex in axes_spec.get("exclude", [])):
             continue
         combos.append(combo)
@@ -270,30 +429,25 @@ def _build(path: Path, data: dict[str, Any], loc: _Located, problems: list[Probl
     pip = _pip_settings(pip_cfg, base_dir, problem)
     conda = _conda_settings(conda_cfg, problem)
 
-    certs: list[Path] = []
-    for i, rel in enumerate(data.get("ca_certificates", [])):
-        pattern = base_dir / rel
-        found = sorted(Path(p) for p in glob.glob(str(pattern))) if "*" in rel else [pattern]
-        if not found:
-            problem(("ca_certificates", i), f"no file matches {pattern}")
-        for p in found:
-            p = p.resolve()
-            if not p.is_file():
-                problem(("ca_certificates", i), f"file not found: {p}")
-            elif "BEGIN CERTIFICATE" not in p.read_text(errors="replace"):
-                problem(("ca_certificates", i), f"not a PEM certificate: {p}")
-            else:
-                certs.append(p)
+    certs = _certificates(data.get("ca_certificates", []), base_dir, problem)
 
     env_sources = [("env",)] * ("env" in data) + [("matrix", "include", i, "env") for i, inc in
                                  enumerate(axes_spec.get("include", [])) if "env" in inc]
     for keypath in env_sources:
-        node = data
+        node: Any = data
         for part in keypath:
             node = node[part]
         for name in sorted(set(node) & MANAGED_ENV):
             problem(keypath + (name,), f"{name} is set by imagefactory "
                                        f"({'use threads' if 'THREADS' in name else 'from the cell'}), not by env")
+
+    for name in data.get("labels", {}):
+        if name == RESERVED_LABEL_PREFIX or name.startswith(RESERVED_LABEL_PREFIX + "."):
+            problem(("labels", name), f"labels under {RESERVED_LABEL_PREFIX}. are set by imagefactory "
+                                      f"(the checks and the cache read them); choose another name")
+    if len(combos) > MAX_CELLS:
+        problem(("matrix",), f"{len(combos)} cells, more than {MAX_CELLS}; split the matrix file")
+        return None
 
     base_images = {**DEFAULT_BASE_IMAGES, **data.get("base_images", {})}
     base_registry = data.get("base_registry")
@@ -329,29 +483,18 @@ def _build(path: Path, data: dict[str, Any], loc: _Located, problems: list[Probl
         if not is_reference(base):
             problem(where + ("base_image",) if "base_image" in combo else ("base_images", combo["installer"]),
                     f"cell {cell.id}: base image {base!r} is not a valid image reference")
+        elif cell.installer == "pip" and _repository(base) in STAGE_NAMES:
+            problem(where + ("base_image",) if "base_image" in combo else ("base_images", combo["installer"]),
+                    f"cell {cell.id}: base image {base!r} has the name of a build stage of the pip "
+                    f"template ({', '.join(sorted(STAGE_NAMES))}); name its registry or namespace")
+        _check_packages(cell, combo, where, problem)
         _check_cell(cell, pip, conda, where, problem)
         cells.append(cell)
 
     tag_template = tags_cfg.get("template", Matrix.tag_template)
     hash_template = tags_cfg.get("hash_template", Matrix.hash_tag_template)
 
-    resolved: list[Cell] = []
-    for cell in cells:
-        try:
-            release = tagging.release_tag(tag_template, image, cell)
-            hashed = tagging.hash_tag(hash_template, image, cell, "0" * 12)
-        except tagging.TagTemplateError as e:
-            problem(("tags", e.key), str(e))
-            break
-        extras = [(ref, "extra") for ref in tagging.extra_tags(release, tuple(tags_cfg.get("extra", [])),
-                                                               git_sha="0" * 40)]
-        bad = [(ref, key) for ref, key in [(release, "template"), (hashed, "hash_template"), *extras]
-               if not is_reference(ref)]
-        for ref, key in bad:
-            problem(("tags", key), f"cell {cell.id}: {ref!r} is not a valid Docker reference")
-        if bad:
-            break  # one cell shows the mistake; the others would repeat it
-        resolved.append(replace(cell, tags=(release,)))
+    resolved = _resolve_tags(cells, image, tag_template, hash_template, tags_cfg.get("extra", []), problem)
     if problems:
         return None
     return Matrix(
@@ -359,6 +502,55 @@ def _build(path: Path, data: dict[str, Any], loc: _Located, problems: list[Probl
         ca_certificates=tuple(certs), tag_template=tag_template, hash_tag_template=hash_template,
         extra_tags=tuple(tags_cfg.get("extra", [])),
     )
+
+
+def _resolve_tags(cells: list[Cell], image: str, template: str, hash_template: str, extra: list[str],
+                  problem) -> list[Cell]:
+    """Each cell with its release tag; every tag a valid reference, and no tag shared by two cells
+    (one push would overwrite the other). Hash tags are checked with a distinct stand-in hash per
+    cell: cells always differ in content, so only a template without {hash} can make them clash."""
+    resolved: list[Cell] = []
+    owner: dict[str, tuple[str, str]] = {}
+    for n, cell in enumerate(cells):
+        try:
+            release = tagging.release_tag(template, image, cell)
+            hashed = tagging.hash_tag(hash_template, image, cell, f"{n:012x}")
+        except tagging.TagTemplateError as e:
+            problem(("tags", e.key), str(e))
+            return []
+        refs = [(release, "template"), (hashed, "hash_template")] + [
+            (ref, "extra") for ref in tagging.extra_tags(release, tuple(extra), git_sha="0" * 40)]
+        bad = [(ref, key) for ref, key in refs if not is_reference(ref)]
+        for ref, key in bad:
+            problem(("tags", key), f"cell {cell.id}: {ref!r} is not a valid Docker reference")
+        if bad:
+            return []  # one cell shows the mistake; the others would repeat it
+        for ref, key in dict.fromkeys(refs):
+            if ref in owner and owner[ref][0] != cell.id:
+                problem(("tags", key), f"cells {owner[ref][0]} and {cell.id} would both be tagged {ref!r}, "
+                                       f"and one push would overwrite the other; add a field such as {{id}}")
+                return []
+            owner[ref] = (cell.id, key)
+        resolved.append(replace(cell, tags=(release,)))
+    return resolved
+
+
+def _certificates(patterns: list[str], base_dir: Path, problem) -> list[Path]:
+    """The CA certificate files, each a regular file holding certificates and no key."""
+    certs: list[Path] = []
+    for i, rel in enumerate(patterns):
+        pattern = base_dir / rel
+        found = sorted(Path(p) for p in glob.glob(str(pattern))) if "*" in rel else [pattern]
+        if not found:
+            problem(("ca_certificates", i), f"no file matches {pattern}")
+        for p in found:
+            try:
+                inputs.certificates(p)
+            except inputs.InputError as e:
+                problem(("ca_certificates", i), str(e))
+            else:
+                certs.append(p.resolve())
+    return certs
 
 
 def _cell_source(combo: dict[str, Any], spec: dict[str, Any]) -> tuple[Any, ...]:
@@ -396,21 +588,45 @@ def _check_cell(cell: Cell, pip: PipSettings, conda: CondaSettings, where, probl
             problem(where, f"cell {cell.id}: {why}")
 
 
+def _repository(ref: str) -> str:
+    """The repository part of a reference: no registry-less tag, no digest."""
+    name = ref.split("@", 1)[0]
+    last = name.rsplit("/", 1)[-1]
+    return name[: len(name) - len(last)] + last.split(":", 1)[0]
+
+
+def _check_packages(cell: Cell, combo: dict[str, Any], where: tuple[Any, ...], problem) -> None:
+    """Each extra package is a valid spec for the installer of the cell it goes into."""
+    own = list(combo.get("packages", []))
+    for spec in dict.fromkeys(cell.packages):
+        keypath = where + ("packages", own.index(spec)) if spec in own else ("packages", list(
+            cell.packages).index(spec))
+        if cell.installer == "pip":
+            try:
+                Requirement(spec)
+            except InvalidRequirement:
+                problem(keypath, f"cell {cell.id}: {spec!r} is not a pip requirement (PEP 508: a name, then "
+                                 f"==, !=, >=, <=, >, <, ~= or === and a version), e.g. scipy>=1.11")
+        elif not CONDA_SPEC_RE.fullmatch(spec):
+            problem(keypath, f"cell {cell.id}: {spec!r} is not a conda package spec "
+                             f"(name, then =, ==, >=, <=, !=, ~=, > or < and a version), e.g. scipy>=1.11")
+
+
 def _pip_settings(cfg: dict[str, Any], base_dir: Path, problem) -> PipSettings:
     wheelhouse = None
     if "wheelhouse" in cfg:
-        wheelhouse = (base_dir / cfg["wheelhouse"]).resolve()
-        if not wheelhouse.is_dir():
+        wheelhouse = base_dir / cfg["wheelhouse"]
+        try:
+            wheelhouse = wheelhouse.resolve()
+            refused = inputs.wheelhouse_files(wheelhouse)[1] if wheelhouse.is_dir() else None
+        except OSError as e:
+            problem(("pip", "wheelhouse"), f"cannot be read: {e.strerror}")
+            return PipSettings()
+        if refused is None:
             problem(("pip", "wheelhouse"), f"directory not found: {wheelhouse}")
             wheelhouse = None
-    urls = [("index_url", cfg.get("index_url"))] + [
-        (("extra_index_urls", i), u) for i, u in enumerate(cfg.get("extra_index_urls", []))
-    ] + [("torch_index_url", cfg.get("torch_index_url")), ("numpy_index_url", cfg.get("numpy_index_url"))]
-    for key, url in urls:
-        if url and re.match(r"^https?://[^/]*@", url):
-            keypath = ("pip",) + (key if isinstance(key, tuple) else (key,))
-            problem(keypath, "credentials in a URL would be baked into an image layer; "
-                             "serve the index without them (or through a local proxy)")
+        for reason in refused or []:
+            problem(("pip", "wheelhouse"), f"{reason}; only regular files inside it enter an image")
     return PipSettings(
         index_url=cfg.get("index_url"),
         extra_index_urls=tuple(cfg.get("extra_index_urls", [])),
@@ -443,9 +659,10 @@ def apply_base_registry(ref: str, base_registry: str | None) -> str:
     """Prefix a Docker Hub reference with a mirror; references naming a registry are kept."""
     if not base_registry:
         return ref
-    first = ref.split("/")[0]
-    if "/" in ref and ("." in first or ":" in first or first == "localhost"):
+    name = ref.split("@", 1)[0]  # a digest's "sha256:" is not a registry port
+    first = name.split("/")[0]
+    if "/" in name and ("." in first or ":" in first or first == "localhost"):
         return ref  # already names its registry
-    if "/" not in ref:
+    if "/" not in name:
         ref = f"library/{ref}"
     return f"{base_registry.rstrip('/')}/{ref}"

@@ -6,19 +6,24 @@ Dockerfile text. Same matrix in, same bytes out.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
+import json
 import os
 import shlex
 import shutil
+import signal
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 import jinja2
 
-from imagefactory import __version__
+from imagefactory import __version__, inputs
 from imagefactory.availability import conda_build_spec
+from imagefactory.errors import ConfigError
 from imagefactory.model import Cell, Matrix
 
 HASH_LABEL = "io.imagefactory.content-hash"
@@ -59,6 +64,7 @@ def environment() -> jinja2.Environment:
     env.filters["q"] = lambda v: shlex.quote(str(v))
     env.filters["dq"] = _dq
     env.filters["kv"] = lambda pair: f"{pair[0]}={_dq(pair[1])}"
+    env.filters["yaml_str"] = lambda v: json.dumps(str(v))  # a JSON string is a YAML string: null stays "null"
     return env
 
 
@@ -207,21 +213,27 @@ def _link_or_copy(src: Path, dst: Path) -> None:
 
 
 def _write_files(matrix: Matrix, cell: Cell, root: Path) -> None:
-    """Every file of the context except the Dockerfile."""
+    """Every file of the context except the Dockerfile. Only regular files are read; a context
+    gets its own copy (or hard link) of each, never a symbolic link, wherever `root` is."""
     names = _cert_names(matrix)
     if names:
         (root / "certs").mkdir()
         for name, src in zip(names, matrix.ca_certificates):
-            (root / "certs" / name).write_bytes(src.read_bytes())
+            try:
+                (root / "certs" / name).write_bytes(inputs.certificates(src))
+            except inputs.InputError as e:
+                raise ConfigError(f"ca_certificates: {e}") from None
     if cell.installer == "conda":
         text = environment().get_template("condarc.j2").render(
             channels=matrix.conda.channels, certs=names)
         (root / "condarc").write_text(text)
     elif matrix.pip.wheelhouse is not None:
         (root / "wheelhouse").mkdir()
-        for src in sorted(matrix.pip.wheelhouse.iterdir()):
-            if src.is_file() and src.suffix in (".whl", ".gz", ".zip"):
-                _link_or_copy(src, root / "wheelhouse" / src.name)
+        files, refused = inputs.wheelhouse_files(matrix.pip.wheelhouse)
+        if refused:
+            raise ConfigError(f"pip.wheelhouse: {refused[0]}; only regular files inside it enter an image")
+        for name, src in files:
+            _link_or_copy(src, root / "wheelhouse" / name)
 
 
 def _file_digest(path: Path) -> str:
@@ -235,7 +247,8 @@ def _file_digest(path: Path) -> str:
 def context_hash(root: Path, dockerfile_without_hash: str) -> str:
     h = hashlib.sha256()
     h.update(b"Dockerfile\0" + dockerfile_without_hash.encode() + b"\0")
-    for path in sorted(p for p in root.rglob("*") if p.is_file() and p.name != "Dockerfile"):
+    files = (p for p in root.rglob("*") if p.is_file() and not p.is_symlink() and p.name != "Dockerfile")
+    for path in sorted(files):
         rel = path.relative_to(root).as_posix()
         h.update(rel.encode() + b"\0" + _file_digest(path).encode() + b"\0")
     return h.hexdigest()
@@ -251,22 +264,57 @@ def render_cell(matrix: Matrix, cell: Cell, dest: Path) -> Context:
     return Context(cell=cell, path=dest, content_hash=digest)
 
 
+def _check_out(out: Path, cells: list[Cell]) -> None:
+    """Refuse an --out that render could not fill completely, before anything is replaced."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out}: exists and is not a directory")
+    for cell in cells:
+        final = out / cell.id
+        if final.is_symlink():
+            raise ConfigError(f"--out {out}: {cell.id} is a symbolic link; remove it (render replaces "
+                              f"each cell's folder and follows no link)")
+        if final.exists() and not final.is_dir():
+            raise ConfigError(f"--out {out}: {cell.id} exists and is not a directory; remove it")
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """SIGTERM raises KeyboardInterrupt, so the staging folder is removed as on Ctrl-C."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def render(matrix: Matrix, out: Path, cells: list[Cell] | None = None) -> list[Context]:
     """Render every cell into out/<cell-id>/, all or nothing: contexts are written to a
     temporary folder and moved into place only when every cell rendered."""
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     cells = list(matrix.cells if cells is None else cells)
-    staging = Path(tempfile.mkdtemp(prefix=".render-", dir=out))
-    try:
-        staged = [render_cell(matrix, cell, staging / cell.id) for cell in cells]
-        contexts = []
-        for ctx in staged:
-            final = out / ctx.cell.id
-            if final.exists():
-                shutil.rmtree(final)
-            ctx.path.rename(final)
-            contexts.append(Context(ctx.cell, final, ctx.content_hash))
-        return contexts
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    _check_out(out, cells)
+    out.mkdir(parents=True, exist_ok=True)
+    with _sigterm_as_interrupt():
+        staging: Path | None = None
+        try:
+            staging = Path(tempfile.mkdtemp(prefix=".render-", dir=out))
+            staged = [render_cell(matrix, cell, staging / cell.id) for cell in cells]
+            _check_out(out, cells)
+            contexts = []
+            for ctx in staged:
+                final = out / ctx.cell.id
+                if final.exists():
+                    shutil.rmtree(final)
+                ctx.path.rename(final)
+                contexts.append(Context(ctx.cell, final, ctx.content_hash))
+            return contexts
+        finally:
+            if staging is not None:
+                shutil.rmtree(staging, ignore_errors=True)

@@ -36,7 +36,12 @@ def _fields(image: str, cell: Cell) -> dict[str, str]:
 
 
 def _format(key: str, template: str, allowed: tuple[str, ...], values: dict[str, str]) -> str:
-    for _, name, spec, conv in string.Formatter().parse(template):
+    try:
+        fields = list(string.Formatter().parse(template))
+    except ValueError as e:  # a lone { or }
+        raise TagTemplateError(key, f"{template!r}: {e}; braces only surround a field (allowed: "
+                                    + ", ".join("{" + f + "}" for f in allowed) + ")") from None
+    for _, name, spec, conv in fields:
         if name is None:
             continue
         if name not in allowed or spec or conv:

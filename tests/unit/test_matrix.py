@@ -96,7 +96,8 @@ def test_base_registry_prefixes_docker_hub_images_only(write_matrix):
     ("tags: {template: '{image}:{nope}'}", 7, "tags.template", ["unknown field {nope}"]),
     ("tags: {template: '{image}:%s', extra: [date]}" % ("x" * 120), 7, "tags.extra", ["not a valid Docker reference"]),
     ("env: {OMP_NUM_THREADS: '64'}", 7, "env.OMP_NUM_THREADS", ["set by imagefactory (use threads)"]),
-    ("tags: {template: '{image}:{torch}+{python}'}", 7, "tags.template", ["not a valid Docker reference"]),
+    ("tags: {template: '{image}:{torch}+{python}'}", 7, "tags.template", ["malformed"]),
+    ("tags: {template: '{image}:.{torch}'}", 7, "tags.template", ["not a valid Docker reference"]),
 ])
 def test_each_problem_names_file_line_and_key(write_matrix, change, line, key, words):
     (p,) = problems(write_matrix, BASE + change + "\n")
