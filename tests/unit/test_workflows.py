@@ -12,8 +12,12 @@ The checker (`check_workflow_text`) parses each `run:` script the way a shell wo
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -406,3 +410,89 @@ def test_on_key_is_read_despite_yaml_1_1():
 def test_checker_reports_invalid_yaml_and_missing_steps():
     assert check_workflow_text("on: push\njobs: [unclosed\n")[0].startswith("not valid YAML")
     assert any("no steps" in p for p in check_workflow_text("on: push\njobs:\n  a:\n    runs-on: x\n"))
+
+
+# --------------------------------------------------------------------------- supply chain: pins and zizmor
+
+_PINNED_USES = re.compile(r"[\w.-]+/[\w./-]+@[0-9a-f]{40} # v\d+\.\d+\.\d+")
+
+
+def pinning_problems(text: str) -> list[str]:
+    """Every `uses:` pinned to a full commit SHA with its `# vX.Y.Z`; every checkout without
+    persisted credentials; no `${{ }}` spliced into a `run:` script."""
+    problems = []
+    for line in text.splitlines():
+        m = re.match(r"\s*(?:-\s+)?uses:\s*(.*?)\s*$", line)
+        if m and not m.group(1).startswith(("./", "docker://")) and not _PINNED_USES.fullmatch(m.group(1)):
+            problems.append(f"not pinned to a commit SHA with a version comment: {m.group(1)}")
+    doc = yaml.safe_load(text)
+    for job_id, job in (doc.get("jobs") or {}).items():
+        for step in job.get("steps") or []:
+            if str(step.get("uses", "")).startswith("actions/checkout@"):
+                if (step.get("with") or {}).get("persist-credentials") is not False:
+                    problems.append(f"job {job_id}: checkout persists credentials")
+            if "run" in step and _EXPR.search(str(step["run"])):
+                problems.append(f"job {job_id}: ${{{{ }}}} inside run: (pass it through env:)")
+    return problems
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
+def test_workflow_pins_actions_and_keeps_expressions_out_of_scripts(path):
+    assert pinning_problems(path.read_text()) == []
+
+
+@pytest.mark.parametrize(
+    "step, needle",
+    [
+        ("- uses: actions/checkout@v4\n        with: {persist-credentials: false}", "not pinned"),
+        ("- uses: actions/checkout@11d5960a326750d5838078e36cf38b85af677262", "not pinned"),
+        ("- uses: actions/checkout@11d5960a326750d5838078e36cf38b85af677262 # v4.4.0", "persists credentials"),
+        ("- run: echo ${{ github.event.pull_request.title }}", "inside run"),
+    ],
+)
+def test_pinning_checker_reports(step, needle):
+    text = f"on: push\njobs:\n  a:\n    runs-on: x\n    steps:\n      {step}\n"
+    assert any(needle in p for p in pinning_problems(text)), pinning_problems(text)
+
+
+def test_publish_runs_weekly_and_caches_no_pip():
+    """Base-image fixes reach users without a matrix change; a publish job restores no cache."""
+    doc = _load(WORKFLOW_DIR / "publish.yml")
+    assert any(s.get("cron") for s in triggers(doc)["schedule"])
+    for job in doc["jobs"].values():
+        for step in job["steps"]:
+            assert "cache" not in (step.get("with") or {}), step
+
+
+def _zizmor() -> str:
+    exe = shutil.which("zizmor") or str(Path(sys.executable).parent / "zizmor")
+    if not Path(exe).is_file():
+        if os.environ.get("CI"):
+            pytest.fail("zizmor is not installed (it is in the test extra: pip install -e '.[test]')")
+        pytest.skip("zizmor is not installed; pip install -e '.[test]'")
+    return exe
+
+
+def _zizmor_findings(directory: Path) -> tuple[int, list[str]]:
+    proc = subprocess.run([_zizmor(), "--offline", "--format", "json", str(directory)],
+                          capture_output=True, text=True, timeout=120)
+    findings = json.loads(proc.stdout or "[]")
+    return proc.returncode, [f"{f['ident']}: {f.get('desc', '')}" for f in findings]
+
+
+def test_workflows_are_clean_under_zizmor():
+    code, findings = _zizmor_findings(WORKFLOW_DIR)
+    assert (code, findings) == (0, [])
+
+
+def test_zizmor_reports_a_crafted_unsafe_workflow(tmp_path):
+    """The zizmor test can fail: the unsafe patterns the workflows avoid are reported."""
+    wf = tmp_path / ".github" / "workflows"
+    wf.mkdir(parents=True)
+    (wf / "bad.yml").write_text(
+        "on: push\npermissions: {}\njobs:\n  a:\n    runs-on: ubuntu-latest\n    steps:\n"
+        "      - uses: actions/checkout@v4\n"
+        "      - run: echo \"${{ github.event.head_commit.message }}\"\n")
+    code, findings = _zizmor_findings(wf)
+    idents = {f.split(":")[0] for f in findings}
+    assert code != 0 and {"unpinned-uses", "artipacked", "template-injection"} <= idents, findings
