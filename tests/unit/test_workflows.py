@@ -7,6 +7,9 @@ The checker (`check_workflow_text`) parses each `run:` script the way a shell wo
 * `imagefactory <sub>` with a subcommand the CLI does not have;
 * options that subcommand does not accept (introspected from the Typer app);
 * `bash X` / `sh X` / `sudo [-E] bash X` / `./X` scripts that do not exist in the repository.
+
+Supply chain: every action pinned to a commit SHA, no persisted checkout credentials, no `${{ }}`
+inside `run:`, and `zizmor --offline` clean. And the README's test command is what `.ci/run` runs.
 """
 
 from __future__ import annotations
