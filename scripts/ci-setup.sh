@@ -71,7 +71,7 @@ trap on_exit EXIT
 # 1. Debian packages
 # --------------------------------------------------------------------------
 install_packages() {
-    local pkgs=(docker.io debootstrap docker-registry apache2-utils)
+    local pkgs=(docker.io debootstrap docker-registry apache2-utils curl iproute2)
     local missing=() p
     for p in "${pkgs[@]}"; do
         # (dpkg -s, but also rejecting removed-but-not-purged packages)

@@ -20,7 +20,11 @@ ENV SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \
 
 # Miniforge 25.3.1-0, checked against its pinned SHA256 before it runs.
 RUN curl -fsSL --retry 5 -o /tmp/conda-installer.sh https://github.com/conda-forge/miniforge/releases/download/25.3.1-0/Miniforge3-25.3.1-0-Linux-x86_64.sh \
- && echo '376b160ed8130820db0ab0f3826ac1fc85923647f75c1b8231166e3d559ab768  /tmp/conda-installer.sh' | sha256sum --check --strict - \
+ && actual="$(sha256sum /tmp/conda-installer.sh | cut -d ' ' -f 1)" \
+ && if [ "$actual" != 376b160ed8130820db0ab0f3826ac1fc85923647f75c1b8231166e3d559ab768 ]; then \
+      printf 'checksum mismatch for %s: expected %s, got %s\n' https://github.com/conda-forge/miniforge/releases/download/25.3.1-0/Miniforge3-25.3.1-0-Linux-x86_64.sh 376b160ed8130820db0ab0f3826ac1fc85923647f75c1b8231166e3d559ab768 "$actual" >&2; \
+      exit 1; \
+    fi \
  && bash /tmp/conda-installer.sh -b -p /opt/conda \
  && rm -f /tmp/conda-installer.sh \
  && /opt/conda/bin/conda clean -afy
@@ -53,7 +57,7 @@ ENV HF_HOME="/data/hf" \
 LABEL com.example.team="ml-platform" \
       io.imagefactory.blas="mkl" \
       io.imagefactory.cell="py3.11-cpu-mkl-conda" \
-      io.imagefactory.content-hash="4ab603598c69917cc40938aff7541a6007067e3dfa0d7cb8269fac6bb35f2870" \
+      io.imagefactory.content-hash="d8ebab16db0ce1f2841c10553bc280847078e900488b2559fc20d99ca8c4679f" \
       io.imagefactory.cuda="none" \
       io.imagefactory.installer="conda" \
       io.imagefactory.python="3.11" \

@@ -20,7 +20,11 @@ ENV SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \
 
 # Miniforge 25.3.1-0, checked against its pinned SHA256 before it runs.
 RUN curl -fsSL --retry 5 -o /tmp/conda-installer.sh https://github.com/conda-forge/miniforge/releases/download/25.3.1-0/Miniforge3-25.3.1-0-Linux-x86_64.sh \
- && echo '376b160ed8130820db0ab0f3826ac1fc85923647f75c1b8231166e3d559ab768  /tmp/conda-installer.sh' | sha256sum --check --strict - \
+ && actual="$(sha256sum /tmp/conda-installer.sh | cut -d ' ' -f 1)" \
+ && if [ "$actual" != 376b160ed8130820db0ab0f3826ac1fc85923647f75c1b8231166e3d559ab768 ]; then \
+      printf 'checksum mismatch for %s: expected %s, got %s\n' https://github.com/conda-forge/miniforge/releases/download/25.3.1-0/Miniforge3-25.3.1-0-Linux-x86_64.sh 376b160ed8130820db0ab0f3826ac1fc85923647f75c1b8231166e3d559ab768 "$actual" >&2; \
+      exit 1; \
+    fi \
  && bash /tmp/conda-installer.sh -b -p /opt/conda \
  && rm -f /tmp/conda-installer.sh \
  && /opt/conda/bin/conda clean -afy
@@ -56,7 +60,7 @@ ENV HF_HOME="/data/hf" \
 LABEL com.example.team="ml-platform" \
       io.imagefactory.blas="openblas" \
       io.imagefactory.cell="py3.11-cu12.9-openblas-conda" \
-      io.imagefactory.content-hash="acc727059ed289ee96cf9b5e86b9ea004288d4fd4281e2246d5b2250e94bcd45" \
+      io.imagefactory.content-hash="dfabc6dd5f03259a0d923dda02d03e859aa5a04d47f546ab15e3459d1e449cd5" \
       io.imagefactory.cuda="12.9" \
       io.imagefactory.installer="conda" \
       io.imagefactory.python="3.11" \

