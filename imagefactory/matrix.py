@@ -20,6 +20,7 @@ from typing import Any
 import jsonschema
 import yaml
 
+from imagefactory import availability
 from imagefactory import tags as tagging
 from imagefactory.errors import ConfigError
 from imagefactory.model import Cell, CondaSettings, Matrix, PipSettings
@@ -395,12 +396,10 @@ def _check_cell(cell: Cell, pip: PipSettings, conda: CondaSettings, where, probl
         if not wheels:
             problem(where, f"cell {cell.id}: PyPI serves no CPU-only torch and pip.torch_index_url is null; "
                            f"put torch-{cell.torch}+cpu-*.whl in pip.wheelhouse or set pip.torch_index_url")
-    if cell.installer == "conda" and cell.cuda is not None and _vtuple(cell.cuda) < (11, 8):
-        problem(where, f"cell {cell.id}: conda-forge pytorch has no CUDA {cell.cuda} build (11.8 or newer)")
-
-
-def _vtuple(version: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in version.split("."))
+    if cell.installer == "conda":
+        why = availability.conda_problem(cell.torch, cell.cuda, cell.python, cell.blas)
+        if why:
+            problem(where, f"cell {cell.id}: {why}")
 
 
 def _pip_settings(cfg: dict[str, Any], base_dir: Path, problem) -> PipSettings:

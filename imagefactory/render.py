@@ -18,6 +18,7 @@ from pathlib import Path
 import jinja2
 
 from imagefactory import __version__
+from imagefactory.availability import conda_build_spec
 from imagefactory.model import AUTO, Cell, Matrix
 
 HASH_LABEL = "io.imagefactory.content-hash"
@@ -123,8 +124,7 @@ def _conda_values(matrix: Matrix, cell: Cell) -> dict[str, object]:
     conda = matrix.conda
     template = MINIFORGE_URL if conda.distribution == "miniforge" else MINICONDA_URL
     blas_pin = f"libblas=*=*{cell.blas}"
-    variant = "cpu*" if cell.cuda is None else "cuda*"
-    specs = [f"python={cell.python}", f"pytorch={cell.torch}={variant}"]
+    specs = [f"python={cell.python}", conda_build_spec(cell.torch, cell.cuda)]
     if cell.cuda is not None:
         specs.append(f"cuda-version={cell.cuda}")
     specs.append(blas_pin)

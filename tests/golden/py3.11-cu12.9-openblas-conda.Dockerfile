@@ -43,7 +43,7 @@ RUN useradd --create-home --uid 4242 --shell /bin/bash ml
 ENV PATH=/opt/env/bin:/opt/conda/bin:$PATH
 RUN CONDA_OVERRIDE_CUDA=12.9 /opt/conda/bin/conda create -y -p /opt/env \
       python=3.11 \
-      'pytorch=2.13.0=cuda*' \
+      'pytorch=2.13.0=cuda129*' \
       cuda-version=12.9 \
       'libblas=*=*openblas' \
       nomkl \
@@ -70,7 +70,7 @@ LABEL com.example.team="ml-platform" \
       io.imagefactory.blas="openblas" \
       io.imagefactory.cell="py3.11-cu12.9-openblas-conda" \
       io.imagefactory.compiler="true" \
-      io.imagefactory.content-hash="0f9762f29c5527398f5fa7c567dce5145a0eda2ed40ec714e76558ee81db0b24" \
+      io.imagefactory.content-hash="16adf24d5ad348be510b201f41bfb17cf27d898e4b115d710c4eb00e5aba58f9" \
       io.imagefactory.cuda="12.9" \
       io.imagefactory.installer="conda" \
       io.imagefactory.python="3.11" \

@@ -52,12 +52,12 @@ def test_exclude_is_a_partial_match(write_matrix):
 def test_include_extends_matching_cells_and_adds_new_ones(write_matrix):
     text = BASE.replace('blas: [mkl, openblas]', '''blas: [mkl, openblas]
   include:
-    - {cuda: "12.6", torch: "2.8.0", packages: [scipy]}
+    - {cuda: "12.6", torch: "2.7.0", packages: [scipy]}
     - {python: "3.12", cuda: "none", blas: openblas, installer: pip, threads: 2}''')
     text = text.replace('torch: "2.7.1"', 'torch: "2.7.1"\npip: {torch_index_url: "https://download.pytorch.org/whl/{variant}"}')
     m = matrix.load(write_matrix(text))
     assert len(m.cells) == 9
-    assert m.cell("py3.10-cu12.6-mkl-conda").torch == "2.8.0"
+    assert m.cell("py3.10-cu12.6-mkl-conda").torch == "2.7.0"
     assert m.cell("py3.10-cu12.6-mkl-conda").packages == ("scipy",)
     assert m.cell("py3.10-cpu-mkl-conda").torch == "2.7.1"
     new = m.cell("py3.12-cpu-openblas-pip")
@@ -208,6 +208,6 @@ def test_shipped_matrices_are_valid():
 
     m = matrix.load(REPO / "matrix.yaml")
     assert {c.installer for c in m.cells} == {"conda"}
-    assert {c.python for c in m.cells} == {"3.10", "3.11", "3.12"}
-    assert {c.cuda for c in m.cells} == {None, "12.6", "12.9"}
+    assert {c.python for c in m.cells} == {"3.11", "3.12", "3.13"}
+    assert {c.cuda for c in m.cells} == {None, "12.9", "13.0"}
     assert {c.blas for c in m.cells} == {"mkl", "openblas"}
