@@ -246,9 +246,14 @@ COMPUTE = {
         "report()\n"
     ),
     # torch.compile's Inductor backend writes and compiles C++ (CPU) or Triton kernels (GPU,
-    # with a C launcher built against Python's headers): it needs a working compiler.
+    # with a C launcher built against Python's headers): it needs a working compiler. Scalar
+    # kernels and no compile-worker pool: the check is about the toolchain, and this way it
+    # costs one compiler run instead of one per vector ISA probed plus a pool of workers.
     "torch_compile": _REPORT + (
-        "import os, shutil, time, numpy, torch\n"
+        "import os, shutil, time\n"
+        "os.environ.setdefault('TORCHINDUCTOR_VEC_ISA_OK', '0')\n"
+        "os.environ.setdefault('TORCHINDUCTOR_COMPILE_THREADS', '1')\n"
+        "import numpy, torch\n"
         "def f(x, w):\n"
         "    return torch.relu(x @ w).sum(dim=1) * 0.5 + torch.tanh(x).mean()\n"
         "g = torch.Generator().manual_seed(0)\n"
@@ -278,7 +283,9 @@ def _run_child(code, timeout):
     """Run one COMPUTE child: {"ok", "returncode", "error", "info"}."""
     try:
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
-    except Exception as exc:  # timeout, fork failure
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "returncode": None, "error": "timed out after %d s" % timeout, "info": None}
+    except Exception as exc:  # fork failure
         return {"ok": False, "returncode": None, "error": _err(exc), "info": None}
     lines = [line for line in r.stdout.splitlines() if line.strip()]
     info = None
