@@ -9,9 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from imagefactory.model import Cell
+import os
 
-PASS, FAIL, SKIP = "pass", "fail", "skip"
+from imagefactory.model import AUTO, Cell
+
+PASS, FAIL, SKIP, INFO = "pass", "fail", "skip", "info"  # info: a measurement, never a verdict
 
 
 @dataclass(frozen=True)
@@ -19,7 +21,7 @@ class Check:
     name: str
     expected: str
     actual: str
-    verdict: str  # "pass" | "fail" | "skip"
+    verdict: str  # "pass" | "fail" | "skip" | "info"
     detail: str = ""  # one line, why, for failures
 
 
@@ -129,15 +131,12 @@ def _judge(cell: Cell, probe: dict, gpu_required: bool) -> list[Check]:
     else:
         checks.append(Check("torch.mkl", "not checked (openblas cell)", _one_line(no_torch or torch.get("mkl_available")), SKIP))
 
-    # Environment. MKL next to GNU OpenMP (libgomp, as torch uses) needs MKL_THREADING_LAYER=GNU.
+    # Environment: MKL's threading layer must match the OpenMP runtime actually loaded.
     env = probe.get("env") if isinstance(probe.get("env"), dict) else {}
-    layer = env.get("MKL_THREADING_LAYER")
-    if mkl:
-        checks.append(_check("env.MKL_THREADING_LAYER", "GNU", layer or "unset", layer == "GNU",
-                             "MKL shares the process with libgomp and needs MKL_THREADING_LAYER=GNU"))
-    else:
-        checks.append(Check("env.MKL_THREADING_LAYER", "not checked (openblas cell)", layer or "unset", SKIP))
-    want = str(cell.threads)
+    checks.append(_mkl_layer(mkl, env, probe.get("mkl"), probe.get("openmp")))
+    checks.append(_activation(probe.get("activation")))
+    checks.append(_bytecode(probe.get("bytecode")))
+    want = str(_thread_budget(probe) if cell.threads == AUTO else cell.threads)
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         value = env.get(var)
         checks.append(_check(f"env.{var}", want, value if value is not None else "unset", value == want,
@@ -155,6 +154,8 @@ def _judge(cell: Cell, probe: dict, gpu_required: bool) -> list[Check]:
                          else "threadpoolctl saw no BLAS in numpy"))
     checks.append(_openmp(probe.get("openmp")))
     checks += _compute(probe.get("compute"), no_torch, torch_why)
+    checks.append(_torch_compile(cell, _get(probe, "compute", "torch_compile"), no_torch, torch_why))
+    checks.append(_import_time(_get(probe, "compute", "import_time")))
     return checks
 
 
@@ -162,15 +163,123 @@ def _compute(compute: Any, no_torch: str | None, torch_why: str | None) -> list[
     """A small matmul through each library, in a child process of the probe: a BLAS that
     loads but aborts at its first call fails here rather than on the training node."""
     out = []
-    for name, key in (("numpy.matmul", "numpy_matmul"), ("torch.matmul", "torch_matmul")):
+    for name, key in (("numpy.matmul", "numpy_matmul"), ("torch.matmul", "torch_matmul"),
+                      ("numpy.complex_blas", "numpy_complex"), ("torch.complex_blas", "torch_complex")):
         result = _get(compute, key)
-        if name == "torch.matmul" and no_torch:
+        if name.startswith("torch.") and no_torch:
             out.append(_check(name, "correct result", no_torch, False, torch_why or no_torch))
             continue
         ok = _get(result, "ok") is True
         actual = "correct result" if ok else (_get(result, "error") or "not reported")
+        if ok and key == "numpy_complex":
+            scipy = _get(result, "info", "scipy")
+            actual += f" (with scipy {scipy} zdotc/zdotu)" if scipy else " (scipy not installed)"
         out.append(_check(name, "correct result", actual, ok, f"{key} failed: {actual}"))
     return out
+
+
+def _torch_compile(cell: Cell, result: Any, no_torch: str | None, torch_why: str | None) -> Check:
+    """torch.compile (Inductor: C++ on CPU, Triton on GPU) compiled a function that matches eager."""
+    ok = _get(result, "ok") is True and not no_torch
+    if ok:
+        info = _get(result, "info") or {}
+        actual = f"matches eager on {', '.join(map(str, info.get('devices') or ['cpu']))} in {info.get('seconds')} s"
+    else:
+        actual = no_torch or _get(result, "error") or "not reported"
+    if not cell.compiler:
+        return Check("torch.compile", "not checked (compiler: false: no C/C++ compiler in the image)",
+                     _one_line(actual), SKIP)
+    return _check("torch.compile", "compiles and matches eager", actual, ok,
+                  torch_why or f"torch.compile failed: {actual}")
+
+
+def _import_time(result: Any) -> Check:
+    seconds = _get(result, "info", "seconds")
+    actual = f"{seconds} s" if isinstance(seconds, (int, float)) else (_get(result, "error") or "not measured")
+    return Check("probe.import_time", "import torch in a fresh process (information)", _one_line(actual), INFO)
+
+
+def _openmp_libraries(openmp: Any) -> dict[str, list[str]]:
+    """Loaded OpenMP runtimes by real path, each with the names it was loaded under."""
+    out: dict[str, list[str]] = {}
+    for e in openmp if isinstance(openmp, list) else []:
+        path = _get(e, "realpath") or _get(e, "filepath") or _get(e, "prefix")
+        name = _get(e, "filepath") or _get(e, "prefix")
+        out.setdefault(str(path), []).append(os.path.basename(str(name)))
+    return out
+
+
+def _runtime_kind(path: str) -> str:
+    """gnu (libgomp), llvm (libomp) or intel (libiomp5), from a runtime's real file name."""
+    base = os.path.basename(path)
+    for prefix, kind in (("libgomp", "gnu"), ("libiomp", "intel"), ("libomp", "llvm")):
+        if base.startswith(prefix):
+            return kind
+    return "unknown"
+
+
+# The MKL threading layer each OpenMP runtime needs (Intel: GNU only with libgomp; INTEL,
+# MKL's default, with LLVM's libomp or Intel's libiomp5, which are ABI-compatible).
+LAYER_FOR_RUNTIME = {"gnu": "gnu", "llvm": "intel", "intel": "intel"}
+
+
+def _mkl_layer(mkl: bool, env: dict, mkl_libs: Any, openmp: Any) -> Check:
+    name = "mkl.threading_layer"
+    var = env.get("MKL_THREADING_LAYER")
+    seen = sorted({str(_get(e, "threading_layer")).lower() for e in mkl_libs}) if isinstance(mkl_libs, list) else []
+    if seen:
+        layer, source = seen[0] if len(seen) == 1 else "/".join(seen), "threadpoolctl"
+    else:  # MKL linked statically (PyPI torch) is invisible to threadpoolctl: judge the setting
+        layer, source = (var or "intel (MKL's default)").lower(), f"MKL_THREADING_LAYER={var or 'unset'}"
+    runtimes = _openmp_libraries(openmp)
+    kinds = sorted({_runtime_kind(p) for p in runtimes})
+    described = "; ".join(f"{os.path.basename(p)}" + (f" (as {', '.join(sorted(set(n)))})" if sorted(set(n)) != [os.path.basename(p)] else "")
+                          for p, n in sorted(runtimes.items())) or "no OpenMP runtime"
+    actual = f"{layer} ({source}); loaded: {described}"
+    if not mkl:
+        return Check(name, "not checked (openblas cell)", _one_line(actual), SKIP)
+    if len(kinds) > 1:
+        return _check(name, "one OpenMP runtime", actual, False, f"two OpenMP runtimes loaded: {described}")
+    if not kinds:
+        return _check(name, "sequential (no OpenMP runtime loaded)", actual, layer.startswith("sequential"),
+                      f"MKL's {layer} layer needs an OpenMP runtime and none is loaded")
+    want = LAYER_FOR_RUNTIME.get(kinds[0])
+    expected = f"{want} (for {kinds[0]} OpenMP: {described})" if want else f"a layer for {described}"
+    return _check(name, expected, actual, want is not None and layer.split(" ")[0] == want,
+                  f"MKL uses its {layer} threading layer but the process runs {kinds[0]} OpenMP ({described}); "
+                  f"set MKL_THREADING_LAYER={(want or '?').upper()}")
+
+
+def _activation(act: Any) -> Check:
+    name = "env.activation"
+    if not isinstance(act, dict):
+        return _check(name, "activate.d exports in effect", "not reported", False, "the probe reported no activation")
+    if act.get("error"):
+        return _check(name, "activate.d exports in effect", act["error"], False, f"activation scripts failed: {act['error']}")
+    scripts = act.get("scripts") or []
+    if not scripts:
+        return Check(name, "activate.d exports in effect", f"no activate.d scripts in {act.get('prefix')}", SKIP)
+    missing, different = act.get("missing") or [], act.get("different") or []
+    exported = sorted(act.get("exported") or {})
+    actual = (f"missing: {', '.join(missing)}" if missing else "") + \
+             (f"{'; ' if missing else ''}different: {', '.join(different)}" if different else "")
+    return _check(name, f"set as activation sets them ({', '.join(exported) or 'nothing exported'})",
+                  actual or f"all set ({', '.join(exported) or 'none'})", not missing and not different,
+                  f"activation ({', '.join(scripts)}) exports {', '.join(missing + different)}, "
+                  f"which the container's environment lacks or has otherwise: the entrypoint did not activate")
+
+
+def _bytecode(bc: Any) -> Check:
+    name = "python.bytecode"
+    if not isinstance(bc, dict) or bc.get("error"):
+        return _check(name, "every imported module has bytecode", _get(bc, "error") or "not reported", False,
+                      "the probe could not inspect bytecode")
+    missing, stale, checked = bc.get("missing"), bc.get("stale"), bc.get("checked")
+    ok = missing == 0 and stale == 0 and isinstance(checked, int) and checked > 0
+    actual = f"{checked} modules: {missing} without bytecode, {stale} stale"
+    examples = ", ".join(map(str, bc.get("examples") or []))
+    return _check(name, "every imported module has current bytecode", actual, ok,
+                  f"{actual} (e.g. {examples}): every process compiles them again at import")
 
 
 def _gpu_checks(cell: Cell, torch: Any, no_torch: str | None, torch_why: str | None, gpu_required: bool) -> list[Check]:
@@ -204,21 +313,35 @@ def _thread_counts(cell: Cell, probe: dict) -> tuple[list[int], str]:
     quota (docker --cpus) is not an affinity mask and caps nothing.
     """
     cpus = _get(probe, "cpus")
+    threads = _thread_budget(probe) if cell.threads == AUTO else cell.threads
     caps = [_get(cpus, k) for k in ("affinity", "os_cpu_count", "physical_cores")]
-    allowed = sorted({cell.threads} | {min(cell.threads, c) for c in caps if isinstance(c, int) and c > 0})
+    allowed = sorted({threads} | {min(threads, c) for c in caps if isinstance(c, int) and c > 0})
     expected = " or ".join(map(str, allowed)) + (" (capped at visible CPUs)" if len(allowed) > 1 else "")
     return allowed, expected
 
 
+def _thread_budget(probe: dict) -> int:
+    """The CPU budget `threads: auto` must give: the CFS quota (rounded down) and the affinity
+    mask, the smallest, at least 1 (what the entrypoint computes at start)."""
+    cpus = _get(probe, "cpus")
+    limits = [c for c in (_get(cpus, "affinity"),) if isinstance(c, int) and c > 0]
+    quota = _get(cpus, "cgroup_quota")
+    if isinstance(quota, (int, float)) and quota > 0:
+        limits.append(int(quota))
+    return max(1, min(limits)) if limits else 1
+
+
 def _openmp(openmp: Any) -> Check:
     # Two OpenMP runtimes in one process (say libgomp from torch, libiomp from MKL) give
-    # "OMP: Error #15" or silent oversubscription.
+    # "OMP: Error #15" or silent oversubscription. One runtime under several names
+    # (conda-forge: libgomp.so.1 and libiomp5.so are symlinks to libomp.so) is one runtime.
+    name, expected = "openmp.single_runtime", "at most one OpenMP runtime (by real path)"
     if not isinstance(openmp, list):
-        return _check("openmp.single_runtime", "at most one OpenMP runtime", "not reported", False,
+        return _check(name, expected, "not reported", False,
                       "the probe could not list OpenMP runtimes (threadpoolctl missing?)")
-    prefixes = sorted({str(_get(e, "prefix")) for e in openmp})
-    malformed = any(not isinstance(_get(e, "prefix"), str) for e in openmp)
-    return _check("openmp.single_runtime", "at most one OpenMP runtime", ", ".join(prefixes) or "none loaded",
-                  len(prefixes) <= 1 and not malformed,
-                  "malformed OpenMP entry in the probe" if malformed
-                  else f"{len(prefixes)} OpenMP runtimes loaded: {', '.join(prefixes)}")
+    if any(not isinstance(_get(e, "filepath") or _get(e, "prefix"), str) for e in openmp):
+        return _check(name, expected, "malformed", False, "malformed OpenMP entry in the probe")
+    runtimes = _openmp_libraries(openmp)
+    seen = "; ".join(f"{p} (as {', '.join(sorted(set(n)))})" for p, n in sorted(runtimes.items()))
+    return _check(name, expected, seen or "none loaded", len(runtimes) <= 1,
+                  f"{len(runtimes)} OpenMP runtimes loaded: {seen}")

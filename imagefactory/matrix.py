@@ -27,7 +27,7 @@ from imagefactory.errors import ConfigError
 from imagefactory.model import Cell, CondaSettings, Matrix, PipSettings
 
 AXES = ("python", "cuda", "blas", "installer")
-CELL_KEYS = ("torch", "numpy", "threads", "base_image", "packages", "env")
+CELL_KEYS = ("torch", "numpy", "threads", "compiler", "base_image", "packages", "env")
 DEFAULT_BASE_IMAGES = {"conda": "debian:bookworm-slim", "pip": "python:{python}-slim-bookworm"}
 DEFAULT_THREADS = 4
 # Variables the templates bake from the cell; the smoke tests judge them, so `env` cannot override them.
@@ -251,7 +251,16 @@ def _schema_message(error: jsonschema.ValidationError, loc: _Located) -> tuple[t
     if v == "propertyNames":
         return path, f"{error.message}", True
     if v == "oneOf":
-        return path, f"{_show(inst)} is not a valid value (a URL or null)", False
+        # The branch whose type the value has says best what is wrong with it (threads: 0);
+        # a value of no branch's type gets the description (threads: four -> "a count, or auto").
+        branches: dict[Any, list[jsonschema.ValidationError]] = {}
+        for e in error.context or []:
+            branches.setdefault(e.relative_schema_path[0], []).append(e)
+        typed = [errs for errs in branches.values() if all(e.validator != "type" for e in errs)]
+        if typed:
+            return _schema_message(typed[0][0], loc)
+        desc = error.schema.get("description", "see the README")
+        return path, f"expected {desc}, got {type(inst).__name__} {_show(inst)}", False
     return path, _show(error.message, MAX_LINE), False
 
 
@@ -469,6 +478,7 @@ def _build(path: Path, data: dict[str, Any], loc: _Located, problems: list[Probl
             python=combo["python"], cuda=cuda, blas=combo["blas"], installer=combo["installer"],
             torch=torch, numpy=combo.get("numpy", data.get("numpy")),
             threads=combo.get("threads", data.get("threads", DEFAULT_THREADS)),
+            compiler=combo.get("compiler", data.get("compiler", True)),
             base_image=base,
             packages=tuple(data.get("packages", [])) + tuple(combo.get("packages", [])),
             env=tuple(sorted(env.items())),

@@ -7,6 +7,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal, Union
+
+AUTO = "auto"
+Threads = Union[int, Literal["auto"]]  # a baked count, or computed by the entrypoint at start
 
 @dataclass(frozen=True)
 class Cell:
@@ -17,7 +21,7 @@ class Cell:
     blas: str  # "mkl" | "openblas"
     installer: str  # "conda" | "pip"
     torch: str  # "2.7.1"
-    threads: int  # baked into OMP/MKL/OPENBLAS_NUM_THREADS
+    threads: Threads  # baked into OMP/MKL/OPENBLAS_NUM_THREADS, or "auto" (the container's CPU budget)
     base_image: str  # fully resolved base image reference (base_registry applied)
     numpy: str | None = None  # optional version pin
     packages: tuple[str, ...] = ()  # extra packages, installed with the cell's installer
@@ -25,6 +29,7 @@ class Cell:
     labels: tuple[tuple[str, str], ...] = ()  # extra labels, sorted by name
     user: str = "trainer"
     uid: int = 1000
+    compiler: bool = True  # ship g++ and the Python headers (torch.compile / Triton)
     tags: tuple[str, ...] = ()  # release tags (full references), applied only after checks pass
 
     @property

@@ -24,7 +24,7 @@ import jinja2
 from imagefactory import __version__, inputs
 from imagefactory.availability import conda_build_spec
 from imagefactory.errors import ConfigError
-from imagefactory.model import Cell, Matrix
+from imagefactory.model import AUTO, Cell, Matrix
 
 HASH_LABEL = "io.imagefactory.content-hash"
 LABEL_PREFIX = "io.imagefactory"
@@ -79,12 +79,21 @@ class Context:
         return self.path / "Dockerfile"
 
 
+ENV_PREFIX = {"conda": "/opt/env", "pip": "/opt/venv"}
+
+# MKL's threading layer must match the OpenMP runtime the process loads (docs/domain.md):
+# PyPI torch loads GNU's libgomp; conda-forge's pytorch and mkl load LLVM's libomp (libgomp.so.1
+# and libiomp5.so are aliases of it there), for which Intel's layer, MKL's default, is right.
+MKL_THREADING_LAYER = {"conda": "INTEL", "pip": "GNU"}
+
+
 def runtime_env(cell: Cell) -> list[tuple[str, str]]:
-    t = str(cell.threads)
-    env = {"OMP_NUM_THREADS": t, "MKL_NUM_THREADS": t, "OPENBLAS_NUM_THREADS": t}
+    env: dict[str, str] = {}
+    if cell.threads != AUTO:  # auto: the entrypoint computes the count when the container starts
+        t = str(cell.threads)
+        env.update({"OMP_NUM_THREADS": t, "MKL_NUM_THREADS": t, "OPENBLAS_NUM_THREADS": t})
     if cell.blas == "mkl":
-        # MKL beside GNU OpenMP (torch's libgomp) must use the GNU threading layer.
-        env["MKL_THREADING_LAYER"] = "GNU"
+        env["MKL_THREADING_LAYER"] = MKL_THREADING_LAYER[cell.installer]
     if cell.cuda is not None:
         env["NVIDIA_VISIBLE_DEVICES"] = "all"
         env["NVIDIA_DRIVER_CAPABILITIES"] = "compute,utility"
@@ -108,6 +117,7 @@ def labels(matrix: Matrix, cell: Cell, content_hash: str | None) -> list[tuple[s
         f"{LABEL_PREFIX}.installer": cell.installer,
         f"{LABEL_PREFIX}.torch": cell.torch,
         f"{LABEL_PREFIX}.threads": str(cell.threads),
+        f"{LABEL_PREFIX}.compiler": "true" if cell.compiler else "false",
         f"{LABEL_PREFIX}.version": __version__,
     }
     out.update(dict(cell.labels))
@@ -191,6 +201,7 @@ def dockerfile_text(matrix: Matrix, cell: Cell, content_hash: str | None, certs:
         "user": cell.user,
         "uid": cell.uid,
         "env": runtime_env(cell),
+        "compiler": cell.compiler,
         "labels": labels(matrix, cell, content_hash),
     }
     if cell.installer == "conda":
@@ -198,6 +209,11 @@ def dockerfile_text(matrix: Matrix, cell: Cell, content_hash: str | None, certs:
     else:
         values.update(_pip_values(matrix, cell))
     return environment().get_template(f"{cell.installer}.Dockerfile.j2").render(values)
+
+
+def entrypoint_text(cell: Cell) -> str:
+    return environment().get_template("entrypoint.sh.j2").render(
+        prefix=ENV_PREFIX[cell.installer], threads_auto=cell.threads == AUTO)
 
 
 def _cert_names(matrix: Matrix) -> list[str]:
@@ -215,6 +231,9 @@ def _link_or_copy(src: Path, dst: Path) -> None:
 def _write_files(matrix: Matrix, cell: Cell, root: Path) -> None:
     """Every file of the context except the Dockerfile. Only regular files are read; a context
     gets its own copy (or hard link) of each, never a symbolic link, wherever `root` is."""
+    entrypoint = root / "entrypoint.sh"
+    entrypoint.write_text(entrypoint_text(cell))
+    entrypoint.chmod(0o755)  # the classic builder has no COPY --chmod; COPY keeps the mode
     names = _cert_names(matrix)
     if names:
         (root / "certs").mkdir()

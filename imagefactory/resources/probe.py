@@ -8,7 +8,11 @@ C-level prints) is sent to stderr.
 
 Order matters: numpy's BLAS is read with threadpoolctl BEFORE torch is imported, so
 it is numpy's BLAS we see and not one torch drags in; threadpool_info() is taken again
-after torch to list every OpenMP runtime loaded in the process.
+after torch to list every OpenMP runtime (by its real path: one runtime can be loaded
+under several names) and MKL's threading layer as loaded in the process.
+
+Work that could crash or hang the probe (a BLAS call, torch.compile) and the fresh-process
+import timing run in child processes; the children run concurrently.
 """
 
 import contextlib
@@ -18,15 +22,18 @@ import math
 import os
 import platform
 import re
+import subprocess
 import sys
+import threading
 
-PROBE_VERSION = 1
+PROBE_VERSION = 2
 ENV_VARS = (
     "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_THREADING_LAYER",
-    "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES",
+    "MKL_INTERFACE_LAYER", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "CXX", "CC",
 )
 BLAS_KEYS = ("internal_api", "version", "num_threads", "threading_layer", "filepath", "architecture")
 OPENMP_KEYS = ("prefix", "filepath", "version", "num_threads", "internal_api")
+MKL_KEYS = ("filepath", "version", "threading_layer", "num_threads")
 
 
 def _err(exc):
@@ -173,63 +180,263 @@ def _blas_info(torch):
 
 # Each runs in a child process: a BLAS that aborts (MKL's GNU threading layer without
 # libgomp loaded dies with "undefined symbol: omp_get_num_procs") must not take the
-# probe down with it.
+# probe down with it. A child prints one JSON object on its last stdout line.
+_REPORT = "import json\ndef report(**kw):\n    print(json.dumps(dict(ok=True, **kw)))\n"
+# Complex values whose real and imaginary parts are small integers: every product and sum
+# is exact in float64, so a result must equal the pure-Python reference exactly.
+_COMPLEX_DATA = (
+    "def cvec(n, s):\n"
+    "    return [complex((i * s) % 7 - 3, (i * (s + 2)) % 5 - 2) for i in range(n)]\n"
+    "def ref_dot(x, y, conj):\n"
+    "    return sum((a.conjugate() if conj else a) * b for a, b in zip(x, y))\n"
+    "x, y = cvec(37, 3), cvec(37, 5)\n"
+    "A = [cvec(24, 3 + r) for r in range(24)]\n"
+    "def ref_mm(i, j):\n"
+    "    return sum(A[i][k] * A[j][k] for k in range(24))\n"
+    "def same(got, want, what):\n"
+    "    assert complex(got) == want, '%s: got %r, want %r' % (what, complex(got), want)\n"
+)
 COMPUTE = {
-    "numpy_matmul": (
+    "numpy_matmul": _REPORT + (
         "import numpy as np\n"
         "a = np.arange(96 * 96, dtype=np.float64).reshape(96, 96) % 7\n"
         "c = a @ a.T\n"
         "r = [sum(a[i, k] * a[j, k] for k in range(96)) for i, j in ((0, 0), (5, 90), (95, 3))]\n"
         "assert all(abs(c[i, j] - x) < 1e-9 for (i, j), x in zip(((0, 0), (5, 90), (95, 3)), r)), c\n"
-        "print('ok')\n"
+        "report()\n"
     ),
-    "torch_matmul": (
+    "torch_matmul": _REPORT + (
         "import numpy, torch\n"
         "a = torch.arange(96 * 96, dtype=torch.float64).reshape(96, 96) % 7\n"
         "c = a @ a.T\n"
         "x = float(sum(a[5, k] * a[90, k] for k in range(96)))\n"
         "assert abs(float(c[5, 90]) - x) < 1e-9, (float(c[5, 90]), x)\n"
-        "print('ok')\n"
+        "report()\n"
+    ),
+    # zdotc/zdotu return a complex value, and how depends on the Fortran ABI: MKL without
+    # MKL_INTERFACE_LAYER=GNU under gfortran-built NumPy/SciPy gets it wrong.
+    "numpy_complex": _REPORT + _COMPLEX_DATA + (
+        "import numpy as np\n"
+        "xv, yv = np.array(x, dtype=np.complex128), np.array(y, dtype=np.complex128)\n"
+        "same(np.vdot(xv, yv), ref_dot(x, y, True), 'numpy.vdot (zdotc)')\n"
+        "same(np.dot(xv, yv), ref_dot(x, y, False), 'numpy.dot (zdotu)')\n"
+        "m = np.array(A, dtype=np.complex128)\n"
+        "c = m @ m.T\n"
+        "for i, j in ((0, 0), (3, 17), (23, 5)):\n"
+        "    same(c[i, j], ref_mm(i, j), 'numpy.matmul (zgemm) [%d,%d]' % (i, j))\n"
+        "try:\n"
+        "    from scipy.linalg import blas\n"
+        "except ImportError:\n"
+        "    report(scipy=None)\n"
+        "else:\n"
+        "    same(blas.zdotc(xv, yv), ref_dot(x, y, True), 'scipy.linalg.blas.zdotc')\n"
+        "    same(blas.zdotu(xv, yv), ref_dot(x, y, False), 'scipy.linalg.blas.zdotu')\n"
+        "    import scipy\n"
+        "    report(scipy=scipy.__version__)\n"
+    ),
+    "torch_complex": _REPORT + _COMPLEX_DATA + (
+        "import numpy, torch\n"
+        "xt, yt = torch.tensor(x, dtype=torch.complex128), torch.tensor(y, dtype=torch.complex128)\n"
+        "same(torch.dot(xt, yt), ref_dot(x, y, False), 'torch.dot')\n"
+        "same(torch.vdot(xt, yt), ref_dot(x, y, True), 'torch.vdot')\n"
+        "m = torch.tensor(A, dtype=torch.complex128)\n"
+        "c = m @ m.T\n"
+        "for i, j in ((0, 0), (3, 17), (23, 5)):\n"
+        "    same(c[i, j].item(), ref_mm(i, j), 'torch.matmul [%d,%d]' % (i, j))\n"
+        "report()\n"
+    ),
+    # torch.compile's Inductor backend writes and compiles C++ (CPU) or Triton kernels (GPU,
+    # with a C launcher built against Python's headers): it needs a working compiler. Scalar
+    # kernels and no compile-worker pool: the check is about the toolchain, and this way it
+    # costs one compiler run instead of one per vector ISA probed plus a pool of workers.
+    "torch_compile": _REPORT + (
+        "import os, shutil, time\n"
+        "os.environ.setdefault('TORCHINDUCTOR_VEC_ISA_OK', '0')\n"
+        "os.environ.setdefault('TORCHINDUCTOR_COMPILE_THREADS', '1')\n"
+        "import numpy, torch\n"
+        "def f(x, w):\n"
+        "    return torch.relu(x @ w).sum(dim=1) * 0.5 + torch.tanh(x).mean()\n"
+        "g = torch.Generator().manual_seed(0)\n"
+        "x, w = torch.randn(32, 16, generator=g), torch.randn(16, 8, generator=g)\n"
+        "devices = ['cpu'] + (['cuda'] if torch.cuda.is_available() else [])\n"
+        "cxx = os.environ.get('CXX') or 'g++'\n"
+        "t = time.perf_counter()\n"
+        "for dev in devices:\n"
+        "    torch._dynamo.reset()\n"
+        "    xd, wd = x.to(dev), w.to(dev)\n"
+        "    got = torch.compile(f, backend='inductor', fullgraph=True)(xd, wd)\n"
+        "    torch.testing.assert_close(got, f(xd, wd), rtol=1e-4, atol=1e-4)\n"
+        "report(devices=devices, seconds=round(time.perf_counter() - t, 2), cxx=shutil.which(cxx))\n"
+    ),
+    # Wall time of `import torch` in a fresh process (information, not a verdict).
+    "import_time": _REPORT + (
+        "import time\n"
+        "t = time.perf_counter()\n"
+        "import torch\n"
+        "report(seconds=round(time.perf_counter() - t, 3))\n"
     ),
 }
+COMPUTE_TIMEOUT = {"torch_compile": 240}
 
 
-def probe_compute():
-    import subprocess
-    out = {}
+def _run_child(code, timeout):
+    """Run one COMPUTE child: {"ok", "returncode", "error", "info"}."""
+    try:
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "returncode": None, "error": "timed out after %d s" % timeout, "info": None}
+    except Exception as exc:  # fork failure
+        return {"ok": False, "returncode": None, "error": _err(exc), "info": None}
+    lines = [line for line in r.stdout.splitlines() if line.strip()]
+    info = None
+    try:
+        info = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        pass
+    ok = r.returncode == 0 and isinstance(info, dict) and info.get("ok") is True
+    errors = [line for line in r.stderr.strip().splitlines() if "Error" in line or "error" in line]
+    tail = " | ".join((errors or r.stderr.strip().splitlines())[-3:])
+    return {"ok": ok, "returncode": r.returncode, "info": info if isinstance(info, dict) else None,
+            "error": None if ok else (tail or "exit %d, no result" % r.returncode)}
+
+
+def start_compute():
+    """Start every COMPUTE child at once (import timing first and alone); returns a function
+    that waits for them and gives {name: result}."""
+    out = {"import_time": _run_child(COMPUTE["import_time"], 120)}
+    threads = []
     for name, code in COMPUTE.items():
-        try:
-            r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-            tail = " | ".join(r.stderr.strip().splitlines()[-3:])
-            out[name] = {"ok": r.returncode == 0 and r.stdout.strip() == "ok", "returncode": r.returncode,
-                         "error": None if r.returncode == 0 else (tail or "exit %d" % r.returncode)}
-        except Exception as exc:
-            out[name] = {"ok": False, "returncode": None, "error": _err(exc)}
-    return out
+        if name in out:
+            continue
+
+        def work(name=name, code=code):
+            out[name] = _run_child(code, COMPUTE_TIMEOUT.get(name, 120))
+        th = threading.Thread(target=work, daemon=True)
+        th.start()
+        threads.append(th)
+
+    def wait():
+        for th in threads:
+            th.join()
+        return out
+    return wait
+
+
+def _realpath(path):
+    try:
+        return os.path.realpath(path) if path else None
+    except Exception:
+        return None
 
 
 def probe_threadpools():
-    """threadpool_info() with numpy and torch both imported: (openmp list, full list, error)."""
+    """threadpool_info() with numpy and torch both imported: (openmp list, mkl list, full list, error).
+    OpenMP libraries carry their real path: conda-forge's libgomp.so.1 and libiomp5.so are
+    symlinks to LLVM's libomp.so, one runtime under three names."""
     try:
         import threadpoolctl
         info = _quiet(threadpoolctl.threadpool_info)
-        return [_pick(e, OPENMP_KEYS) for e in info if e.get("user_api") == "openmp"], info, None
+        openmp = [dict(_pick(e, OPENMP_KEYS), realpath=_realpath(e.get("filepath")))
+                  for e in info if e.get("user_api") == "openmp"]
+        mkl = [_pick(e, MKL_KEYS) for e in info if e.get("internal_api") == "mkl"]
+        return openmp, mkl, info, None
     except Exception as exc:
-        return None, None, _err(exc)
+        return None, None, None, _err(exc)
+
+
+def probe_bytecode():
+    """Modules imported so far whose bytecode is missing or stale: each of them would be
+    compiled again by every process that imports it (and cannot be cached by a user who
+    cannot write to the environment)."""
+    import importlib.util
+    checked, missing, stale = 0, [], []
+    for name, module in list(sys.modules.items()):
+        spec = getattr(module, "__spec__", None)
+        origin, cached = getattr(spec, "origin", None), getattr(spec, "cached", None)
+        if not (origin and cached and origin.endswith(".py") and os.path.isfile(origin)):
+            continue
+        checked += 1
+        try:
+            with open(cached, "rb") as f:
+                header = f.read(16)
+        except OSError:
+            missing.append(name)
+            continue
+        if len(header) < 16 or header[:4] != importlib.util.MAGIC_NUMBER:
+            stale.append(name)
+            continue
+        flags = int.from_bytes(header[4:8], "little")
+        if flags == 0:  # timestamp-based: source mtime and size must match
+            st = os.stat(origin)
+            if (int.from_bytes(header[8:12], "little") != int(st.st_mtime) & 0xFFFFFFFF
+                    or int.from_bytes(header[12:16], "little") != st.st_size & 0xFFFFFFFF):
+                stale.append(name)
+    return {"checked": checked, "missing": len(missing), "stale": len(stale),
+            "examples": sorted(missing + stale)[:5], "dont_write": bool(sys.dont_write_bytecode)}
+
+
+def probe_activation():
+    """What the environment's activate.d scripts export, compared with this process's
+    environment: conda sets some variables (MKL_INTERFACE_LAYER for conda-forge's MKL) only
+    there, and an image that merely puts the environment on PATH never runs them."""
+    prefix = sys.prefix
+    folder = os.path.join(prefix, "etc", "conda", "activate.d")
+    scripts = sorted(glob.glob(os.path.join(folder, "*.sh")))
+    out = {"prefix": prefix, "scripts": [os.path.basename(s) for s in scripts], "exported": {},
+           "missing": [], "different": [], "error": None}
+    if not scripts:
+        return out
+    start = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/"), "CONDA_PREFIX": prefix}
+    code = 'for f in "$CONDA_PREFIX"/etc/conda/activate.d/*.sh; do . "$f" >&2; done; env -0'
+    try:
+        r = subprocess.run(["bash", "-c", code], env=start, capture_output=True, timeout=60)
+        after = dict(item.split("=", 1) for item in r.stdout.decode(errors="replace").split("\0") if "=" in item)
+    except Exception as exc:
+        out["error"] = _err(exc)
+        return out
+    for key, value in sorted(after.items()):
+        if key in ("_", "SHLVL", "PWD", "OLDPWD") or start.get(key) == value:
+            continue
+        out["exported"][key] = value
+        have = os.environ.get(key)
+        if have is None:
+            out["missing"].append(key)
+        elif key.endswith("PATH"):  # list-valued: every entry activation adds must be there
+            added = [p for p in value.split(":") if p and p not in start.get(key, "").split(":")]
+            if any(p not in have.split(":") for p in added):
+                out["different"].append(key)
+        elif have != value:
+            out["different"].append(key)
+    return out
+
+
+def probe_compiler():
+    import shutil
+    names = [os.environ.get("CXX"), os.environ.get("CC"), "g++", "gcc", "cc", "c++"]
+    return {n: shutil.which(n) for n in names if n}
 
 
 def run():
     result = {"probe_version": PROBE_VERSION}
+    wait = None
+    try:
+        wait = start_compute()
+    except Exception as exc:
+        result["compute"] = {"error": _err(exc)}
     for key, fn in (("python", probe_python), ("user", probe_user), ("cpus", probe_cpus),
                     ("env", lambda: {k: os.environ.get(k) for k in ENV_VARS}),
                     ("numpy", probe_numpy),  # before torch, see module docstring
                     ("torch", probe_torch),
-                    ("compute", probe_compute)):
+                    ("bytecode", probe_bytecode),  # after the imports it inspects
+                    ("activation", probe_activation),
+                    ("compiler", probe_compiler)):
         try:
             result[key] = fn()
         except Exception as exc:
             result[key] = {"error": _err(exc)}
-    result["openmp"], result["threadpool_info"], result["threadpool_error"] = probe_threadpools()
+    result["openmp"], result["mkl"], result["threadpool_info"], result["threadpool_error"] = probe_threadpools()
+    if wait is not None:
+        result["compute"] = wait()
     return result
 
 

@@ -30,11 +30,21 @@ RUN curl -fsSL --retry 5 -o /tmp/conda-installer.sh https://github.com/conda-for
  && /opt/conda/bin/conda clean -afy
 COPY condarc /opt/conda/.condarc
 
+# torch.compile: Inductor compiles C++ at run time and Triton builds a C launcher against the
+# Python headers; neither PyPI torch nor conda-forge's triton brings a compiler (`compiler: false`
+# leaves this layer out).
+# The Python headers come with the environment's python (conda-forge ships them).
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends g++ libc6-dev \
+ && rm -rf /var/lib/apt/lists/*
+
 # The default user is not root; the environment stays root-owned so a job cannot change it.
 RUN useradd --create-home --uid 4242 --shell /bin/bash ml
 
 # The training environment: python, the mkl BLAS and torch in one layer, pinned so a
-# later `conda install` cannot switch the BLAS.
+# later `conda install` cannot switch the BLAS. Bytecode is kept and completed here: the default
+# user cannot write to /opt/env, so every process would otherwise compile it again at import
+# (compileall fails on files this Python cannot parse; the python.bytecode check covers imports).
 ENV PATH=/opt/env/bin:/opt/conda/bin:$PATH
 RUN /opt/conda/bin/conda create -y -p /opt/env \
       python=3.11 \
@@ -45,19 +55,24 @@ RUN /opt/conda/bin/conda create -y -p /opt/env \
       'scipy>=1.11' \
  && printf '%s\n' 'libblas=*=*mkl' >> /opt/env/conda-meta/pinned \
  && /opt/conda/bin/conda clean -afy \
- && find /opt/env \( -name '*.a' -o -name '*.pyc' -o -name '*.js.map' \) -delete
+ && find /opt/env \( -name '*.a' -o -name '*.js.map' \) -delete \
+ && { /opt/env/bin/python -m compileall -q -j 0 /opt/env/lib/python3.11 || true; }
 
 # Runtime settings last, so cells that differ only here share every heavy layer.
+# Activation (and the thread budget) for every `docker run IMAGE CMD`; see the script.
+COPY entrypoint.sh /usr/local/bin/imagefactory-entrypoint
+ENTRYPOINT ["/usr/local/bin/imagefactory-entrypoint"]
 ENV HF_HOME="/data/hf" \
     MKL_NUM_THREADS="8" \
-    MKL_THREADING_LAYER="GNU" \
+    MKL_THREADING_LAYER="INTEL" \
     OMP_NUM_THREADS="8" \
     OPENBLAS_NUM_THREADS="8"
 
 LABEL com.example.team="ml-platform" \
       io.imagefactory.blas="mkl" \
       io.imagefactory.cell="py3.11-cpu-mkl-conda" \
-      io.imagefactory.content-hash="d8ebab16db0ce1f2841c10553bc280847078e900488b2559fc20d99ca8c4679f" \
+      io.imagefactory.compiler="true" \
+      io.imagefactory.content-hash="a86da6ac163e4dbdc27673eaf665c77d58eeede7860268ce6e970f5e9c8910b5" \
       io.imagefactory.cuda="none" \
       io.imagefactory.installer="conda" \
       io.imagefactory.python="3.11" \

@@ -30,11 +30,21 @@ RUN curl -fsSL --retry 5 -o /tmp/conda-installer.sh https://github.com/conda-for
  && /opt/conda/bin/conda clean -afy
 COPY condarc /opt/conda/.condarc
 
+# torch.compile: Inductor compiles C++ at run time and Triton builds a C launcher against the
+# Python headers; neither PyPI torch nor conda-forge's triton brings a compiler (`compiler: false`
+# leaves this layer out).
+# The Python headers come with the environment's python (conda-forge ships them).
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends g++ libc6-dev \
+ && rm -rf /var/lib/apt/lists/*
+
 # The default user is not root; the environment stays root-owned so a job cannot change it.
 RUN useradd --create-home --uid 4242 --shell /bin/bash ml
 
 # The training environment: python, the openblas BLAS and torch in one layer, pinned so a
-# later `conda install` cannot switch the BLAS.
+# later `conda install` cannot switch the BLAS. Bytecode is kept and completed here: the default
+# user cannot write to /opt/env, so every process would otherwise compile it again at import
+# (compileall fails on files this Python cannot parse; the python.bytecode check covers imports).
 ENV PATH=/opt/env/bin:/opt/conda/bin:$PATH
 RUN CONDA_OVERRIDE_CUDA=12.9 /opt/conda/bin/conda create -y -p /opt/env \
       python=3.11 \
@@ -47,9 +57,13 @@ RUN CONDA_OVERRIDE_CUDA=12.9 /opt/conda/bin/conda create -y -p /opt/env \
       'scipy>=1.11' \
  && printf '%s\n' 'libblas=*=*openblas' nomkl >> /opt/env/conda-meta/pinned \
  && /opt/conda/bin/conda clean -afy \
- && find /opt/env \( -name '*.a' -o -name '*.pyc' -o -name '*.js.map' \) -delete
+ && find /opt/env \( -name '*.a' -o -name '*.js.map' \) -delete \
+ && { /opt/env/bin/python -m compileall -q -j 0 /opt/env/lib/python3.11 || true; }
 
 # Runtime settings last, so cells that differ only here share every heavy layer.
+# Activation (and the thread budget) for every `docker run IMAGE CMD`; see the script.
+COPY entrypoint.sh /usr/local/bin/imagefactory-entrypoint
+ENTRYPOINT ["/usr/local/bin/imagefactory-entrypoint"]
 ENV HF_HOME="/data/hf" \
     MKL_NUM_THREADS="8" \
     NVIDIA_DRIVER_CAPABILITIES="compute,utility" \
@@ -60,7 +74,8 @@ ENV HF_HOME="/data/hf" \
 LABEL com.example.team="ml-platform" \
       io.imagefactory.blas="openblas" \
       io.imagefactory.cell="py3.11-cu12.9-openblas-conda" \
-      io.imagefactory.content-hash="dfabc6dd5f03259a0d923dda02d03e859aa5a04d47f546ab15e3459d1e449cd5" \
+      io.imagefactory.compiler="true" \
+      io.imagefactory.content-hash="284231f533b4b7005d2a9f9020bfdac52eff8d945dabfa2454e83446f7a4f6ac" \
       io.imagefactory.cuda="12.9" \
       io.imagefactory.installer="conda" \
       io.imagefactory.python="3.11" \

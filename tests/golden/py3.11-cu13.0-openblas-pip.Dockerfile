@@ -19,9 +19,7 @@ ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python3.11 -m venv /opt/venv \
  && /opt/venv/bin/pip install --no-cache-dir --index-url https://pypi-mirror.example.com/simple --find-links /tmp/wheelhouse torch==2.13.0 \
- && /opt/venv/bin/pip install --no-cache-dir --index-url https://pypi-mirror.example.com/simple --find-links /tmp/wheelhouse numpy 'threadpoolctl>=3.1' 'scipy>=1.11' \
- && find /opt/venv \( -name '*.pyc' -o -name '__pycache__' \) -prune -exec rm -rf {} +
-
+ && /opt/venv/bin/pip install --no-cache-dir --index-url https://pypi-mirror.example.com/simple --find-links /tmp/wheelhouse numpy 'threadpoolctl>=3.1' 'scipy>=1.11'
 # Final stage: the same base, the environment copied in.
 FROM mirror.example.com/hub/library/python:3.11-slim-bookworm
 
@@ -34,14 +32,35 @@ ENV SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \
     REQUESTS_CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt \
     PIP_CERT=/etc/ssl/certs/ca-certificates.crt
 
+# torch.compile: Inductor compiles C++ at run time and Triton builds a C launcher against the
+# Python headers; neither PyPI torch nor conda-forge's triton brings a compiler (`compiler: false`
+# leaves this layer out).
+# The base image's Python has its headers already (python:*) or gets them here (Debian's python3).
+RUN apt-get update \
+ && headers="$(python3.11 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')/Python.h" \
+ && dev="" \
+ && { [ -e "$headers" ] || dev=python3.11-dev; } \
+ && apt-get install -y --no-install-recommends g++ libc6-dev ${dev:+"$dev"} \
+ && rm -rf /var/lib/apt/lists/*
+
 # The default user is not root; the environment stays root-owned so a job cannot change it.
 RUN useradd --create-home --uid 4242 --shell /bin/bash ml
 
 COPY --from=venv /opt/venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH \
     VIRTUAL_ENV=/opt/venv
+# Bytecode for the whole environment and the standard library, compiled now: the default user
+# cannot write here, so without it every process (each DataLoader worker, each DDP rank) would
+# compile the stdlib, NumPy and torch again at import. Files this Python cannot parse (torch ships
+# helpers for newer Pythons) make compileall exit 1; they can never be imported, and the probe's
+# python.bytecode check proves that every module a job imports has current bytecode.
+RUN /opt/venv/bin/python -m compileall -q -j 0 /opt/venv "$(/opt/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')" \
+  || true
 
 # Runtime settings last, so cells that differ only here share every heavy layer.
+# Activation (and the thread budget) for every `docker run IMAGE CMD`; see the script.
+COPY entrypoint.sh /usr/local/bin/imagefactory-entrypoint
+ENTRYPOINT ["/usr/local/bin/imagefactory-entrypoint"]
 ENV HF_HOME="/data/hf" \
     MKL_NUM_THREADS="8" \
     NVIDIA_DRIVER_CAPABILITIES="compute,utility" \
@@ -52,7 +71,8 @@ ENV HF_HOME="/data/hf" \
 LABEL com.example.team="ml-platform" \
       io.imagefactory.blas="openblas" \
       io.imagefactory.cell="py3.11-cu13.0-openblas-pip" \
-      io.imagefactory.content-hash="8f46d3577e8952197854ab61f4468ee6f329b5e04623711e72b77b94209f83f2" \
+      io.imagefactory.compiler="true" \
+      io.imagefactory.content-hash="43ffc091d8e0fa6ff30c2158e236b0724c1780786d965cbd9b410514ebd13a7e" \
       io.imagefactory.cuda="13.0" \
       io.imagefactory.installer="pip" \
       io.imagefactory.python="3.11" \

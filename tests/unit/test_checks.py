@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import pytest
 
@@ -15,14 +16,34 @@ CUDA_MKL = Cell(python="3.12", cuda="12.9", blas="mkl", installer="conda", torch
                 threads=2, base_image="nvidia/cuda:12.9.1-runtime-ubuntu24.04")
 
 
+def openmp_entry(name: str, realpath: str, threads: int) -> dict:
+    return {"prefix": name.split(".")[0], "filepath": f"/opt/env/lib/{name}", "realpath": realpath,
+            "version": None, "num_threads": threads, "internal_api": "openmp"}
+
+
 def good_probe(cell: Cell, *, gpu: bool = False, cpus: int = 8) -> dict:
-    """What a correct image for `cell` reports."""
+    """What a correct image for `cell` reports. conda cells look like a conda-forge environment:
+    LLVM's libomp loaded under several names, MKL on its intel layer, MKL_INTERFACE_LAYER from
+    the libblas activation script; pip cells like PyPI torch (libgomp)."""
+    assert isinstance(cell.threads, int)
     t = str(cell.threads)
+    conda = cell.installer == "conda"
+    layer = "intel" if conda else "gnu"
     blas = {"internal_api": cell.blas, "version": "0.3.31", "num_threads": cell.threads,
-            "threading_layer": "pthreads" if cell.blas == "openblas" else "gnu",
+            "threading_layer": "pthreads" if cell.blas == "openblas" else layer,
             "filepath": f"/opt/lib/lib{cell.blas}.so", "architecture": "Haswell"}
-    gomp = {"prefix": "libgomp", "filepath": "/opt/lib/libgomp.so.1", "version": None,
-            "num_threads": cell.threads, "internal_api": "openmp"}
+    if conda:
+        openmp = [openmp_entry("libgomp.so.1", "/opt/env/lib/libomp.so", cell.threads),
+                  openmp_entry("libomp.so", "/opt/env/lib/libomp.so", cell.threads)]
+    else:
+        openmp = [openmp_entry("libgomp.so.1", "/opt/venv/lib/libgomp.so.1", cell.threads)]
+    mkl = [{"filepath": "/opt/env/lib/libmkl_rt.so.2", "version": "2025.2", "threading_layer": layer,
+            "num_threads": cell.threads}] if cell.blas == "mkl" and conda else []
+    activation = {"prefix": "/opt/env", "scripts": ["libblas_mkl_activate.sh"],
+                  "exported": {"MKL_INTERFACE_LAYER": "LP64,GNU"}, "missing": [], "different": [],
+                  "error": None} if cell.blas == "mkl" and conda else \
+        {"prefix": "/opt/venv", "scripts": [], "exported": {}, "missing": [], "different": [], "error": None}
+    ok = {"ok": True, "returncode": 0, "error": None, "info": {"ok": True}}
     local = "+cpu" if cell.cuda is None else "+cu" + cell.cuda.replace(".", "")
     return {
         "probe_version": 1,
@@ -30,7 +51,7 @@ def good_probe(cell: Cell, *, gpu: bool = False, cpus: int = 8) -> dict:
         "user": {"uid": 1000, "gid": 1000, "name": "trainer"},
         "cpus": {"os_cpu_count": cpus, "affinity": cpus, "cgroup_quota": None, "physical_cores": cpus},
         "env": {"OMP_NUM_THREADS": t, "MKL_NUM_THREADS": t, "OPENBLAS_NUM_THREADS": t,
-                "MKL_THREADING_LAYER": "GNU" if cell.blas == "mkl" else None,
+                "MKL_THREADING_LAYER": layer.upper() if cell.blas == "mkl" else None,
                 "NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "compute,utility"},
         "numpy": {"error": None, "version": "2.2.1", "blas": [blas]},
         "torch": {"error": None, "version": cell.torch + local, "cuda": cell.cuda,
@@ -38,10 +59,16 @@ def good_probe(cell: Cell, *, gpu: bool = False, cpus: int = 8) -> dict:
                   "device_count": int(gpu), "devices": ["NVIDIA H200"] if gpu else [],
                   "blas_info": "mkl", "mkl_available": True, "num_threads": cell.threads,
                   "gpu_matmul": {"ok": True, "max_abs_err": 2e-5, "tolerance": 1e-3, "error": None} if gpu else None},
-        "openmp": [gomp],
-        "threadpool_info": [dict(blas, user_api="blas", prefix="lib" + cell.blas), dict(gomp, user_api="openmp")],
-        "compute": {"numpy_matmul": {"ok": True, "returncode": 0, "error": None},
-                    "torch_matmul": {"ok": True, "returncode": 0, "error": None}},
+        "openmp": openmp,
+        "mkl": mkl,
+        "threadpool_info": [dict(blas, user_api="blas", prefix="lib" + cell.blas),
+                            *(dict(e, user_api="openmp") for e in openmp)],
+        "bytecode": {"checked": 812, "missing": 0, "stale": 0, "examples": [], "dont_write": False},
+        "activation": activation,
+        "compute": {"numpy_matmul": ok, "torch_matmul": ok, "numpy_complex": dict(ok, info={"ok": True, "scipy": None}),
+                    "torch_complex": ok,
+                    "torch_compile": dict(ok, info={"ok": True, "devices": ["cpu"], "seconds": 9.1, "cxx": "/usr/bin/g++"}),
+                    "import_time": dict(ok, info={"ok": True, "seconds": 2.04})},
     }
 
 
@@ -66,9 +93,11 @@ def only_failure(cell: Cell, probe: dict, name: str, *, gpu_required: bool = Fal
 
 ALL_NAMES = {
     "python.version", "torch.version", "torch.cuda_build", "torch.gpu_available", "torch.gpu_matmul",
-    "numpy.blas", "torch.mkl", "env.MKL_THREADING_LAYER", "env.OMP_NUM_THREADS", "env.MKL_NUM_THREADS",
+    "numpy.blas", "torch.mkl", "mkl.threading_layer", "env.OMP_NUM_THREADS", "env.MKL_NUM_THREADS",
     "env.OPENBLAS_NUM_THREADS", "threads.torch", "threads.numpy_blas", "openmp.single_runtime",
     "user.non_root", "probe.numpy", "probe.torch", "numpy.matmul", "torch.matmul",
+    "numpy.complex_blas", "torch.complex_blas", "torch.compile", "python.bytecode", "env.activation",
+    "probe.import_time",
 }
 
 
@@ -78,12 +107,12 @@ def test_good_probe_passes_everything(cell, gpu):
     assert set(by_name(checks)) == ALL_NAMES
     assert passed(checks), [c for c in checks if c.verdict == "fail"]
     for c in checks:
-        assert c.verdict in ("pass", "skip") and isinstance(c.actual, str) and isinstance(c.expected, str)
+        assert c.verdict in ("pass", "skip", "info") and isinstance(c.actual, str) and isinstance(c.expected, str)
 
 
 def test_skips_for_cpu_cell_and_openblas():
     checks = by_name(judge(CPU_OPENBLAS, good_probe(CPU_OPENBLAS), gpu_required=True))
-    for name in ("torch.gpu_available", "torch.gpu_matmul", "torch.mkl", "env.MKL_THREADING_LAYER"):
+    for name in ("torch.gpu_available", "torch.gpu_matmul", "torch.mkl", "mkl.threading_layer", "env.activation"):
         assert checks[name].verdict == "skip", checks[name]
 
 
@@ -194,11 +223,109 @@ def test_mkl_cell_blas_info_alone_is_enough():
     assert passed(judge(CUDA_MKL, p, gpu_required=False))
 
 
-@pytest.mark.parametrize("value", [None, "INTEL"])
-def test_mkl_cell_threading_layer_missing_or_wrong(value):
+PIP_MKL = Cell(python="3.11", cuda=None, blas="mkl", installer="pip", torch="2.13.0",
+               threads=4, base_image="python:3.11-slim-bookworm")
+
+
+def test_conda_forge_shape_llvm_openmp_under_three_names_and_intel_layer_passes():
     p = good_probe(CUDA_MKL)
+    p["openmp"].append(openmp_entry("libiomp5.so", "/opt/env/lib/libomp.so", 2))
+    checks = by_name(judge(CUDA_MKL, p, gpu_required=False))
+    assert passed(checks.values())
+    assert checks["mkl.threading_layer"].verdict == "pass"
+    assert checks["mkl.threading_layer"].expected.startswith("intel (for llvm OpenMP")
+    assert "libomp.so (as libgomp.so.1, libiomp5.so, libomp.so)" in checks["openmp.single_runtime"].actual
+
+
+def test_gnu_layer_under_llvm_openmp_fails_naming_the_runtime():
+    p = good_probe(CUDA_MKL)
+    p["mkl"][0]["threading_layer"] = "gnu"  # MKL_THREADING_LAYER=GNU baked into a conda-forge image
+    check = only_failure(CUDA_MKL, p, "mkl.threading_layer")
+    assert "gnu" in check.actual and "llvm" in check.detail and "MKL_THREADING_LAYER=INTEL" in check.detail
+
+
+def test_expectation_follows_the_loaded_runtime_not_the_route():
+    p = good_probe(CUDA_MKL)  # a conda cell whose process runs GNU's libgomp: GNU is right there
+    p["openmp"] = [openmp_entry("libgomp.so.1", "/usr/lib/libgomp.so.1", 2)]
+    p["mkl"][0]["threading_layer"] = "gnu"
+    assert by_name(judge(CUDA_MKL, p, gpu_required=False))["mkl.threading_layer"].verdict == "pass"
+    p["mkl"][0]["threading_layer"] = "intel"
+    only_failure(CUDA_MKL, p, "mkl.threading_layer")
+
+
+@pytest.mark.parametrize("value, ok", [("GNU", True), (None, False), ("INTEL", False), ("SEQUENTIAL", False)])
+def test_static_mkl_judged_by_its_setting_against_libgomp(value, ok):
+    p = good_probe(PIP_MKL)  # PyPI torch: MKL linked statically, invisible to threadpoolctl; libgomp
     p["env"]["MKL_THREADING_LAYER"] = value
-    only_failure(CUDA_MKL, p, "env.MKL_THREADING_LAYER")
+    if ok:
+        assert by_name(judge(PIP_MKL, p, gpu_required=False))["mkl.threading_layer"].verdict == "pass"
+    else:
+        only_failure(PIP_MKL, p, "mkl.threading_layer")
+
+
+def test_activation_variable_missing_is_named():
+    p = good_probe(CUDA_MKL)
+    p["activation"]["missing"] = ["MKL_INTERFACE_LAYER"]
+    check = only_failure(CUDA_MKL, p, "env.activation")
+    assert "MKL_INTERFACE_LAYER" in check.actual and "MKL_INTERFACE_LAYER" in check.detail
+    p = good_probe(CUDA_MKL)
+    p["activation"] = {"error": "TimeoutExpired: bash"}
+    only_failure(CUDA_MKL, p, "env.activation")
+
+
+def test_no_activation_scripts_is_a_skip():
+    check = by_name(judge(CPU_OPENBLAS, good_probe(CPU_OPENBLAS), gpu_required=False))["env.activation"]
+    assert check.verdict == "skip" and "no activate.d scripts in /opt/venv" in check.actual
+
+
+@pytest.mark.parametrize("missing, stale", [(120, 0), (0, 3)])
+def test_bytecode_missing_or_stale(missing, stale):
+    p = good_probe(CPU_OPENBLAS)
+    p["bytecode"].update(missing=missing, stale=stale, examples=["torch._tensor"])
+    assert "torch._tensor" in only_failure(CPU_OPENBLAS, p, "python.bytecode").detail
+
+
+@pytest.mark.parametrize("key, name", [("numpy_complex", "numpy.complex_blas"), ("torch_complex", "torch.complex_blas")])
+def test_wrong_complex_result(key, name):
+    p = good_probe(CUDA_MKL)
+    p["compute"][key] = {"ok": False, "returncode": 1, "info": None,
+                         "error": "AssertionError: scipy.linalg.blas.zdotc: got (0j), want (-13+4j)"}
+    assert "zdotc" in only_failure(CUDA_MKL, p, name).actual
+
+
+def test_torch_compile_fails_without_a_compiler_unless_declared_absent():
+    p = good_probe(CPU_OPENBLAS)
+    p["compute"]["torch_compile"] = {"ok": False, "returncode": 1, "info": None, "error":
+                                     "torch._inductor.exc.InductorError: InvalidCxxCompiler: No working C++ compiler found"}
+    assert "InvalidCxxCompiler" in only_failure(CPU_OPENBLAS, p, "torch.compile").detail
+    declared = replace(CPU_OPENBLAS, compiler=False)
+    checks = by_name(judge(declared, p, gpu_required=False))
+    assert passed(checks.values()) and checks["torch.compile"].verdict == "skip"
+    assert "compiler: false" in checks["torch.compile"].expected
+
+
+def test_import_time_is_information_only():
+    p = good_probe(CPU_OPENBLAS)
+    p["compute"]["import_time"] = {"ok": False, "returncode": 1, "info": None, "error": "boom"}
+    checks = by_name(judge(CPU_OPENBLAS, p, gpu_required=False))
+    assert checks["probe.import_time"].verdict == "info" and passed(checks.values())
+    assert by_name(judge(CPU_OPENBLAS, good_probe(CPU_OPENBLAS), gpu_required=False))[
+        "probe.import_time"].actual == "2.04 s"
+
+
+AUTO_CELL = replace(CPU_OPENBLAS, threads="auto")
+
+
+@pytest.mark.parametrize("affinity, quota, budget", [(8, None, 8), (8, 1.0, 1), (8, 1.5, 1), (1, None, 1),
+                                                     (8, 0.5, 1), (4, 6.0, 4)])
+def test_threads_auto_expects_the_container_budget(affinity, quota, budget):
+    p = good_probe(replace(CPU_OPENBLAS, threads=budget), cpus=affinity)
+    p["cpus"]["cgroup_quota"] = quota
+    checks = by_name(judge(AUTO_CELL, p, gpu_required=False))
+    assert passed(checks.values()), [c for c in checks.values() if c.verdict == "fail"]
+    assert checks["env.OMP_NUM_THREADS"].expected == str(budget)
+    p["env"]["OMP_NUM_THREADS"] = str(budget + 1)  # oversubscribed: baked or not recomputed
+    only_failure(AUTO_CELL, p, "env.OMP_NUM_THREADS")
 
 
 @pytest.mark.parametrize("var", ["OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"])
@@ -244,16 +371,22 @@ def test_numpy_blas_threads_other_value_fails():
 
 
 def test_two_openmp_runtimes():
-    p = good_probe(CUDA_MKL)
-    p["openmp"].append({"prefix": "libiomp", "filepath": "/opt/lib/libiomp5.so", "version": None,
-                        "num_threads": 2, "internal_api": "openmp"})
-    assert "libgomp, libiomp" in only_failure(CUDA_MKL, p, "openmp.single_runtime").actual
+    p = good_probe(CPU_OPENBLAS)
+    p["openmp"].append(openmp_entry("libiomp5.so", "/opt/lib/libiomp5.so", 2))
+    check = only_failure(CPU_OPENBLAS, p, "openmp.single_runtime")
+    assert "/opt/lib/libiomp5.so" in check.actual and "/opt/venv/lib/libgomp.so.1" in check.actual
 
 
-def test_same_openmp_runtime_twice_is_one_runtime():
-    p = good_probe(CUDA_MKL)
-    p["openmp"].append(dict(p["openmp"][0], filepath="/opt/torch/lib/libgomp-a34b3233.so.1"))
-    assert passed(judge(CUDA_MKL, p, gpu_required=False))
+def test_two_copies_of_one_implementation_are_two_runtimes():
+    p = good_probe(CPU_OPENBLAS)  # each copy keeps its own thread pool
+    p["openmp"].append(openmp_entry("libgomp-a34b3233.so.1", "/opt/torch/lib/libgomp-a34b3233.so.1", 4))
+    only_failure(CPU_OPENBLAS, p, "openmp.single_runtime")
+
+
+def test_one_runtime_under_two_names_is_one_runtime():
+    p = good_probe(CPU_OPENBLAS)
+    p["openmp"].append(openmp_entry("libgomp-alias.so.1", "/opt/venv/lib/libgomp.so.1", 4))
+    assert passed(judge(CPU_OPENBLAS, p, gpu_required=False))
 
 
 def test_root_user():
@@ -269,7 +402,8 @@ def test_torch_import_error(cell, gpu_required):
                   "cuda": None, "cuda_available": False, "gpu_matmul": None}
     checks = by_name(judge(cell, p, gpu_required=gpu_required))
     assert checks["probe.torch"].verdict == "fail" and "libcudnn" in checks["probe.torch"].detail
-    torch_derived = ["torch.version", "torch.cuda_build", "threads.torch", "torch.matmul"]
+    torch_derived = ["torch.version", "torch.cuda_build", "threads.torch", "torch.matmul", "torch.complex_blas",
+                     "torch.compile"]
     if cell.blas == "mkl":
         torch_derived.append("torch.mkl")
     if gpu_required:
@@ -306,7 +440,7 @@ def test_malformed_probes_never_raise(mutate):
         p = copy.deepcopy(good_probe(cell, gpu=True))
         mutate(p)
         checks = judge(cell, p, gpu_required=True)
-        assert all(isinstance(c, Check) and c.verdict in ("pass", "fail", "skip") for c in checks)
+        assert all(isinstance(c, Check) and c.verdict in ("pass", "fail", "skip", "info") for c in checks)
         assert not passed(checks)
         assert "probe.judge" not in {c.name for c in checks}
 

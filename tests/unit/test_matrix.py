@@ -84,7 +84,7 @@ def test_base_registry_prefixes_docker_hub_images_only(write_matrix):
 
 @pytest.mark.parametrize("change, line, key, words", [
     ("threds: 4", 7, "threds", ["unknown key 'threds'", "did you mean 'threads'?", "allowed:"]),
-    ("threads: four", 7, "threads", ["expected integer", "'four'"]),
+    ("threads: four", 7, "threads", ["'four'", "auto"]),
     ("threads: 0", 7, "threads", ["out of range"]),
     ('numpy: "2.x"', 7, "numpy", ["malformed"]),
     ("conda: {distribution: anaconda}", 7, "conda.distribution", ["'anaconda' is not allowed (allowed: miniforge, miniconda)"]),

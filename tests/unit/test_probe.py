@@ -65,7 +65,7 @@ def test_probe_imports_only_stdlib_and_what_it_inspects():
 
 
 def test_report_shape(report):
-    assert report["probe_version"] == 1
+    assert report["probe_version"] == 2
     for key in ("python", "user", "cpus", "env", "numpy", "torch", "openmp", "threadpool_info"):
         assert key in report, key
     assert report["python"]["version"].count(".") == 2
@@ -124,7 +124,7 @@ def test_runs_as_dash_c_from_any_cwd(tmp_path):
     if not _has("numpy"):
         pytest.skip("host python3 lacks numpy")
     report, _, _ = run_probe("-c", PROBE.read_text(), cwd=tmp_path)
-    assert report["probe_version"] == 1
+    assert report["probe_version"] == 2
     assert report["env"]["OMP_NUM_THREADS"] is None
 
 
@@ -154,3 +154,19 @@ def test_stray_prints_go_to_stderr(tmp_path):
     assert report["torch"]["error"] == "RuntimeError: no torch here"
     assert "hello from torch" in stderr and "raw fd1 chatter" in stderr
     assert "hello" not in stdout and "chatter" not in stdout
+
+
+def test_new_sections_on_the_host(report):
+    """Bytecode, activation and the compute children report in their documented shapes."""
+    bc = report["bytecode"]
+    assert bc["checked"] > 0 and {"missing", "stale", "examples"} <= set(bc)
+    act = report["activation"]
+    assert act["error"] is None and isinstance(act["scripts"], list) and isinstance(act["missing"], list)
+    compute = report["compute"]
+    assert set(compute) >= {"numpy_matmul", "torch_matmul", "numpy_complex", "torch_complex", "torch_compile",
+                            "import_time"}
+    if _has("numpy"):
+        assert compute["numpy_complex"]["ok"] is True, compute["numpy_complex"]
+    if not _has("torch"):
+        assert compute["torch_compile"]["ok"] is False
+        assert "ModuleNotFoundError" in compute["torch_compile"]["error"]

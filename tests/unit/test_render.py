@@ -51,17 +51,18 @@ def test_golden_condarc(golden_contexts):
 def test_context_holds_every_file_the_dockerfile_copies(golden_contexts):
     pip = golden_contexts["py3.11-cpu-openblas-pip"].path
     assert sorted(p.relative_to(pip).as_posix() for p in pip.rglob("*") if p.is_file()) == [
-        "Dockerfile", "certs/00-corp-ca.crt",
+        "Dockerfile", "certs/00-corp-ca.crt", "entrypoint.sh",
         "wheelhouse/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl",
     ]
     conda = golden_contexts["py3.11-cpu-mkl-conda"].path
-    assert sorted(p.name for p in conda.rglob("*") if p.is_file()) == ["00-corp-ca.crt", "Dockerfile", "condarc"]
+    assert sorted(p.name for p in conda.rglob("*") if p.is_file()) == ["00-corp-ca.crt", "Dockerfile", "condarc", "entrypoint.sh"]
 
 
 def test_key_settings_in_rendered_text(golden_contexts):
     mkl = golden_contexts["py3.11-cpu-mkl-conda"].dockerfile.read_text()
     assert "'libblas=*=*mkl'" in mkl and "nomkl" not in mkl and "'pytorch=2.13.0=cpu*'" in mkl
-    assert 'MKL_THREADING_LAYER="GNU"' in mkl and 'OMP_NUM_THREADS="8"' in mkl
+    # conda-forge's MKL runs on LLVM's libomp: Intel's layer, not GNU's
+    assert 'MKL_THREADING_LAYER="INTEL"' in mkl and 'OMP_NUM_THREADS="8"' in mkl
     assert "printf 'checksum mismatch for %s: expected %s, got %s" in mkl and "CONDA_OVERRIDE_CUDA" not in mkl
     cuda = golden_contexts["py3.11-cu12.9-openblas-conda"].dockerfile.read_text()
     assert "CONDA_OVERRIDE_CUDA=12.9" in cuda and "cuda-version=12.9" in cuda and "nomkl" in cuda
