@@ -242,6 +242,34 @@ def test_cmd(
     _finish(reports, report, has_gpus)
 
 
+class DoctorFormat(str, Enum):
+    text = "text"
+    json = "json"
+
+
+@app.command()
+def doctor(
+    matrix: Optional[Path] = typer.Option(None, "--matrix", "-m", help="The matrix file (default: matrix.yaml "
+                                                                        "when it exists, else host facts only)."),
+    format: DoctorFormat = typer.Option(DoctorFormat.text, "--format", "-f", help="text for people; json for scripts."),
+) -> None:
+    """Can this host run the matrix's images? Engine, NVIDIA runtime or CDI, driver and GPUs, then
+    for each cell: runs here, runs with limits (CUDA minor-version compatibility) or cannot run,
+    with the reason and the fix, and the release tag this node should pull.
+
+    Exit codes: 0 every cell can run here; 1 some cannot; 2 bad matrix; 3 no Docker engine."""
+    from imagefactory import doctor as doctor_mod
+
+    path = doctor_mod.default_matrix(matrix)
+    m = matrix_mod.load(path) if path is not None else None
+    report = doctor_mod.diagnose(m)
+    if format is DoctorFormat.json:
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        print(doctor_mod.text(report), end="")
+    raise typer.Exit(report.exit_code)
+
+
 @app.command()
 def schema() -> None:
     """Print the JSON Schema of the matrix file (for editors and CI linting)."""
