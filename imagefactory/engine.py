@@ -48,6 +48,7 @@ class EngineInfo:
     api_version: str
     runtimes: tuple[str, ...]
     cdi_spec_dirs: tuple[str, ...]  # empty before Docker 25 or when CDI is off
+    cpus: int = 0  # CPUs the engine's host has (NCPU)
 
 
 class Engine:
@@ -146,7 +147,8 @@ class Engine:
             raise EngineError(f"the Docker engine did not describe itself: {_short(e)}") from None
         return EngineInfo(version=str(version.get("Version", "")), api_version=str(version.get("ApiVersion", "")),
                           runtimes=tuple(sorted(info.get("Runtimes") or {})),
-                          cdi_spec_dirs=tuple(info.get("CDISpecDirs") or ()))
+                          cdi_spec_dirs=tuple(info.get("CDISpecDirs") or ()),
+                          cpus=int(info.get("NCPU") or 0))
 
     # -- run --------------------------------------------------------------------------------
     def gpus_available(self) -> bool:
