@@ -70,7 +70,7 @@ def load_table(text: str | None = None) -> DriverTable:
     def versions(section: str, key_re: str) -> dict[str, str]:
         out = {}
         for key, entry in data[section].items():
-            if not re.fullmatch(key_re, key) or version_tuple(entry["min_driver"]) is None:
+            if not re.fullmatch(key_re, key) or not DRIVER_RE.fullmatch(str(entry["min_driver"])):
                 raise ValueError(f"cuda_drivers.json: {section}.{key}: bad entry {entry!r}")
             if entry["source"] not in data["sources"]:
                 raise ValueError(f"cuda_drivers.json: {section}.{key}: unknown source {entry['source']!r}")
