@@ -195,7 +195,7 @@ def bench(matrix: Matrix, cells: list[Cell], options: Options, *,
 # -- the bench report -------------------------------------------------------------------------------
 
 def _fmt(value: float) -> str:
-    return f"{value:.3g}" if value < 100 else f"{value:.0f}"
+    return f"{value:.3g}" if value < 10 else f"{value:.1f}"
 
 
 def figure_line(f: Figure) -> tuple[str, str, str, str]:
