@@ -126,7 +126,8 @@ def parse_workload(stdout: str, container: str) -> tuple[list[Figure], dict[str,
     doc = smoke.parse_probe_output(stdout)  # same contract as the probe: JSON on the last stdout line
     if doc is None or not isinstance(doc.get("figures"), list):
         raise ValueError("no workload JSON on stdout")
-    cpus = doc.get("cpus") if isinstance(doc.get("cpus"), dict) else {}
+    raw = doc.get("cpus")
+    cpus: dict[str, Any] = raw if isinstance(raw, dict) else {}
     clean = {k: v for k, v in cpus.items() if k in ("os_cpu_count", "affinity", "cgroup_quota", "auto")
              and (v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)))}
     return [parse_figure(f, container) for f in doc["figures"][:50]], clean
@@ -150,8 +151,9 @@ def bench_image(engine: Engine, cell: Cell, image: str, *, budget: float, gpus: 
     """Both containers for one image; the CellBench says what came out."""
     out = CellBench(cell.id, status=MEASURED, image=image)
     main_budget, oversub_budget = budget * (1 - OVERSUB_SHARE), budget * OVERSUB_SHARE
-    runs = (("default", main_budget, MAIN_SECTIONS, [], None),
-            (f"--cpus {OVERSUB_CPUS:g}", oversub_budget, "oversub", ["--host-cores", str(host_cores)], OVERSUB_CPUS))
+    runs: tuple[tuple[str, float, str, list[str], float | None], ...] = (
+        ("default", main_budget, MAIN_SECTIONS, [], None),
+        (f"--cpus {OVERSUB_CPUS:g}", oversub_budget, "oversub", ["--host-cores", str(host_cores)], OVERSUB_CPUS))
     for container, seconds, sections, extra, cpus in runs:
         timeout = seconds + GRACE
         try:
