@@ -276,7 +276,8 @@ def bench_cmd(
     only: Optional[List[str]] = OnlyOpt,
     budget: float = typer.Option(50.0, "--budget", min=10.0, max=3600.0,
                                  help="Seconds of workload per image (both containers together)."),
-    gpus: Gpus = GpusOpt,
+    gpus: Gpus = typer.Option(Gpus.auto, "--gpus", help="Give CUDA cells' workloads GPUs: all, none, or auto "
+                                                         "(all when the engine has the NVIDIA runtime)."),
     out: Path = typer.Option(Path("build/bench.json"), "--out", help="The JSON results; the Markdown table is "
                                                                       "written next to it (.md)."),
     work_dir: Path = WorkDirOpt,
