@@ -121,16 +121,33 @@ def parse_figure(raw: Any, container: str) -> Figure:
     return Figure(name, unit, "ok", container, base, cand, speedup)
 
 
-def parse_workload(stdout: str, container: str) -> tuple[list[Figure], dict[str, Any]]:
-    """(figures, what the workload saw of its CPUs). Raises ValueError when there is no workload JSON."""
+def _progress_figures(stdout: str) -> list[Any]:
+    """The {"figure": ...} lines the workload prints as it goes (all that is left of a killed run)."""
+    out = []
+    for line in stdout.splitlines():
+        try:
+            data = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(data, dict) and "figure" in data:
+            out.append(data["figure"])
+    return out
+
+
+def parse_workload(stdout: str, container: str) -> tuple[list[Figure], dict[str, Any], bool]:
+    """(figures, what the workload saw of its CPUs, whether it finished). Without its final JSON
+    (last stdout line) the figures it printed on the way are kept. ValueError: neither."""
     doc = smoke.parse_probe_output(stdout)  # same contract as the probe: JSON on the last stdout line
     if doc is None or not isinstance(doc.get("figures"), list):
-        raise ValueError("no workload JSON on stdout")
+        partial = _progress_figures(stdout)
+        if not partial:
+            raise ValueError("no workload JSON on stdout")
+        return [parse_figure(f, container) for f in partial[:50]], {}, False
     raw = doc.get("cpus")
     cpus: dict[str, Any] = raw if isinstance(raw, dict) else {}
     clean = {k: v for k, v in cpus.items() if k in ("os_cpu_count", "affinity", "cgroup_quota", "auto")
              and (v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)))}
-    return [parse_figure(f, container) for f in doc["figures"][:50]], clean
+    return [parse_figure(f, container) for f in doc["figures"][:50]], clean, True
 
 
 # -- running ----------------------------------------------------------------------------------------
@@ -163,11 +180,14 @@ def bench_image(engine: Engine, cell: Cell, image: str, *, budget: float, gpus: 
             out.status, out.error = FAILED, e.message
             return out
         try:
-            figures, seen = parse_workload(result.stdout, container)
+            figures, seen, complete = parse_workload(result.stdout, container)
         except ValueError:
             out.status, out.error = FAILED, f"{container}: {_why(result, timeout)}"
             return out
         out.figures += figures
+        if not complete:
+            out.status, out.error = FAILED, f"{container}: {_why(result, timeout)} ({len(figures)} figure(s) kept)"
+            return out
         if cpus is None:
             out.cpus = seen
     return out

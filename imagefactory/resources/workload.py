@@ -5,8 +5,9 @@ Standalone on purpose: standard library plus numpy and torch; it must not import
 imagefactory. Each figure compares two settings side by side in this one
 container and keeps both absolute values. Every measurement runs in its own child
 process with its own timeout, so a crash, a hang or a missing compiler costs one
-figure (recorded as its "error"), never the run. Exactly one JSON document is
-printed, on one line, on stdout.
+figure (recorded as its "error"), never the run. On stdout: one line per finished
+figure ({"figure": ...}, kept by the host if it has to kill the container), then the
+whole result as one JSON document on the last line.
 
 Sections and their figures (baseline -> candidate; "speedup" > 1 means the candidate wins):
   gemm        float32 GEMM GFLOP/s, NumPy and torch: 1 thread -> the image's threads
@@ -26,7 +27,7 @@ import time
 
 WORKLOAD_VERSION = 1
 SECTIONS = ("gemm", "oversub", "dataloader", "compile", "gpu")
-SHARE = {"gemm": 0.25, "oversub": 1.0, "dataloader": 0.25, "compile": 0.35, "gpu": 0.15}
+SHARE = {"gemm": 0.3, "oversub": 1.0, "dataloader": 0.25, "compile": 0.3, "gpu": 0.15}
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
@@ -63,39 +64,43 @@ def cpu_budget():
             "auto": max(1, min(limits))}
 
 
-# -- child programs: each prints one JSON line --------------------------------------------------------
+# -- child programs -------------------------------------------------------------------------------
+# Each prints one JSON object on its last stdout line: {setting: {"value": ...} or {"error": ...}, ...}.
+# Settings compared in one figure are measured in ONE child where the library allows it (torch
+# threads, DataLoader workers, eager vs compiled, fp32 vs AMP), so both see the same process.
 
 GEMM = r"""
 import json, sys, time
-lib, size, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+lib, size, seconds, settings = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4:]
 if lib == "numpy":
     import numpy as np
     a = np.random.default_rng(0).standard_normal((size, size), dtype=np.float32)
     b = np.random.default_rng(1).standard_normal((size, size), dtype=np.float32)
-    f = lambda: a @ b
-    threads = None
-    try:
-        import threadpoolctl
-        threads = max([e["num_threads"] for e in threadpoolctl.threadpool_info() if e["user_api"] == "blas"] or [0]) or None
-    except Exception:
-        pass
+    set_threads = None
 else:
     import torch
     a, b = torch.randn(size, size), torch.randn(size, size)
-    f = lambda: a @ b
-    threads = torch.get_num_threads()
-f()
-best, n, start = float("inf"), 0, time.perf_counter()
-while n < 3 or (time.perf_counter() - start < seconds and n < 200):
-    t = time.perf_counter(); f(); best = min(best, time.perf_counter() - t); n += 1
-print(json.dumps({"value": 2 * size ** 3 / best / 1e9, "threads": threads, "repeats": n}))
+    set_threads = torch.set_num_threads
+def rate():
+    a @ b
+    best, n, start = float("inf"), 0, time.perf_counter()
+    while n < 3 or (time.perf_counter() - start < seconds and n < 200):
+        t = time.perf_counter(); a @ b; best = min(best, time.perf_counter() - t); n += 1
+    return 2 * size ** 3 / best / 1e9
+out = []
+for s in settings:  # "env": as the environment says; a number: torch.set_num_threads(n)
+    if s != "env":
+        set_threads(int(s))
+    out.append({"value": rate(), "threads": torch.get_num_threads() if set_threads else None})
+print(json.dumps({"results": out}))
 """
 
 DATALOADER = r"""
 import json, sys, time
 import torch
 from torch.utils.data import DataLoader, Dataset
-workers, seconds, pin = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3] == "1"
+seconds = float(sys.argv[1])
+pin = torch.cuda.is_available()
 
 class Synthetic(Dataset):
     def __len__(self):
@@ -109,24 +114,24 @@ class Synthetic(Dataset):
             x = torch.tanh(x) * 1.5
         return x, i % 10
 
-kwargs = {"num_workers": workers, "batch_size": 32, "pin_memory": pin}
-if workers:
-    import multiprocessing as mp
-    kwargs["multiprocessing_context"] = mp.get_context("fork")
-    kwargs["persistent_workers"] = False
-it = iter(DataLoader(Synthetic(), **kwargs))
-next(it)  # workers started, first batch ready
-n, start = 0, time.perf_counter()
-while time.perf_counter() - start < seconds:
-    x, y = next(it); n += x.shape[0]
-elapsed = time.perf_counter() - start
-print(json.dumps({"value": n / elapsed, "samples": n, "pin_memory": pin}))
+def rate(workers):
+    kwargs = {"num_workers": workers, "batch_size": 32, "pin_memory": pin}
+    if workers:
+        import multiprocessing as mp
+        kwargs["multiprocessing_context"] = mp.get_context("fork")
+    it = iter(DataLoader(Synthetic(), **kwargs))
+    next(it)  # workers started, first batch ready
+    n, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        x, y = next(it); n += x.shape[0]
+    return {"value": n / (time.perf_counter() - start), "samples": n, "pin_memory": pin}
+print(json.dumps({"0": rate(0), "2": rate(2)}))
 """
 
 COMPILE = r"""
 import json, sys, time
 import torch
-mode, seconds = sys.argv[1], float(sys.argv[2])
+seconds = float(sys.argv[1])
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512),
                             torch.nn.ReLU(), torch.nn.Linear(512, 10))
@@ -136,63 +141,78 @@ def step(m):
     opt.zero_grad(set_to_none=True)
     loss = torch.nn.functional.cross_entropy(m(x), y)
     loss.backward(); opt.step()
-    return loss
-m = torch.compile(model) if mode == "compiled" else model
-t0 = time.perf_counter(); step(m); first = time.perf_counter() - t0
-times, start = [], time.perf_counter()
-while len(times) < 5 or (time.perf_counter() - start < seconds and len(times) < 500):
-    t = time.perf_counter(); step(m); times.append(time.perf_counter() - t)
-times.sort()
-print(json.dumps({"value": 1000 * times[len(times) // 2], "first_step_ms": 1000 * first, "steps": len(times)}))
+def timed(m):
+    t0 = time.perf_counter(); step(m); first = time.perf_counter() - t0
+    times, start = [], time.perf_counter()
+    while len(times) < 5 or (time.perf_counter() - start < seconds and len(times) < 500):
+        t = time.perf_counter(); step(m); times.append(time.perf_counter() - t)
+    times.sort()
+    return {"value": 1000 * times[len(times) // 2], "first_step_ms": 1000 * first, "steps": len(times)}
+out = {"eager": timed(model)}
+print(json.dumps(out), flush=True)  # eager stands even if compiling dies hard
+try:
+    out["compiled"] = timed(torch.compile(model))
+except Exception as exc:
+    lines = [ln for ln in str(exc).splitlines() if ln.strip()]
+    out["compiled"] = {"error": "%s: %s" % (type(exc).__name__, (lines or [""])[0][:300])}
+print(json.dumps(out))
 """
 
-GPU_AMP = r"""
+GPU = r"""
 import json, sys, time
 import torch
-mode, seconds = sys.argv[1], float(sys.argv[2])
+seconds = float(sys.argv[1])
+if not torch.cuda.is_available():
+    print(json.dumps({"skip": "no CUDA device (torch %s, built for CUDA %s)" % (torch.__version__, torch.version.cuda)}))
+    sys.exit(0)
 dev = torch.device("cuda")
 torch.backends.cuda.matmul.allow_tf32 = False
 torch.backends.cudnn.allow_tf32 = False
-torch.manual_seed(0)
-model = torch.nn.Sequential(
-    torch.nn.Conv2d(3, 64, 3, padding=1), torch.nn.BatchNorm2d(64), torch.nn.ReLU(),
-    torch.nn.Conv2d(64, 128, 3, padding=1, stride=2), torch.nn.BatchNorm2d(128), torch.nn.ReLU(),
-    torch.nn.Conv2d(128, 256, 3, padding=1, stride=2), torch.nn.BatchNorm2d(256), torch.nn.ReLU(),
-    torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(256, 10)).to(dev)
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
-scaler = torch.amp.GradScaler("cuda", enabled=(mode == "amp"))
-x, y = torch.randn(128, 3, 64, 64, device=dev), torch.randint(0, 10, (128,), device=dev)
-def step():
-    opt.zero_grad(set_to_none=True)
-    with torch.autocast("cuda", dtype=torch.float16, enabled=(mode == "amp")):
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-    scaler.scale(loss).backward(); scaler.step(opt); scaler.update()
-for _ in range(3):
-    step()
-torch.cuda.synchronize()
-n, start = 0, time.perf_counter()
-while n < 5 or (time.perf_counter() - start < seconds and n < 1000):
-    step(); n += 1
-torch.cuda.synchronize()
-print(json.dumps({"value": 1000 * (time.perf_counter() - start) / n, "steps": n,
-                  "device": torch.cuda.get_device_name(0)}))
-"""
+name = torch.cuda.get_device_name(0)
 
-GPU_GEMM = r"""
-import json, sys, time
-import torch
-dtype, seconds = getattr(torch, sys.argv[1]), float(sys.argv[2])
-torch.backends.cuda.matmul.allow_tf32 = False
-size = 8192
-a = torch.randn(size, size, device="cuda", dtype=dtype)
-b = torch.randn(size, size, device="cuda", dtype=dtype)
-a @ b; torch.cuda.synchronize()
-n, start = 0, time.perf_counter()
-while n < 3 or (time.perf_counter() - start < seconds and n < 1000):
-    a @ b; n += 1
-torch.cuda.synchronize()
-print(json.dumps({"value": 2 * size ** 3 * n / (time.perf_counter() - start) / 1e12, "repeats": n,
-                  "device": torch.cuda.get_device_name(0)}))
+def amp_step_ms(amp):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 64, 3, padding=1), torch.nn.BatchNorm2d(64), torch.nn.ReLU(),
+        torch.nn.Conv2d(64, 128, 3, padding=1, stride=2), torch.nn.BatchNorm2d(128), torch.nn.ReLU(),
+        torch.nn.Conv2d(128, 256, 3, padding=1, stride=2), torch.nn.BatchNorm2d(256), torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(256, 10)).to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cuda", enabled=amp)
+    x, y = torch.randn(128, 3, 64, 64, device=dev), torch.randint(0, 10, (128,), device=dev)
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.float16, enabled=amp):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+        scaler.scale(loss).backward(); scaler.step(opt); scaler.update()
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    n, start = 0, time.perf_counter()
+    while n < 5 or (time.perf_counter() - start < seconds and n < 1000):
+        step(); n += 1
+    torch.cuda.synchronize()
+    return {"value": 1000 * (time.perf_counter() - start) / n, "steps": n, "device": name}
+
+def gemm_tflops(dtype):
+    size = 8192
+    a = torch.randn(size, size, device=dev, dtype=dtype)
+    b = torch.randn(size, size, device=dev, dtype=dtype)
+    a @ b; torch.cuda.synchronize()
+    n, start = 0, time.perf_counter()
+    while n < 3 or (time.perf_counter() - start < seconds and n < 1000):
+        a @ b; n += 1
+    torch.cuda.synchronize()
+    return {"value": 2 * size ** 3 * n / (time.perf_counter() - start) / 1e12, "repeats": n, "device": name}
+
+out = {}
+for key, fn in (("fp32", lambda: amp_step_ms(False)), ("amp", lambda: amp_step_ms(True)),
+                ("gemm_float32", lambda: gemm_tflops(torch.float32)), ("gemm_bfloat16", lambda: gemm_tflops(torch.bfloat16))):
+    try:
+        out[key] = fn()
+    except Exception as exc:
+        out[key] = {"error": "%s: %s" % (type(exc).__name__, str(exc).splitlines()[0][:300] if str(exc) else "")}
+print(json.dumps(out))
 """
 
 
@@ -200,27 +220,66 @@ def _err(exc):
     return "%s: %s" % (type(exc).__name__, exc)
 
 
+class Deadline:
+    """The workload's wall-clock budget. No child outlives it, so the host's timeout is never needed."""
+
+    def __init__(self, seconds):
+        self.end = time.monotonic() + seconds
+
+    def left(self):
+        return self.end - time.monotonic()
+
+
+DEADLINE = Deadline(3600.0)  # replaced in run()
+
+
+def _last_json(stdout):
+    for line in reversed([ln for ln in stdout.splitlines() if ln.strip()]):
+        try:
+            data = json.loads(line)
+        except ValueError:
+            continue
+        return data if isinstance(data, dict) else None
+    return None
+
+
 def child(code, args, *, timeout, env=None):
-    """Run one child program; its JSON dict, or {"error": ...}."""
-    timeout = max(1.0, timeout)
+    """Run one child program; its JSON dict, or {"error": ...}. The timeout never passes the deadline."""
+    if DEADLINE.left() < 1.0:
+        return {"error": "no time left in the workload's budget"}
+    timeout = min(max(timeout, 2.0), DEADLINE.left())
+    partial = None
     try:
         r = subprocess.run([sys.executable, "-c", code] + [str(a) for a in args], capture_output=True,
                            text=True, timeout=timeout, env=env)
-    except subprocess.TimeoutExpired:
-        return {"error": "timed out after %.0f s" % timeout}
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        partial = _last_json(out)
+        return dict(partial or {}, error="timed out after %.0f s" % timeout)
     except Exception as exc:
         return {"error": _err(exc)}
-    lines = [ln for ln in r.stdout.splitlines() if ln.strip()]
-    if r.returncode == 0 and lines:
-        try:
-            data = json.loads(lines[-1])
-            if isinstance(data, dict) and isinstance(data.get("value"), (int, float)):
-                return data
-        except ValueError:
-            pass
+    data = _last_json(r.stdout)
+    if r.returncode == 0 and data is not None:
+        return data
     errors = [ln.strip() for ln in r.stderr.splitlines() if ln.strip()]
     key = [ln for ln in errors if "Error" in ln or "error" in ln]  # the exception line, not the traceback
-    return {"error": "exit %d: %s" % (r.returncode, (key or errors or ["no output"])[-1][:400])}
+    return dict(data or {}, error="exit %d: %s" % (r.returncode, (key or errors or ["no output"])[-1][:400]))
+
+
+def setting(result, key):
+    """One setting's measurement out of a child's result (or the child's error)."""
+    got = result.get(key)
+    if isinstance(got, dict) and (got.get("value") is not None or got.get("error")):
+        return got
+    return {"error": result.get("error") or "no measurement for %s" % key}
+
+
+def nth(result, i):
+    """The i-th measurement of a child that measured several settings in order."""
+    got = result.get("results")
+    if isinstance(got, list) and len(got) > i and isinstance(got[i], dict):
+        return got[i]
+    return {"error": result.get("error") or "no measurement"}
 
 
 def thread_env(n):
@@ -229,20 +288,6 @@ def thread_env(n):
         for k in THREAD_VARS:
             env[k] = str(n)
     return env
-
-
-class Budget:
-    """Wall-clock budget of one section, shared by its measurements."""
-
-    def __init__(self, seconds):
-        self.end = time.monotonic() + seconds
-
-    def left(self):
-        return self.end - time.monotonic()
-
-    def slice(self, parts):
-        """Seconds to measure for, out of `parts` measurements still to come (import time included)."""
-        return max(0.2, self.left() / parts / 3)
 
 
 def figure(name, unit, higher_is_better, base_label, base, cand_label, cand):
@@ -263,59 +308,50 @@ def skipped(name, unit, why):
             "baseline": None, "candidate": None}
 
 
-def _gemm_pair(name, budget, base_threads, cand_threads, base_label, cand_label, size, parts):
-    out = []
-    for lib in ("numpy", "torch"):
-        base = child(GEMM, [lib, size, budget.slice(parts)], timeout=budget.left(), env=thread_env(base_threads))
-        parts -= 1
-        cand = child(GEMM, [lib, size, budget.slice(parts)], timeout=budget.left(), env=thread_env(cand_threads))
-        parts -= 1
-        out.append(figure("%s.%s" % (name, lib), "GFLOP/s", True, base_label, base, cand_label, cand))
-    return out
+def _gemm(name, seconds, size, base, cand, labels):
+    """numpy: one child per thread count (set through the environment, before the BLAS loads);
+    torch: one child, torch.set_num_threads between the two. `base`/`cand`: a thread count or None (env)."""
+    slice_s = max(0.2, seconds / 8)
+    # Children stop measuring on their own after `slice_s`; the timeout (the whole budget) is for hangs.
+    nb = child(GEMM, ["numpy", size, slice_s, "env"], timeout=DEADLINE.left(), env=thread_env(base))
+    nc = child(GEMM, ["numpy", size, slice_s, "env"], timeout=DEADLINE.left(), env=thread_env(cand))
+    tr = child(GEMM, ["torch", size, slice_s] + ["env" if t is None else str(t) for t in (base, cand)],
+               timeout=DEADLINE.left())
+    return [figure(name + ".numpy", "GFLOP/s", True, labels[0], nth(nb, 0), labels[1], nth(nc, 0)),
+            figure(name + ".torch", "GFLOP/s", True, labels[0], nth(tr, 0), labels[1], nth(tr, 1))]
 
 
-def section_gemm(budget, args, cpus):
+def section_gemm(seconds, args, cpus):
     image = os.environ.get("OMP_NUM_THREADS") or "library default"
-    return _gemm_pair("gemm", budget, 1, None, "1 thread", "image threads (%s)" % image, args.size, 4)
+    return _gemm("gemm", seconds, args.size, 1, None, ("1 thread", "image threads (%s)" % image))
 
 
-def section_oversub(budget, args, cpus):
+def section_oversub(seconds, args, cpus):
     host = args.host_cores or cpus["os_cpu_count"] or 1
-    return _gemm_pair("oversub", budget, host, cpus["auto"], "threads = host cores (%d)" % host,
-                      "threads = CPU budget (%d)" % cpus["auto"], args.size, 4)
+    return _gemm("oversub", seconds, args.size, host, cpus["auto"],
+                 ("threads = host cores (%d)" % host, "threads = CPU budget (%d)" % cpus["auto"]))
 
 
-def _cuda_available():
-    r = child("import json, torch; print(json.dumps({'value': int(torch.cuda.is_available())}))", [], timeout=60)
-    return bool(r.get("value")), r.get("error")
+def section_dataloader(seconds, args, cpus):
+    r = child(DATALOADER, [max(0.5, seconds / 6)], timeout=DEADLINE.left())
+    pin = " (pin_memory)" if setting(r, "0").get("pin_memory") else ""
+    return [figure("dataloader", "samples/s", True, "num_workers=0" + pin, setting(r, "0"),
+                   "num_workers=2" + pin, setting(r, "2"))]
 
 
-def section_dataloader(budget, args, cpus):
-    pin = "1" if args.cuda else "0"
-    base = child(DATALOADER, [0, budget.slice(2), pin], timeout=budget.left() / 2)
-    cand = child(DATALOADER, [2, budget.slice(1), pin], timeout=budget.left())
-    label = " (pin_memory)" if args.cuda else ""
-    return [figure("dataloader", "samples/s", True, "num_workers=0" + label, base, "num_workers=2" + label, cand)]
+def section_compile(seconds, args, cpus):
+    r = child(COMPILE, [1.0], timeout=seconds)  # compiling has no natural end: its share of the budget
+    return [figure("compile", "ms/step", False, "eager", setting(r, "eager"), "torch.compile", setting(r, "compiled"))]
 
 
-def section_compile(budget, args, cpus):
-    base = child(COMPILE, ["eager", 1.0], timeout=min(budget.left() / 3, 60))
-    cand = child(COMPILE, ["compiled", 1.0], timeout=budget.left())
-    return [figure("compile", "ms/step", False, "eager", base, "torch.compile", cand)]
-
-
-def section_gpu(budget, args, cpus):
-    if not args.cuda:
-        why = "no CUDA device" + (" (%s)" % args.cuda_error if args.cuda_error else "")
-        return [skipped("gpu.amp", "ms/step", why), skipped("gpu.gemm", "TFLOP/s", why)]
-    out = []
-    base = child(GPU_AMP, ["fp32", budget.slice(4)], timeout=budget.left() / 4)
-    cand = child(GPU_AMP, ["amp", budget.slice(3)], timeout=budget.left() / 3)
-    out.append(figure("gpu.amp", "ms/step", False, "fp32", base, "AMP (fp16 autocast + GradScaler)", cand))
-    base = child(GPU_GEMM, ["float32", budget.slice(2)], timeout=budget.left() / 2)
-    cand = child(GPU_GEMM, ["bfloat16", budget.slice(1)], timeout=budget.left())
-    out.append(figure("gpu.gemm", "TFLOP/s", True, "float32 (TF32 off)", base, "bfloat16", cand))
-    return out
+def section_gpu(seconds, args, cpus):
+    r = child(GPU, [max(0.5, seconds / 10)], timeout=DEADLINE.left())
+    if r.get("skip"):
+        return [skipped("gpu.amp", "ms/step", r["skip"]), skipped("gpu.gemm", "TFLOP/s", r["skip"])]
+    return [figure("gpu.amp", "ms/step", False, "fp32", setting(r, "fp32"),
+                   "AMP (fp16 autocast + GradScaler)", setting(r, "amp")),
+            figure("gpu.gemm", "TFLOP/s", True, "float32 (TF32 off)", setting(r, "gemm_float32"),
+                   "bfloat16", setting(r, "gemm_bfloat16"))]
 
 
 RUNNERS = {"gemm": section_gemm, "oversub": section_oversub, "dataloader": section_dataloader,
@@ -336,35 +372,38 @@ def parse_args(argv):
     return args
 
 
-def run(argv):
+def run(argv, emit=lambda fig: None):
+    global DEADLINE
     args = parse_args(argv)
     started = time.monotonic()
+    DEADLINE = Deadline(args.budget)
     cpus = cpu_budget()
-    args.cuda, args.cuda_error = False, None
-    if "gpu" in args.sections or "dataloader" in args.sections:
-        args.cuda, args.cuda_error = _cuda_available()
     result = {"workload_version": WORKLOAD_VERSION, "python": sys.version.split()[0], "cpus": cpus,
-              "env": {k: os.environ.get(k) for k in THREAD_VARS}, "cuda_available": args.cuda,
-              "budget_s": args.budget, "sections": {}, "figures": []}
+              "env": {k: os.environ.get(k) for k in THREAD_VARS}, "budget_s": args.budget,
+              "sections": {}, "figures": []}
     shares = sum(SHARE[s] for s in args.sections) or 1.0
     for name in args.sections:
-        left = args.budget - (time.monotonic() - started)
-        budget = Budget(max(1.0, left * SHARE[name] / shares))
+        seconds = max(1.0, DEADLINE.left() * SHARE[name] / shares)
         shares -= SHARE[name]
         t0 = time.monotonic()
         try:
-            figs = RUNNERS[name](budget, args, cpus)
+            figs = RUNNERS[name](seconds, args, cpus)
         except Exception as exc:  # a bug in a section costs that section only
             figs = [{"name": name, "status": "failed", "error": _err(exc), "speedup": None,
                      "baseline": None, "candidate": None}]
         result["sections"][name] = round(time.monotonic() - t0, 2)
+        for fig in figs:
+            emit(fig)
         result["figures"] += figs
     result["seconds"] = round(time.monotonic() - started, 2)
     return result
 
 
 def main():
-    result = run(sys.argv[1:])
+    def emit(fig):  # progress, one figure per line: what the host keeps if it must kill the container
+        sys.stdout.write(json.dumps({"figure": fig}) + "\n")
+        sys.stdout.flush()
+    result = run(sys.argv[1:], emit)
     sys.stdout.write(json.dumps(result) + "\n")
     sys.stdout.flush()
 
