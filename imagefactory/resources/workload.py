@@ -230,7 +230,8 @@ class Deadline:
         return self.end - time.monotonic()
 
 
-DEADLINE = Deadline(3600.0)  # replaced in run()
+DEADLINE = Deadline(3600.0)  # the whole workload's; replaced in run()
+SECTION = Deadline(3600.0)  # the running section's share of what is left; replaced in run()
 
 
 def _last_json(stdout):
@@ -244,10 +245,12 @@ def _last_json(stdout):
 
 
 def child(code, args, *, timeout, env=None):
-    """Run one child program; its JSON dict, or {"error": ...}. The timeout never passes the deadline."""
-    if DEADLINE.left() < 1.0:
-        return {"error": "no time left in the workload's budget"}
-    timeout = min(max(timeout, 2.0), DEADLINE.left())
+    """Run one child program; its JSON dict, or {"error": ...}. The timeout never passes the
+    workload's deadline nor the section's, so a slow section cannot starve the next ones."""
+    left = min(DEADLINE.left(), SECTION.left())
+    if left < 1.0:
+        return {"error": "no time left in this section's budget"}
+    timeout = min(max(timeout, 2.0), left)
     partial = None
     try:
         r = subprocess.run([sys.executable, "-c", code] + [str(a) for a in args], capture_output=True,
@@ -311,8 +314,8 @@ def skipped(name, unit, why):
 def _gemm(name, seconds, size, base, cand, labels):
     """numpy: one child per thread count (set through the environment, before the BLAS loads);
     torch: one child, torch.set_num_threads between the two. `base`/`cand`: a thread count or None (env)."""
-    slice_s = max(0.2, seconds / 8)
-    # Children stop measuring on their own after `slice_s`; the timeout (the whole budget) is for hangs.
+    slice_s = max(0.2, seconds / 12)
+    # Children stop measuring on their own after `slice_s`; the timeout (the section's time) is for hangs.
     nb = child(GEMM, ["numpy", size, slice_s, "env"], timeout=DEADLINE.left(), env=thread_env(base))
     nc = child(GEMM, ["numpy", size, slice_s, "env"], timeout=DEADLINE.left(), env=thread_env(cand))
     tr = child(GEMM, ["torch", size, slice_s] + ["env" if t is None else str(t) for t in (base, cand)],
@@ -373,7 +376,7 @@ def parse_args(argv):
 
 
 def run(argv, emit=lambda fig: None):
-    global DEADLINE
+    global DEADLINE, SECTION
     args = parse_args(argv)
     started = time.monotonic()
     DEADLINE = Deadline(args.budget)
@@ -384,6 +387,7 @@ def run(argv, emit=lambda fig: None):
     shares = sum(SHARE[s] for s in args.sections) or 1.0
     for name in args.sections:
         seconds = max(1.0, DEADLINE.left() * SHARE[name] / shares)
+        SECTION = Deadline(seconds)
         shares -= SHARE[name]
         t0 = time.monotonic()
         try:

@@ -1,5 +1,5 @@
 """issue 8: `imagefactory doctor` on this real host (engine, no GPU) and `imagefactory bench`
-in a real built image (the small pip CPU cell of the shared `cpu_build`)."""
+in a real built image (the small pip CPU cell)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,11 @@ import sys
 import pytest
 
 from tests.conftest import REPO
-from tests.integration.conftest import Build, matrix_text, run_cli
+from tests.integration.conftest import TEST_REGISTRY, matrix_text, run_cli
 
 pytestmark = pytest.mark.docker
+
+CELL = "py3.11-cpu-openblas-pip"
 
 CPU_AND_GPU = """
     matrix:
@@ -82,18 +84,30 @@ def test_doctor_exit_3_without_an_engine(tmp_path):
     assert doc["engine"]["reachable"] is False and "no Docker engine answered" in doc["engine"]["error"]
 
 
-def test_bench_measures_the_built_cpu_image(cpu_build, engine):
-    out = cpu_build.root / "bench" / "bench.json"
-    result = run_cli("bench", "--matrix", str(cpu_build.matrix), "--only", Build.GOOD, "--only", Build.BAD,
-                     "--work-dir", str(cpu_build.work_dir), "--out", str(out), timeout=600)
-    # the BAD cell never built: that alone fails the run
-    assert result.returncode == 1, result.stdout + result.stderr
-    assert f"{Build.BAD}: not-built" in result.stdout
-    doc = json.loads(out.read_text())
-    cells = {c["cell"]: c for c in doc["cells"]}
-    assert cells[Build.BAD]["status"] == "not-built"
-    good = cells[Build.GOOD]
-    assert good["status"] == "measured", good
+@pytest.fixture(scope="module")
+def cpu_image(tmp_path_factory, engine, base_registry, wheelhouse, session_id, created_images):
+    """The small pip CPU cell, built here or reused: an image with the same content (built by an
+    earlier run or another test) is found by its content hash and kept; one built here is removed."""
+    root = tmp_path_factory.mktemp("bench")
+    path = root / "matrix.yaml"
+    path.write_text(matrix_text(image=f"{TEST_REGISTRY}/bench-{session_id}/train", wheelhouse=wheelhouse))
+    result = run_cli("build", "--matrix", str(path), "--plain", "--gpus", "none",
+                     "--report", str(root / "report.json"), "--work-dir", str(root / "work"))
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    (cell,) = json.loads((root / "report.json").read_text())["cells"]
+    if not cell["cached"]:
+        created_images.append(cell["candidate"])
+    return path, root
+
+
+def test_bench_measures_the_built_cpu_image(cpu_image, engine):
+    path, root = cpu_image
+    out = root / "bench.json"
+    result = run_cli("bench", "--matrix", str(path), "--work-dir", str(root / "work"), "--out", str(out),
+                     "--budget", "240", timeout=900)  # generous: CI machines are shared and slow
+    assert result.returncode == 0, result.stdout + result.stderr
+    good = json.loads(out.read_text())["cells"][0]
+    assert good["cell"] == CELL and good["status"] == "measured", good
     figures = {f["name"] + ("" if f["container"] == "default" else " " + f["container"]): f for f in good["figures"]}
     for name in ("gemm.numpy", "gemm.torch", "oversub.numpy --cpus 1", "oversub.torch --cpus 1", "dataloader"):
         f = figures[name]
@@ -109,5 +123,16 @@ def test_bench_measures_the_built_cpu_image(cpu_build, engine):
     for name in ("gpu.amp", "gpu.gemm"):
         assert figures[name]["status"] == "skipped" and "no CUDA device" in figures[name]["error"]
     md = out.with_suffix(".md").read_text()
-    assert f"## `{Build.GOOD}`: measured" in md and "| gemm.torch |" in md
+    assert f"## `{CELL}`: measured" in md and "| gemm.torch |" in md
     assert "gemm.torch" in result.stdout and "×" in result.stdout
+
+
+def test_bench_of_a_cell_never_built_fails_without_running_anything(cpu_image):
+    path, root = cpu_image
+    changed = root / "changed.yaml"  # one more package: another content hash, so no image
+    changed.write_text(path.read_text() + "packages: [imagefactory-never-built]\n")
+    out = root / "changed.json"
+    result = run_cli("bench", "--matrix", str(changed), "--work-dir", str(root / "work2"), "--out", str(out))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert f"{CELL}: not-built" in result.stdout and "1 of 1 cell(s) not measured" in result.stderr
+    assert json.loads(out.read_text())["cells"][0]["status"] == "not-built"
