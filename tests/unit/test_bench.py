@@ -239,7 +239,7 @@ def test_workload_child_failure_is_a_figure_error(workload):
 
 
 def test_workload_runs_natively_and_prints_json_lines():
-    r = subprocess.run([sys.executable, str(WORKLOAD), "--budget", "6", "--sections", "gemm,gpu", "--size", "256"],
+    r = subprocess.run([sys.executable, str(WORKLOAD), "--budget", "30", "--sections", "gemm,gpu", "--size", "256"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     lines = [json.loads(ln) for ln in r.stdout.splitlines() if ln.strip()]  # every line is JSON
