@@ -28,6 +28,7 @@ import time
 WORKLOAD_VERSION = 1
 SECTIONS = ("gemm", "oversub", "dataloader", "compile", "gpu")
 SHARE = {"gemm": 0.3, "oversub": 1.0, "dataloader": 0.25, "compile": 0.3, "gpu": 0.15}
+MEASURE_S = 2.0  # seconds each setting is measured for at most: a bigger budget buys slack, not length
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
@@ -314,7 +315,7 @@ def skipped(name, unit, why):
 def _gemm(name, seconds, size, base, cand, labels):
     """numpy: one child per thread count (set through the environment, before the BLAS loads);
     torch: one child, torch.set_num_threads between the two. `base`/`cand`: a thread count or None (env)."""
-    slice_s = max(0.2, seconds / 12)
+    slice_s = max(0.2, min(MEASURE_S, seconds / 12))
     # Children stop measuring on their own after `slice_s`; the timeout (the section's time) is for hangs.
     nb = child(GEMM, ["numpy", size, slice_s, "env"], timeout=DEADLINE.left(), env=thread_env(base))
     nc = child(GEMM, ["numpy", size, slice_s, "env"], timeout=DEADLINE.left(), env=thread_env(cand))
@@ -336,7 +337,7 @@ def section_oversub(seconds, args, cpus):
 
 
 def section_dataloader(seconds, args, cpus):
-    r = child(DATALOADER, [max(0.5, seconds / 6)], timeout=DEADLINE.left())
+    r = child(DATALOADER, [max(0.5, min(MEASURE_S, seconds / 6))], timeout=DEADLINE.left())
     pin = " (pin_memory)" if setting(r, "0").get("pin_memory") else ""
     return [figure("dataloader", "samples/s", True, "num_workers=0" + pin, setting(r, "0"),
                    "num_workers=2" + pin, setting(r, "2"))]
@@ -348,7 +349,7 @@ def section_compile(seconds, args, cpus):
 
 
 def section_gpu(seconds, args, cpus):
-    r = child(GPU, [max(0.5, seconds / 10)], timeout=DEADLINE.left())
+    r = child(GPU, [max(0.5, min(MEASURE_S, seconds / 10))], timeout=DEADLINE.left())
     if r.get("skip"):
         return [skipped("gpu.amp", "ms/step", r["skip"]), skipped("gpu.gemm", "TFLOP/s", r["skip"])]
     return [figure("gpu.amp", "ms/step", False, "fp32", setting(r, "fp32"),

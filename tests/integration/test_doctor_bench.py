@@ -104,7 +104,7 @@ def test_bench_measures_the_built_cpu_image(cpu_image, engine):
     path, root = cpu_image
     out = root / "bench.json"
     result = run_cli("bench", "--matrix", str(path), "--work-dir", str(root / "work"), "--out", str(out),
-                     "--budget", "240", timeout=900)  # generous: CI machines are shared and slow
+                     "--budget", "400", timeout=900)  # slack for a loaded machine; idle, it takes far less
     assert result.returncode == 0, result.stdout + result.stderr
     good = json.loads(out.read_text())["cells"][0]
     assert good["cell"] == CELL and good["status"] == "measured", good
