@@ -87,10 +87,13 @@ def test_doctor_exit_3_without_an_engine(tmp_path):
 @pytest.fixture(scope="module")
 def cpu_image(tmp_path_factory, engine, base_registry, wheelhouse, session_id, created_images):
     """The small pip CPU cell, built here or reused: an image with the same content (built by an
-    earlier run or another test) is found by its content hash and kept; one built here is removed."""
+    earlier run) is found by its content hash and kept; one built here is removed."""
     root = tmp_path_factory.mktemp("bench")
     path = root / "matrix.yaml"
-    path.write_text(matrix_text(image=f"{TEST_REGISTRY}/bench-{session_id}/train", wheelhouse=wheelhouse))
+    # Its own content hash (the env line), so no other test's clean-up of the same content can remove it
+    # between the build and the bench; the layers before that line come from the build cache.
+    path.write_text(matrix_text(image=f"{TEST_REGISTRY}/bench-{session_id}/train", wheelhouse=wheelhouse)
+                    + "env: {IMAGEFACTORY_BENCH_TEST: \"1\"}\n")
     result = run_cli("build", "--matrix", str(path), "--plain", "--gpus", "none",
                      "--report", str(root / "report.json"), "--work-dir", str(root / "work"))
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
