@@ -242,6 +242,68 @@ def test_cmd(
     _finish(reports, report, has_gpus)
 
 
+class DoctorFormat(str, Enum):
+    text = "text"
+    json = "json"
+
+
+@app.command()
+def doctor(
+    matrix: Optional[Path] = typer.Option(None, "--matrix", "-m", help="The matrix file (default: matrix.yaml "
+                                                                        "when it exists, else host facts only)."),
+    format: DoctorFormat = typer.Option(DoctorFormat.text, "--format", "-f", help="text for people; json for scripts."),
+) -> None:
+    """Can this host run the matrix's images? Engine, NVIDIA runtime or CDI, driver and GPUs, then
+    for each cell: runs here, runs with limits (CUDA minor-version compatibility) or cannot run,
+    with the reason and the fix, and the release tag this node should pull.
+
+    Exit codes: 0 every cell can run here; 1 some cannot; 2 bad matrix; 3 no Docker engine."""
+    from imagefactory import doctor as doctor_mod
+
+    path = doctor_mod.default_matrix(matrix)
+    m = matrix_mod.load(path) if path is not None else None
+    report = doctor_mod.diagnose(m)
+    if format is DoctorFormat.json:
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        print(doctor_mod.text(report), end="")
+    raise typer.Exit(report.exit_code)
+
+
+@app.command("bench")
+def bench_cmd(
+    matrix: Path = MatrixOpt,
+    only: Optional[List[str]] = OnlyOpt,
+    budget: float = typer.Option(50.0, "--budget", min=10.0, max=3600.0,
+                                 help="Seconds of workload per image (both containers together)."),
+    gpus: Gpus = typer.Option(Gpus.auto, "--gpus", help="Give CUDA cells' workloads GPUs: all, none, or auto "
+                                                         "(all when the engine has the NVIDIA runtime)."),
+    out: Path = typer.Option(Path("build/bench.json"), "--out", help="The JSON results; the Markdown table is "
+                                                                      "written next to it (.md)."),
+    work_dir: Path = WorkDirOpt,
+) -> None:
+    """Run a short workload in each built image and print side-by-side speed ratios: GEMM at 1 thread
+    vs the image's threads; under --cpus 1, threads = host cores vs the CPU budget; DataLoader
+    workers; torch.compile; on a GPU, AMP and GEMM TFLOP/s.
+
+    Exit codes: 0 every image was measured (single figures may still have failed, see the table);
+    1 a cell has no built image or its workload gave no results; 2 bad configuration; 3 no engine."""
+    from imagefactory import bench as bench_mod
+
+    m, cells = _load(matrix, only)
+    results, host_cores = bench_mod.bench(m, cells, bench_mod.Options(work_dir=work_dir, budget=budget,
+                                                                     gpus=gpus.value))
+    json_path, md_path = bench_mod.write(results, out, host_cores=host_cores, budget=budget)
+    for r in results:
+        print(f"{r.cell}: {r.status}" + (f": {r.error}" if r.error else ""))
+        for f in r.figures:
+            print("  " + "  ".join(x for x in bench_mod.figure_line(f) if x))
+    print(f"bench: {json_path} and {md_path}", file=sys.stderr)
+    failed = [r.cell for r in results if r.status != bench_mod.MEASURED]
+    if failed:
+        raise CellFailure(f"{len(failed)} of {len(results)} cell(s) not measured: " + ", ".join(failed))
+
+
 @app.command()
 def schema() -> None:
     """Print the JSON Schema of the matrix file (for editors and CI linting)."""

@@ -42,6 +42,15 @@ class RunResult:
     stderr: str
 
 
+@dataclass(frozen=True)
+class EngineInfo:
+    version: str
+    api_version: str
+    runtimes: tuple[str, ...]
+    cdi_spec_dirs: tuple[str, ...]  # empty before Docker 25 or when CDI is off
+    cpus: int = 0  # CPUs the engine's host has (NCPU)
+
+
 class Engine:
     """A connected Docker engine."""
 
@@ -130,6 +139,17 @@ class Engine:
                              log_tail=list(tail))
         return image_id
 
+    def describe(self) -> EngineInfo:
+        """Version and GPU plumbing of the engine (for `imagefactory doctor`)."""
+        try:
+            version, info = self.client.version(), self.client.info()
+        except (docker.errors.APIError, requests.exceptions.RequestException) as e:
+            raise EngineError(f"the Docker engine did not describe itself: {_short(e)}") from None
+        return EngineInfo(version=str(version.get("Version", "")), api_version=str(version.get("ApiVersion", "")),
+                          runtimes=tuple(sorted(info.get("Runtimes") or {})),
+                          cdi_spec_dirs=tuple(info.get("CDISpecDirs") or ()),
+                          cpus=int(info.get("NCPU") or 0))
+
     # -- run --------------------------------------------------------------------------------
     def gpus_available(self) -> bool:
         """Whether this engine can give containers GPUs (the NVIDIA runtime is registered)."""
@@ -138,14 +158,16 @@ class Engine:
                                                               os.path.exists("/dev/nvidia0"))
 
     def run(self, image: str, command: list[str], *, timeout: float, gpus: bool = False,
-            environment: dict[str, str] | None = None) -> RunResult:
+            environment: dict[str, str] | None = None, cpus: float | None = None) -> RunResult:
         """Run `command` in a fresh container of `image` as the image's default user, with no
-        network; kill it after `timeout` seconds. The container is always removed."""
+        network; kill it after `timeout` seconds. The container is always removed.
+        `cpus` is `docker run --cpus` (a CFS quota)."""
         device_requests = [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])] if gpus else None
+        limits = {"nano_cpus": int(cpus * 1e9)} if cpus else {}
         try:
             container = self.client.containers.create(
                 image, command=command, network_mode="none", detach=True,
-                device_requests=device_requests, environment=environment or {},
+                device_requests=device_requests, environment=environment or {}, **limits,
             )
         except docker.errors.APIError as e:
             raise EngineError(f"could not create a container of {image}: {_short(e)}") from None

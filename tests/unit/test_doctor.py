@@ -1,0 +1,233 @@
+"""doctor: the driver table, nvidia-smi parsing (hostile output too), and the per-cell verdicts
+for several driver versions. The real run on this host is in tests/integration/test_doctor_bench.py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from imagefactory import doctor
+from imagefactory.doctor import CANNOT, LIMITS, RUNS, Driver, EngineFacts
+from imagefactory.engine import EngineInfo
+from imagefactory.errors import DockerUnavailable
+from imagefactory.model import Cell
+
+TABLE = doctor.load_table()
+ENGINE_OK = EngineFacts(reachable=True, version="27.3.1", api_version="1.47", nvidia_runtime=True)
+
+
+def cell(cuda: str | None, python: str = "3.11", blas: str = "mkl", installer: str = "conda") -> Cell:
+    accel = "cpu" if cuda is None else f"cu{cuda}"
+    return Cell(python=python, cuda=cuda, blas=blas, installer=installer, torch="2.7.1", threads=4,
+                base_image="debian:bookworm-slim", tags=(f"reg.example/ml/train:2.7.1-py{python}-{accel}-{blas}",))
+
+
+CELLS = [cell(None), cell("11.8"), cell("12.6"), cell("12.9"), cell("13.0")]
+
+
+def verdicts(driver: Driver, engine: EngineFacts = ENGINE_OK, cells=None) -> dict[str, doctor.CellVerdict]:
+    return {v.cell: v for v in doctor.judge(cells or CELLS, driver, engine, TABLE)}
+
+
+# -- the table ---------------------------------------------------------------------------------------
+
+def test_shipped_table_has_the_release_note_minimums_and_sources():
+    assert TABLE.toolkits == {"11.8": "520.61.05", "12.1": "530.30.02", "12.4": "550.54.14",
+                              "12.6": "560.28.03", "12.8": "570.26", "12.9": "575.51.03", "13.0": "580.65.06"}
+    assert TABLE.compat == {"11": "450.80.02", "12": "525.60.13", "13": "580"}
+    assert TABLE.source("release-notes").startswith("https://docs.nvidia.com/cuda/")
+    assert TABLE.source("compatibility").startswith("https://docs.nvidia.com/deploy/cuda-compatibility")
+
+
+@pytest.mark.parametrize("mutate", [
+    lambda d: d["toolkits"].update({"12.9": {"min_driver": "575.51.03 ", "source": "release-notes"}}),
+    lambda d: d["toolkits"].update({"12.9": {"min_driver": "575.51.03", "source": "a blog"}}),
+    lambda d: d["toolkits"].update({"12.x": {"min_driver": "575.51.03", "source": "release-notes"}}),
+])
+def test_malformed_table_is_refused(mutate):
+    from importlib import resources
+    data = json.loads(resources.files("imagefactory").joinpath("resources/cuda_drivers.json").read_text())
+    mutate(data)
+    with pytest.raises(ValueError, match="cuda_drivers.json"):
+        doctor.load_table(json.dumps(data))
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("575.51.03", (575, 51, 3)), ("570.26", (570, 26)), ("580", (580,)), (" 560.35.03\n", (560, 35, 3)),
+    ("575.51.03x", None), ("575.51.03\n999", None), ("v575", None), ("575..1", None), ("", None),
+    ("1.2.3.4", None), ("N/A", None),
+])
+def test_version_parsing_is_whole_string(text, expected):
+    assert doctor.version_tuple(text) == expected
+
+
+# -- nvidia-smi output -------------------------------------------------------------------------------
+
+def test_parse_one_gpu():
+    d = doctor.parse_nvidia_smi("560.35.03, NVIDIA GeForce RTX 4090\n")
+    assert (d.version, d.gpus, d.ignored_lines, d.error) == ("560.35.03", ["NVIDIA GeForce RTX 4090"], 0, "")
+
+
+def test_parse_eight_gpus_with_a_two_part_version():
+    d = doctor.parse_nvidia_smi("".join("570.26, NVIDIA H100 80GB HBM3\n" for _ in range(8)))
+    assert d.version == "570.26" and len(d.gpus) == 8
+
+
+def test_hostile_output_is_ignored_line_by_line():
+    out = ("WARNING: infoROM is corrupted at gpu 0000:01:00.0\n"
+           "\n"
+           "575.51.03, NVIDIA H200\n"
+           "575.51.03; rm -rf /, NVIDIA H200\n"
+           "999.99.99, Impostor GPU\n"  # a second, different driver version: not plausible
+           "575.51.03, \x1b[31mred\x1b[0m\n"
+           "\x00\xff garbage without a comma\n")
+    d = doctor.parse_nvidia_smi(out)
+    assert d.version == "575.51.03"
+    assert d.gpus == ["NVIDIA H200", "(unreadable GPU name)"]
+    assert d.ignored_lines == 4
+
+
+@pytest.mark.parametrize("out", ["", "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.",
+                                 "N/A, N/A\n", "[Not Supported], Tesla T4\n"])
+def test_output_without_a_version_is_no_driver(out):
+    d = doctor.parse_nvidia_smi(out)
+    assert d.version is None and "no driver version" in d.error
+
+
+def test_nvidia_smi_failures_become_errors(monkeypatch):
+    monkeypatch.setattr(doctor.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
+
+    def failing(*a, **k):
+        return subprocess.CompletedProcess(a, 9, "NVIDIA-SMI has failed because it couldn't communicate\nmore\n", "")
+    d = doctor.query_nvidia_smi(failing)
+    assert d.version is None and d.error == "nvidia-smi exited 9: NVIDIA-SMI has failed because it couldn't communicate"
+
+    def hanging(*a, **k):
+        raise subprocess.TimeoutExpired("nvidia-smi", 20)
+    assert "TimeoutExpired" in doctor.query_nvidia_smi(hanging).error
+
+    ok = doctor.query_nvidia_smi(lambda *a, **k: subprocess.CompletedProcess(a, 0, "580.65.06, NVIDIA H200\n", ""))
+    assert ok.version == "580.65.06"
+
+
+def test_no_nvidia_smi_and_no_nvml(monkeypatch):
+    monkeypatch.setattr(doctor.shutil, "which", lambda name: None)
+    assert doctor.query_nvidia_smi().error == "nvidia-smi: not found"
+    assert doctor.query_nvml("libnvidia-ml-not-here.so.1").error.startswith("NVML: ")
+
+
+# -- verdicts for several drivers --------------------------------------------------------------------
+
+def test_new_driver_runs_every_cell():
+    v = verdicts(Driver("580.65.06", ["NVIDIA H200"]))
+    assert {k: x.verdict for k, x in v.items()} == dict.fromkeys(v, RUNS)
+    assert doctor.recommend(CELLS, list(v.values())) == CELLS[-1].tags[0]  # newest CUDA
+
+
+def test_driver_560_runs_12_6_and_12_9_with_limits_and_not_13_0():
+    v = verdicts(Driver("560.35.03", ["NVIDIA A100"]))
+    assert v["py3.11-cu12.6-mkl-conda"].verdict == RUNS
+    limited = v["py3.11-cu12.9-mkl-conda"]
+    assert limited.verdict == LIMITS
+    assert "driver 560.35.03 < 575.51.03 needed by CUDA 12.9" in limited.reason
+    assert "minor-version compatibility" in limited.reason and "575.51.03" in limited.fix
+    no = v["py3.11-cu13.0-mkl-conda"]
+    assert no.verdict == CANNOT
+    assert no.reason == "driver 560.35.03 < 580.65.06 needed by CUDA 13.0"
+    assert no.fix == "upgrade the driver to 580.65.06 or newer, or use the cu12.6 cell (py3.11-cu12.6-mkl-conda)"
+    assert doctor.recommend(CELLS, list(v.values())) == "reg.example/ml/train:2.7.1-py3.11-cu12.6-mkl"
+
+
+def test_driver_575_is_below_13_0_minor_compatibility():
+    v = verdicts(Driver("575.51.03", ["NVIDIA L4"]))
+    assert v["py3.11-cu12.9-mkl-conda"].verdict == RUNS
+    assert v["py3.11-cu13.0-mkl-conda"].verdict == CANNOT
+    assert "cu12.9 cell" in v["py3.11-cu13.0-mkl-conda"].fix
+
+
+def test_driver_520_runs_only_11_8():
+    v = verdicts(Driver("520.61.05", ["Tesla V100"]))
+    assert v["py3.11-cu11.8-mkl-conda"].verdict == RUNS
+    for cid in ("py3.11-cu12.6-mkl-conda", "py3.11-cu12.9-mkl-conda"):
+        assert v[cid].verdict == CANNOT and "cu11.8 cell" in v[cid].fix
+
+
+def test_driver_470_runs_11_8_with_limits_only():
+    v = verdicts(Driver("470.82.01", ["Tesla T4"]))
+    assert v["py3.11-cu11.8-mkl-conda"].verdict == LIMITS
+    assert all(v[c.id].verdict == CANNOT for c in CELLS if c.cuda and c.cuda != "11.8")
+    assert "use the" not in v["py3.11-cu12.6-mkl-conda"].fix  # nothing runs fully: no alternative to offer
+    assert doctor.recommend(CELLS, list(v.values())) == CELLS[1].tags[0]
+
+
+def test_toolkit_missing_from_the_table_falls_back_to_minor_compatibility():
+    cells = [cell("12.2")]
+    assert verdicts(Driver("560.35.03"), cells=cells)["py3.11-cu12.2-mkl-conda"].verdict == LIMITS
+    odd = verdicts(Driver("560.35.03"), cells=[cell("14.0")])["py3.11-cu14.0-mkl-conda"]
+    assert odd.verdict == CANNOT and "not in imagefactory's driver table" in odd.reason
+
+
+def test_no_gpu_cpu_cells_run_gpu_cells_cannot():
+    v = verdicts(Driver(error="nvidia-smi: not found"), EngineFacts(reachable=True, version="20.10.24"))
+    assert v["py3.11-cpu-mkl-conda"].verdict == RUNS
+    gpu = v["py3.11-cu12.9-mkl-conda"]
+    assert gpu.verdict == CANNOT and "no GPU" in gpu.reason
+    assert gpu.fix == "run it on a node with an NVIDIA GPU and driver >= 575.51.03, or use a CPU cell (py3.11-cpu-mkl-conda)"
+    assert doctor.recommend(CELLS, list(v.values())) == CELLS[0].tags[0]
+
+
+def test_driver_without_container_runtime_or_cdi_cannot_give_containers_a_gpu():
+    engine = EngineFacts(reachable=True, version="27.3.1", nvidia_runtime=False, cdi=False)
+    v = verdicts(Driver("580.65.06", ["NVIDIA H200"]), engine)
+    gpu = v["py3.11-cu12.9-mkl-conda"]
+    assert gpu.verdict == CANNOT and "no NVIDIA runtime or CDI" in gpu.reason and "nvidia-ctk" in gpu.fix
+    with_cdi = verdicts(Driver("580.65.06", ["NVIDIA H200"]),
+                        EngineFacts(reachable=True, version="27.3.1", cdi=True))
+    assert with_cdi["py3.11-cu12.9-mkl-conda"].verdict == RUNS
+
+
+def test_cdi_spec_is_found_in_the_engines_spec_dirs(tmp_path):
+    assert doctor._cdi_specs((str(tmp_path),)) is False
+    (tmp_path / "nvidia.yaml").write_text("cdiVersion: 0.5.0\n")
+    assert doctor._cdi_specs((str(tmp_path / "missing"), str(tmp_path))) is True
+
+
+# -- engine facts, exit codes and text --------------------------------------------------------------
+
+class FakeEngine:
+    def __init__(self, info: EngineInfo):
+        self.info = info
+
+    def describe(self) -> EngineInfo:
+        return self.info
+
+
+def test_engine_facts_read_version_and_runtime_and_refuse_odd_strings():
+    facts = doctor.engine_facts(lambda: FakeEngine(EngineInfo("27.3.1", "1.47", ("nvidia", "runc"), ())))
+    assert (facts.reachable, facts.version, facts.api_version, facts.nvidia_runtime) == (True, "27.3.1", "1.47", True)
+    odd = doctor.engine_facts(lambda: FakeEngine(EngineInfo("27.3.1\n\x1b[2J", "1.47; x", ("runc",), ())))
+    assert (odd.version, odd.api_version, odd.nvidia_runtime) == ("(unreadable)", "(unreadable)", False)
+
+
+def test_exit_codes():
+    def unreachable():
+        raise DockerUnavailable("no Docker engine answered at unix:///x")
+    gone = doctor.diagnose(None, engine_factory=unreachable, driver_query=lambda: Driver(error="nvidia-smi: not found"))
+    assert gone.exit_code == 3 and gone.to_json()["engine"]["error"].startswith("no Docker engine answered")
+
+    from imagefactory.model import Matrix
+    from pathlib import Path
+    m = Matrix(path=Path("/x/matrix.yaml"), image="reg.example/ml/train", cells=tuple(CELLS))
+    here = lambda: FakeEngine(EngineInfo("27.3.1", "1.47", ("nvidia",), ()))  # noqa: E731
+    assert doctor.diagnose(m, engine_factory=here, driver_query=lambda: Driver("580.65.06", ["H200"])).exit_code == 0
+    assert doctor.diagnose(m, engine_factory=here, driver_query=lambda: Driver("560.35.03", ["A100"])).exit_code == 1
+    assert doctor.diagnose(None, engine_factory=here, driver_query=lambda: Driver(error="none")).exit_code == 0
+
+
+def test_text_says_plainly_there_is_no_gpu():
+    report = doctor.Report(engine=ENGINE_OK, driver=Driver(error="nvidia-smi: not found"), matrix=None,
+                           cells=[], recommended=None)
+    out = doctor.text(report)
+    assert "only CPU cells can run here" in out and "host facts only" in out
