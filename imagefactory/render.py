@@ -6,6 +6,7 @@ Dockerfile text. Same matrix in, same bytes out.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import os
@@ -14,6 +15,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Mapping
 
 import jinja2
 
@@ -93,6 +95,8 @@ def labels(matrix: Matrix, cell: Cell, content_hash: str | None) -> list[tuple[s
             f"{'CPU only' if cell.cuda is None else 'CUDA ' + cell.cuda}, {cell.blas}, {cell.installer}"),
         "org.opencontainers.image.version": cell.tags[0].rsplit(":", 1)[-1] if cell.tags else cell.id,
         "org.opencontainers.image.base.name": cell.base_image,
+        **({"org.opencontainers.image.base.digest": cell.base_image.partition("@")[2]}
+           if "@" in cell.base_image else {}),
         "org.opencontainers.image.vendor": "imagefactory",
         f"{LABEL_PREFIX}.cell": cell.id,
         f"{LABEL_PREFIX}.python": cell.python,
@@ -251,12 +255,19 @@ def render_cell(matrix: Matrix, cell: Cell, dest: Path) -> Context:
     return Context(cell=cell, path=dest, content_hash=digest)
 
 
-def render(matrix: Matrix, out: Path, cells: list[Cell] | None = None) -> list[Context]:
+def render(matrix: Matrix, out: Path, cells: list[Cell] | None = None,
+           bases: Mapping[str, str] | None = None) -> list[Context]:
     """Render every cell into out/<cell-id>/, all or nothing: contexts are written to a
-    temporary folder and moved into place only when every cell rendered."""
+    temporary folder and moved into place only when every cell rendered.
+
+    `bases` maps a cell's base image to its pinned form (name:tag@sha256:..., see
+    freshness.py); the pinned FROM is then part of the content hash. Without it the
+    tags are kept (`imagefactory render` needs no engine)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     cells = list(matrix.cells if cells is None else cells)
+    if bases:
+        cells = [dataclasses.replace(c, base_image=bases.get(c.base_image, c.base_image)) for c in cells]
     staging = Path(tempfile.mkdtemp(prefix=".render-", dir=out))
     try:
         staged = [render_cell(matrix, cell, staging / cell.id) for cell in cells]
