@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from imagefactory import freshness, render, schedule, smoke, tags, verdicts
-from imagefactory.engine import Engine
+from imagefactory.engine import BuildProgress, Engine
 from imagefactory.errors import BuildError, ConfigError, ImageFactoryError
 from imagefactory.model import Cell, Matrix
 from imagefactory.report import (BUILD_FAILED, BUILT, CACHED, CHECK_FAILED, NOT_BUILT, PASSED, SKIPPED,
@@ -84,6 +84,10 @@ class _Cell:
         if show:
             self.ui.log(self.report.cell, line)
 
+    def _progress(self, p: BuildProgress) -> None:
+        self.ui.step(self.ctx.cell.id, p)
+        self.on_step(p.step)
+
     def build(self) -> bool:
         r, cell = self.report, self.ctx.cell
         self.ui.status(cell.id, "looking for a cached image")
@@ -98,8 +102,7 @@ class _Cell:
         try:
             network = "host" if self.options.network == "host" else None
             r.image_id = self.engine.build(str(self.ctx.path), r.candidate, network_mode=network,
-                                           log=self.log, progress=lambda p: (self.ui.step(cell.id, p),
-                                                                             self.on_step(p.step)),
+                                           log=self.log, progress=self._progress,
                                            pull=self.options.pull == "always",
                                            cache_from=[ref for ref in self.options.cache_from
                                                        if self.engine.image_id(ref)])
