@@ -85,11 +85,16 @@ def timed(cmd: list[str], env: dict | None = None, check: bool = True) -> float:
     return took
 
 
+def say(text: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+
 def pairs(n: int, a: Callable[[], float], b: Callable[[], float]) -> tuple[list[float], list[float]]:
     xs, ys = [], []
-    for _ in range(n):
+    for i in range(n):
         xs.append(a())
         ys.append(b())
+        say(f"  pair {i + 1}/{n}: {xs[-1]:.2f} s vs {ys[-1]:.2f} s")
     return xs, ys
 
 
@@ -155,11 +160,13 @@ pip:
             if states.get(GOOD) != "passed" or any(s == "build-failed" for s in states.values()):
                 raise SystemExit(f"cold build -j {jobs} did not build both cells: {states}")
             return took
+        say("cold builds, -j 2 then -j 1 (minutes each)")
         a, b = pairs(n, lambda: cold(2), lambda: cold(1))
         return Row("cold build, 2 cells", "`build -j 2`", "`build -j 1`", a, b, "< 1 (pays off)",
                    note="each run on a new base, nothing cached after FROM")
 
     def noop(self, n: int) -> tuple[Row, Row]:
+        say("no-op rebuilds")
         self.cli("build")  # make sure the cell is built and its verdicts recorded
         context = str(self.root / "work" / "contexts" / GOOD)
         docker = ["docker", "build", "-q", context]
@@ -179,6 +186,7 @@ pip:
     def test(self, n: int) -> tuple[Row, Row]:
         image = self.report()[GOOD]["candidate"]
         run = ["docker", "run", "--rm", "--network", "none", image, "python", "-c", "import torch, numpy"]
+        say("imagefactory test vs docker run")
         a, b = pairs(n, lambda: self.cli("test"), lambda: timed(run))
         cached = Row("`imagefactory test`, verdicts cached", "`imagefactory test`", "`docker run … import torch, numpy`",
                      a, b, "≤ 1.5x")
@@ -198,6 +206,7 @@ pip:
         for whl in self.wheelhouse.glob(f"torch-{TORCH}+cpu-*.whl"):
             shutil.copy(whl, ctx / "wheelhouse" / whl.name)
         naive_tag = f"imagefactory-bench/naive-{self.id}:latest"
+        say("building the naive recipe")
         resp = self.engine.api.build(path=str(ctx), tag=naive_tag, rm=True, forcerm=True, decode=True,
                                      network_mode="host", buildargs={"BASE": ours["base_image"]})
         for event in resp:
@@ -208,7 +217,7 @@ pip:
         out = self.engine.client.containers.run(image.id, ["du", "-sb", "/opt/venv"], remove=True,
                                                 network_mode="none", stderr=False)
         venv = int(out.decode().split()[0])
-        base = self.engine.client.images.get(ours["base_image"]).attrs["Size"]
+        base = self.engine.client.images.get(self.base_ref).attrs["Size"]
         size = image.attrs["Size"]
         return (Row("image size vs naive recipe", "ours", "naive (one package per RUN, caches kept)",
                     [size], [naive.attrs["Size"]], "≤ 0.6x", unit="MB"),
@@ -217,6 +226,18 @@ pip:
                     note=f"venv {venv / 1e6:,.0f} MB + base {base / 1e6:,.0f} MB"))
 
     def cleanup(self) -> None:
+        import requests
+
+        try:  # the bench's base in the base registry (works where the registry allows deletes)
+            r = requests.head(f"http://{BASE_REGISTRY}/v2/{self.base_repo}/manifests/3.11-slim-bookworm",
+                              headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"},
+                              timeout=10)
+            if r.status_code == 200:
+                requests.delete(f"http://{BASE_REGISTRY}/v2/{self.base_repo}/manifests/"
+                                f"{r.headers['Docker-Content-Digest']}", timeout=10)
+        except requests.RequestException:
+            pass
+        self.images.append(self.base_ref)
         for ref in reversed(self.images):
             try:
                 self.engine.client.images.remove(ref, force=True)
