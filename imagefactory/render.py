@@ -19,7 +19,7 @@ from typing import Mapping
 
 import jinja2
 
-from imagefactory import __version__
+from imagefactory import __version__, digests
 from imagefactory.model import Cell, Matrix
 
 HASH_LABEL = "io.imagefactory.content-hash"
@@ -229,11 +229,7 @@ def _write_files(matrix: Matrix, cell: Cell, root: Path) -> None:
 
 
 def _file_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+    return digests.file_digest(path)  # big files' digests are remembered between runs
 
 
 def context_hash(root: Path, dockerfile_without_hash: str) -> str:
