@@ -128,6 +128,8 @@ class _Cell:
         r.verdicts = "probed"
         if result.passed and result.probe is not None:
             r.verdicts_at = verdicts.store(vdir, vkey, result.probe) or ""
+        else:
+            verdicts.forget(vdir, vkey)
         self.log("--- probe stdout ---", show=False)
         self.log(result.stdout.rstrip(), show=False)
         self.log("--- probe stderr ---", show=False)

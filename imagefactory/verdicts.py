@@ -119,12 +119,23 @@ def lookup(directory: Path, k: Key, cell: Cell) -> Hit | None:
 def store(directory: Path, k: Key, probe: dict, *, now: dt.datetime | None = None) -> str | None:
     """Record a pass; returns its time, or None when the cache cannot be written (never fatal:
     the next run simply probes again)."""
+    at = (now or dt.datetime.now(dt.timezone.utc)).astimezone(dt.timezone.utc).isoformat(timespec="seconds")
+    return at if _write(directory, k, {"key": k.as_dict(), "at": at, "probe": probe}) else None
+
+
+def forget(directory: Path, k: Key) -> None:
+    """Drop the record for this key: the image has just failed a probe (e.g. under --retest)."""
+    _write(directory, k, None)
+
+
+def _write(directory: Path, k: Key, record: dict | None) -> bool:
     path = _path(directory, k.image_id)
     if path is None:
-        return None
-    at = (now or dt.datetime.now(dt.timezone.utc)).astimezone(dt.timezone.utc).isoformat(timespec="seconds")
+        return False
     kept = [r for r in _read(path) if r.get("key") != k.as_dict()][-7:]  # other modes of this image
-    doc = {"format": FORMAT, "records": [*kept, {"key": k.as_dict(), "at": at, "probe": probe}]}
+    if record is None and not path.exists():
+        return True
+    doc = {"format": FORMAT, "records": kept + ([record] if record else [])}
     try:
         directory.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".verdict-", suffix=".tmp", dir=directory)
@@ -138,5 +149,5 @@ def store(directory: Path, k: Key, probe: dict, *, now: dt.datetime | None = Non
             Path(tmp).unlink(missing_ok=True)
             raise
     except OSError:
-        return None
-    return at
+        return False
+    return True

@@ -141,6 +141,18 @@ def test_imagefactory_test_uses_the_verdicts_too(setup):
     assert engine.count("probe") == sorted(reports)
 
 
+def test_a_failing_retest_is_not_forgotten_by_the_next_run(setup):
+    m, engine, run = setup
+    run()
+    good = engine.run
+    engine.run = lambda *a, **k: RunResult(1, "", "Segmentation fault")
+    failed = run(retest=True)
+    assert {r.status for r in failed.values()} == {"check-failed"}
+    engine.run = good
+    run()
+    assert len(engine.count("probe")) == 2  # probed again, not passed on the old record
+
+
 def test_a_corrupt_verdict_record_means_a_new_probe(setup, tmp_path):
     m, engine, run = setup
     run()

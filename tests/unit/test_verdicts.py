@@ -96,3 +96,13 @@ def test_cache_dir_follows_the_environment(tmp_path, monkeypatch):
     monkeypatch.delenv("IMAGEFACTORY_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert verdicts.cache_dir() == tmp_path / "xdg" / "imagefactory" / "verdicts"
+
+
+def test_a_failed_probe_forgets_the_earlier_pass(tmp_path):
+    verdicts.store(tmp_path, key(), good_probe(CPU_OPENBLAS))
+    verdicts.store(tmp_path, key(gpus=True), good_probe(CPU_OPENBLAS, gpu=True))
+    verdicts.forget(tmp_path, key())
+    assert verdicts.lookup(tmp_path, key(), CPU_OPENBLAS) is None
+    assert verdicts.lookup(tmp_path, key(gpus=True), CPU_OPENBLAS) is not None
+    verdicts.forget(tmp_path / "none", key())  # nothing recorded: nothing written
+    assert not (tmp_path / "none").exists()
