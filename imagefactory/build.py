@@ -14,12 +14,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from imagefactory import render, smoke, tags
-from imagefactory.engine import Engine
+from imagefactory import freshness, render, schedule, smoke, tags, verdicts
+from imagefactory.engine import BuildProgress, Engine
 from imagefactory.errors import BuildError, ConfigError, ImageFactoryError
 from imagefactory.model import Cell, Matrix
 from imagefactory.report import (BUILD_FAILED, BUILT, CACHED, CHECK_FAILED, NOT_BUILT, PASSED, SKIPPED,
                                  CellReport)
+
+
+BUILD_ENDED = 1 << 30  # a step number past any build's last: opens the cell's gate
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,9 @@ class Options:
     network: str = "host"  # host | default
     probe_timeout: float = smoke.DEFAULT_TIMEOUT
     cache_from: tuple[str, ...] = ()  # images whose layers a build may reuse (e.g. the previous release)
+    pull: str = "missing"  # always | missing | never: how base images are resolved (freshness.py)
+    retest: bool = False  # probe even when a verdict for this image is cached (verdicts.py)
+    verdicts_dir: Path | None = None  # None: verdicts.cache_dir()
 
 
 def resolve_gpus(mode: str, engine: Engine) -> bool:
@@ -66,7 +72,9 @@ class _Cell:
         cell = ctx.cell
         log_path = options.work_dir / "logs" / f"{cell.id}.log"
         self.report = CellReport(cell=cell.id, content_hash=ctx.content_hash,
-                                 candidate=tags.candidate(cell, ctx.content_hash), log=str(log_path))
+                                 candidate=tags.candidate(cell, ctx.content_hash), log=str(log_path),
+                                 base_image=cell.base_image, base_digest=cell.base_image.partition("@")[2])
+        self.on_step: Callable[[int], None] = lambda step: None  # the scheduler's gate (schedule.py)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self.log_file = log_path.open("w", encoding="utf-8")
 
@@ -75,6 +83,10 @@ class _Cell:
         self.log_file.flush()
         if show:
             self.ui.log(self.report.cell, line)
+
+    def _progress(self, p: BuildProgress) -> None:
+        self.ui.step(self.ctx.cell.id, p)
+        self.on_step(p.step)
 
     def build(self) -> bool:
         r, cell = self.report, self.ctx.cell
@@ -90,7 +102,8 @@ class _Cell:
         try:
             network = "host" if self.options.network == "host" else None
             r.image_id = self.engine.build(str(self.ctx.path), r.candidate, network_mode=network,
-                                           log=self.log, progress=lambda p: self.ui.step(cell.id, p),
+                                           log=self.log, progress=self._progress,
+                                           pull=self.options.pull == "always",
                                            cache_from=[ref for ref in self.options.cache_from
                                                        if self.engine.image_id(ref)])
         except BuildError as e:
@@ -103,8 +116,20 @@ class _Cell:
 
     def test(self, image: str) -> bool:
         r, cell = self.report, self.ctx.cell
+        vdir = self.options.verdicts_dir or verdicts.cache_dir()
+        vkey = verdicts.key(r.image_id or self.engine.image_id(image) or "", cell, gpus=self.gpus)
+        hit = None if self.options.retest else verdicts.lookup(vdir, vkey, cell)
+        if hit is not None:
+            r.checks, r.status, r.verdicts, r.verdicts_at = hit.checks, PASSED, CACHED, hit.at
+            self.log(f"verdicts cached: image {vkey.image_id[:19]} passed probe {vkey.probe_version} at {hit.at}")
+            return True
         self.ui.status(cell.id, "testing")
         result = smoke.test_image(self.engine, cell, image, gpus=self.gpus, timeout=self.options.probe_timeout)
+        r.verdicts = "probed"
+        if result.passed and result.probe is not None:
+            r.verdicts_at = verdicts.store(vdir, vkey, result.probe) or ""
+        else:
+            verdicts.forget(vdir, vkey)
         self.log("--- probe stdout ---", show=False)
         self.log(result.stdout.rstrip(), show=False)
         self.log("--- probe stderr ---", show=False)
@@ -120,12 +145,25 @@ class _Cell:
 def _run(matrix: Matrix, cells: list[Cell], options: Options, ui, engine_factory: Callable[[], Engine],
          work: Callable[["_Cell"], bool]) -> tuple[list[CellReport], bool]:
     """Render the cells, then do `work` for each on a pool of workers; (reports, gpus given)."""
-    gpus = resolve_gpus(options.gpus, engine_factory())
-    contexts = render.render(matrix, options.work_dir / "contexts", cells)
+    first = engine_factory()
+    gpus = resolve_gpus(options.gpus, first)
+    bases = freshness.resolve(first, [c.base_image for c in cells], options.pull)
+    contexts = render.render(matrix, options.work_dir / "contexts", cells,
+                             bases={ref: b.pinned for ref, b in bases.items()})
+    slots = schedule.plan_paths([ctx.path for ctx in contexts])
+    gates = schedule.Gates(slots)
     stop = threading.Event()
     local = threading.local()
 
-    def one(ctx: render.Context) -> CellReport:
+    def one(slot: schedule.Slot) -> CellReport:
+        ctx = contexts[slot.index]
+        try:
+            gates.wait(slot.index)
+            return one_cell(ctx, slot.index)
+        finally:
+            gates.release(slot.index)
+
+    def one_cell(ctx: render.Context, index: int) -> CellReport:
         if stop.is_set():
             skipped = CellReport(cell=ctx.cell.id, status=SKIPPED, content_hash=ctx.content_hash,
                                  error="skipped: an earlier cell failed and --fail-fast is set")
@@ -135,6 +173,7 @@ def _run(matrix: Matrix, cells: list[Cell], options: Options, ui, engine_factory
         if not hasattr(local, "engine"):
             local.engine = engine_factory()  # one SDK client per worker thread
         c = _Cell(matrix, ctx, options, ui, local.engine, gpus)
+        c.on_step = lambda step: gates.progress(index, step)
         try:
             ok = work(c)
         except ImageFactoryError as e:  # the engine failed us mid-cell: the cell fails, the run goes on
@@ -148,7 +187,8 @@ def _run(matrix: Matrix, cells: list[Cell], options: Options, ui, engine_factory
         return c.report
 
     with ThreadPoolExecutor(max_workers=max(1, options.jobs)) as pool:
-        return list(pool.map(one, contexts)), gpus
+        done = dict(zip((s.index for s in slots), pool.map(one, slots)))
+    return [done[i] for i in range(len(contexts))], gpus
 
 
 def build(matrix: Matrix, cells: list[Cell], options: Options, ui,
@@ -156,7 +196,9 @@ def build(matrix: Matrix, cells: list[Cell], options: Options, ui,
     """Render, build (or reuse) and smoke-test every cell."""
 
     def work(c: _Cell) -> bool:
-        return c.build() and c.test(c.report.candidate)
+        built = c.build()
+        c.on_step(BUILD_ENDED)  # the cells that share its layers may start now
+        return built and c.test(c.report.candidate)
 
     return _run(matrix, cells, options, ui, engine_factory, work)
 

@@ -149,9 +149,24 @@ RetryDelayOpt = typer.Option(2.0, "--retry-delay", min=0.0, help="Seconds before
 LiveOpt = typer.Option(None, "--live/--plain", help="Live display (default on a terminal) or plain lines.")
 
 
-def _options(work_dir, jobs, keep_going, gpus, network, probe_timeout, cache_from=()) -> build_mod.Options:
+class Pull(str, Enum):
+    always = "always"
+    missing = "missing"
+    never = "never"
+
+
+PullOpt = typer.Option(Pull.missing, "--pull", help="Base images are resolved to a digest that is pinned in FROM: "
+                                                    "always (from the registry, and re-pulled), missing (from the "
+                                                    "registry, else the local copy), never (the local copy only).")
+RetestOpt = typer.Option(False, "--retest", help="Probe every image, even one whose passing verdicts are "
+                                                 "cached for this probe version, GPU and thread mode.")
+
+
+def _options(work_dir, jobs, keep_going, gpus, network, probe_timeout, cache_from=(), *,
+             pull: Pull = Pull.missing, retest: bool = False) -> build_mod.Options:
     return build_mod.Options(work_dir=work_dir, jobs=jobs, fail_fast=not keep_going, gpus=gpus.value,
-                             network=network.value, probe_timeout=probe_timeout, cache_from=tuple(cache_from or ()))
+                             network=network.value, probe_timeout=probe_timeout, cache_from=tuple(cache_from or ()),
+                             pull=pull.value, retest=retest)
 
 
 @app.command()
@@ -173,6 +188,8 @@ def build(
     cache_from: Optional[List[str]] = typer.Option(
         None, "--cache-from", help="A local image whose layers the builds may reuse, e.g. the previous "
                                    "release pulled from the registry (repeatable)."),
+    pull: Pull = PullOpt,
+    retest: bool = RetestOpt,
 ) -> None:
     """Build every cell through the Docker SDK, then smoke-test each image in a container.
 
@@ -180,7 +197,7 @@ def build(
     get a local candidate name (imagefactory-candidate/...); release tags are applied only by
     --push, and only to cells that passed. Full logs: WORK_DIR/logs/<cell>.log."""
     m, cells = _load(matrix, only)
-    options = _options(work_dir, jobs, keep_going, gpus, network, probe_timeout, cache_from)
+    options = _options(work_dir, jobs, keep_going, gpus, network, probe_timeout, cache_from, pull=pull, retest=retest)
     if atomic and not push:
         raise ConfigError("--atomic: only meaningful with --push")
     with progress_mod.make(live) as ui:
@@ -233,10 +250,15 @@ def test_cmd(
     work_dir: Path = WorkDirOpt,
     probe_timeout: float = TimeoutOpt,
     live: Optional[bool] = LiveOpt,
+    pull: Pull = PullOpt,
+    retest: bool = RetestOpt,
 ) -> None:
-    """Re-run the smoke tests on the images already built for the matrix's current content."""
+    """Re-run the smoke tests on the images already built for the matrix's current content.
+
+    An image that already passed this probe version (same GPU and thread mode) is reported
+    with its cached verdicts; --retest probes it again."""
     m, cells = _load(matrix, only)
-    options = _options(work_dir, jobs, keep_going, gpus, Network.host, probe_timeout)
+    options = _options(work_dir, jobs, keep_going, gpus, Network.host, probe_timeout, pull=pull, retest=retest)
     with progress_mod.make(live) as ui:
         reports, has_gpus = build_mod.test(m, cells, options, ui)
     _finish(reports, report, has_gpus)

@@ -75,6 +75,13 @@ class Engine:
         except docker.errors.ImageNotFound:
             return None
 
+    def local_repo_digests(self, ref: str) -> list[str]:
+        """The local image's RepoDigests ('name@sha256:...'); [] when there is no local copy."""
+        try:
+            return [str(d) for d in self.client.images.get(ref).attrs.get("RepoDigests") or []]
+        except (docker.errors.ImageNotFound, docker.errors.APIError):
+            return []
+
     def tag(self, image: str, ref: str) -> None:
         repo, tag = split_tag(ref)
         try:

@@ -7,6 +7,7 @@ Dockerfile text. Same matrix in, same bytes out.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import json
@@ -18,10 +19,11 @@ import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Mapping
 
 import jinja2
 
-from imagefactory import __version__, inputs
+from imagefactory import __version__, digests, inputs
 from imagefactory.availability import conda_build_spec
 from imagefactory.errors import ConfigError
 from imagefactory.model import AUTO, Cell, Matrix
@@ -109,6 +111,8 @@ def labels(matrix: Matrix, cell: Cell, content_hash: str | None) -> list[tuple[s
             f"{'CPU only' if cell.cuda is None else 'CUDA ' + cell.cuda}, {cell.blas}, {cell.installer}"),
         "org.opencontainers.image.version": cell.tags[0].rsplit(":", 1)[-1] if cell.tags else cell.id,
         "org.opencontainers.image.base.name": cell.base_image,
+        **({"org.opencontainers.image.base.digest": cell.base_image.partition("@")[2]}
+           if "@" in cell.base_image else {}),
         "org.opencontainers.image.vendor": "imagefactory",
         f"{LABEL_PREFIX}.cell": cell.id,
         f"{LABEL_PREFIX}.python": cell.python,
@@ -256,11 +260,7 @@ def _write_files(matrix: Matrix, cell: Cell, root: Path) -> None:
 
 
 def _file_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+    return digests.file_digest(path)  # big files' digests are remembered between runs
 
 
 def context_hash(root: Path, dockerfile_without_hash: str) -> str:
@@ -313,11 +313,18 @@ def _sigterm_as_interrupt():
         signal.signal(signal.SIGTERM, previous)
 
 
-def render(matrix: Matrix, out: Path, cells: list[Cell] | None = None) -> list[Context]:
+def render(matrix: Matrix, out: Path, cells: list[Cell] | None = None,
+           bases: Mapping[str, str] | None = None) -> list[Context]:
     """Render every cell into out/<cell-id>/, all or nothing: contexts are written to a
-    temporary folder and moved into place only when every cell rendered."""
+    temporary folder and moved into place only when every cell rendered.
+
+    `bases` maps a cell's base image to its pinned form (name:tag@sha256:..., see
+    freshness.py); the pinned FROM is then part of the content hash. Without it the
+    tags are kept (`imagefactory render` needs no engine)."""
     out = Path(out)
     cells = list(matrix.cells if cells is None else cells)
+    if bases:
+        cells = [dataclasses.replace(c, base_image=bases.get(c.base_image, c.base_image)) for c in cells]
     _check_out(out, cells)
     out.mkdir(parents=True, exist_ok=True)
     with _sigterm_as_interrupt():

@@ -33,6 +33,10 @@ class CellReport:
     tags: list[str] = field(default_factory=list)
     publish: str = ""  # published | publish-failed | not-published | "" (no push asked)
     pushed: list[dict] = field(default_factory=list)  # {"ref", "digest", "layers_pushed", "layers_existing"}
+    base_image: str = ""  # the base as built: name:tag@sha256:... once resolved (freshness.py)
+    base_digest: str = ""
+    verdicts: str = ""  # probed | cached (an earlier pass of this very image, verdicts.py) | "" (not tested)
+    verdicts_at: str = ""  # when the verdicts were made (UTC)
 
     @property
     def ok(self) -> bool:
@@ -72,7 +76,8 @@ def summary(reports: list[CellReport]) -> str:
     lines = ["# imagefactory report", "", "| cell | status | publish | failed checks |", "|---|---|---|---|"]
     for r in reports:
         failed = ", ".join(c.name for c in r.checks if c.verdict == "fail") or ("—" if r.checks else "")
-        status = r.status + (" (cached)" if r.cached else "")
+        status = r.status + (" (cached)" if r.cached else "") + (
+            f" (verdicts cached from {r.verdicts_at})" if r.verdicts == CACHED else "")
         lines.append(f"| `{r.cell}` | {status} | {r.publish or '—'} | {failed} |")
     for r in reports:
         lines += ["", f"## `{r.cell}`: {r.status}", ""]

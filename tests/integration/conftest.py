@@ -80,6 +80,19 @@ def wheelhouse() -> Path:
     return path
 
 
+@pytest.fixture(scope="session", autouse=True)
+def verdict_cache(tmp_path_factory):
+    """The runs of a session share a verdict cache of their own, never the user's ~/.cache."""
+    path = tmp_path_factory.mktemp("verdict-cache")
+    before = os.environ.get("IMAGEFACTORY_CACHE_DIR")
+    os.environ["IMAGEFACTORY_CACHE_DIR"] = str(path)
+    yield path
+    if before is None:
+        os.environ.pop("IMAGEFACTORY_CACHE_DIR", None)
+    else:
+        os.environ["IMAGEFACTORY_CACHE_DIR"] = before
+
+
 @pytest.fixture(scope="session")
 def session_id() -> str:
     return uuid.uuid4().hex[:8]

@@ -46,7 +46,7 @@ def good_probe(cell: Cell, *, gpu: bool = False, cpus: int = 8) -> dict:
     ok = {"ok": True, "returncode": 0, "error": None, "info": {"ok": True}}
     local = "+cpu" if cell.cuda is None else "+cu" + cell.cuda.replace(".", "")
     return {
-        "probe_version": 1,
+        "probe_version": 2,
         "python": {"version": cell.python + ".7", "executable": "/opt/venv/bin/python"},
         "user": {"uid": 1000, "gid": 1000, "name": "trainer"},
         "cpus": {"os_cpu_count": cpus, "affinity": cpus, "cgroup_quota": None, "physical_cores": cpus},

@@ -1,0 +1,287 @@
+"""How fast is the factory: every figure of issue 9 as a ratio, measured side by side.
+
+Builds on this machine's real engine, with base images from the local base registry
+(127.0.0.1:5000) and torch's CPU wheel from a wheelhouse, like the integration tests.
+Each figure is the median of interleaved pairs (A, B, A, B, ...), so a drifting, shared
+machine hits both sides alike. Prints one Markdown table.
+
+    python bench/factory.py [--pairs 3] [--cold-pairs 1] [--wheelhouse DIR] [--keep]
+
+Figures:
+- no-op rebuild, 1 cell: `imagefactory build` on an unchanged matrix vs a loop of plain,
+  fully cached `docker build` (classic builder, like the SDK's) over the same contexts.
+- no-op rebuild, 3 cells: this machine can build only one passing cell (Python 3.11
+  bookworm base; no conda channels, no CUDA wheels), so this row is a projection from
+  measured parts: the CLI's fixed cost (`imagefactory list`, every import plus the
+  matrix) and the measured per-cell remainder, against 3x the docker-build loop. It says
+  "projected" in the table.
+- `imagefactory test` (verdicts cached, and --retest: the probe) vs
+  `docker run --rm --network none IMAGE python -c 'import torch, numpy'`.
+- -j 2 vs -j 1, cold, on a two-cell matrix (the openblas cell and an mkl cell whose NumPy
+  comes from PyPI: its build is real work, its BLAS check fails, which does not matter
+  for build time). "Cold": each run builds on a new base (the bench's own base, one new
+  label per run, pushed to the base registry), so no layer after FROM is cached.
+- image size vs the naive blog recipe (bench/fixtures/naive-pip.Dockerfile), and vs the
+  payload: the environment (/opt/venv) plus the minimal OS (the base image).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from imagefactory.engine import Engine  # noqa: E402
+
+BASE_REGISTRY = "127.0.0.1:5000"
+TORCH = "2.13.0"
+GOOD, MKL = "py3.11-cpu-openblas-pip", "py3.11-cpu-mkl-pip"
+
+
+@dataclass
+class Row:
+    figure: str
+    a: str
+    b: str
+    a_s: list[float]
+    b_s: list[float]
+    target: str
+    unit: str = "s"
+    note: str = ""
+
+    @property
+    def ratio(self) -> float:
+        return statistics.median(x / y for x, y in zip(self.a_s, self.b_s))
+
+    def line(self) -> str:
+        def fmt(values: list[float]) -> str:
+            m = statistics.median(values)
+            return f"{m / 1e6:,.0f} MB" if self.unit == "MB" else f"{m:.2f} s"
+        n = f"{len(self.a_s)} pair{'s' if len(self.a_s) > 1 else ''}"
+        return (f"| {self.figure} | {self.a}: {fmt(self.a_s)} | {self.b}: {fmt(self.b_s)} | "
+                f"**{self.ratio:.2f}x** | {self.target} | {n}{'; ' + self.note if self.note else ''} |")
+
+
+def timed(cmd: list[str], env: dict | None = None, check: bool = True) -> float:
+    started = time.perf_counter()
+    r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})})
+    took = time.perf_counter() - started
+    if check and r.returncode != 0:
+        raise SystemExit(f"failed ({r.returncode}): {' '.join(cmd)}\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
+    return took
+
+
+def say(text: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+
+def pairs(n: int, a: Callable[[], float], b: Callable[[], float]) -> tuple[list[float], list[float]]:
+    xs, ys = [], []
+    for i in range(n):
+        xs.append(a())
+        ys.append(b())
+        say(f"  pair {i + 1}/{n}: {xs[-1]:.2f} s vs {ys[-1]:.2f} s")
+    return xs, ys
+
+
+class Bench:
+    def __init__(self, root: Path, wheelhouse: Path, engine: Engine):
+        self.root, self.wheelhouse, self.engine = root, wheelhouse, engine
+        self.id = uuid.uuid4().hex[:8]
+        self.base_repo = f"bench-{self.id}/python"
+        self.base_ref = f"{BASE_REGISTRY}/{self.base_repo}:3.11-slim-bookworm"
+        self.matrix = root / "matrix.yaml"
+        self.env = {"IMAGEFACTORY_CACHE_DIR": str(root / "cache")}
+        self.images: list[str] = []
+        self.runs = 0
+        certs = json.dumps(sorted(glob.glob("/usr/local/share/ca-certificates/*.crt")))
+        self.matrix.write_text(f"""
+image: 127.0.0.1:5001/bench-{self.id}/train
+matrix:
+  python: ["3.11"]
+  cuda: ["none"]
+  blas: [openblas, mkl]
+  installer: [pip]
+torch: "{TORCH}"
+threads: 2
+base_registry: {BASE_REGISTRY}
+base_images:
+  pip: "bench-{self.id}/python:{{python}}-slim-bookworm"
+ca_certificates: {certs}
+pip:
+  torch_index_url: null
+  numpy_index_url: https://pypi.org/simple
+  wheelhouse: {wheelhouse}
+""")
+
+    def new_base(self) -> None:
+        """A base no layer cache has seen: library/python plus one new label, pushed."""
+        self.runs += 1
+        ctx = self.root / f"base-{self.runs}"
+        ctx.mkdir()
+        (ctx / "Dockerfile").write_text(f"FROM {BASE_REGISTRY}/library/python:3.11-slim-bookworm\n"
+                                        f"LABEL io.imagefactory.bench.run={self.id}-{self.runs}\n")
+        self.engine.build(str(ctx), self.base_ref, network_mode="host")
+        self.engine.push(self.base_ref)
+        self.images.append(self.engine.image_id(self.base_ref) or self.base_ref)
+
+    def cli(self, *args: str, work: str = "work", only: str | None = GOOD, check: bool = True) -> float:
+        cmd = [sys.executable, "-m", "imagefactory", *args, "--matrix", str(self.matrix), "--plain",
+               "--work-dir", str(self.root / work), "--report", str(self.root / work / "report.json")]
+        return timed(cmd + (["--only", only] if only else []), self.env, check)
+
+    def report(self, work: str = "work") -> dict:
+        cells = json.loads((self.root / work / "report.json").read_text())["cells"]
+        for c in cells:
+            if c.get("image_id"):
+                self.images.append(c["image_id"])
+        return {c["cell"]: c for c in cells}
+
+    # -- figures --------------------------------------------------------------------------
+    def cold_parallel(self, n: int) -> Row:
+        def cold(jobs: int) -> float:
+            self.new_base()
+            took = self.cli("build", "-j", str(jobs), work=f"cold-{self.runs}", only=None, check=False)
+            states = {c: r["status"] for c, r in self.report(f"cold-{self.runs}").items()}
+            if states.get(GOOD) != "passed" or any(s == "build-failed" for s in states.values()):
+                raise SystemExit(f"cold build -j {jobs} did not build both cells: {states}")
+            return took
+        say("cold builds, -j 2 then -j 1 (minutes each)")
+        a, b = pairs(n, lambda: cold(2), lambda: cold(1))
+        return Row("cold build, 2 cells", "`build -j 2`", "`build -j 1`", a, b, "< 1 (pays off)",
+                   note="each run on a new base, nothing cached after FROM")
+
+    def noop(self, n: int) -> tuple[Row, Row]:
+        say("no-op rebuilds")
+        self.cli("build")  # make sure the cell is built and its verdicts recorded
+        context = str(self.root / "work" / "contexts" / GOOD)
+        docker = ["docker", "build", "-q", context]
+        env = {"DOCKER_BUILDKIT": "0"}
+        a, b = pairs(n, lambda: self.cli("build"), lambda: timed(docker, env))
+        assert self.report()[GOOD]["cached"] is True
+        one = Row("no-op rebuild, 1 cell", "`imagefactory build`", "`docker build` (cached)", a, b, "≤ 1.0x")
+        fixed = [timed([sys.executable, "-m", "imagefactory", "list", "--matrix", str(self.matrix)])
+                 for _ in range(n)]
+        per_cell = [max(x - f, 0.0) for x, f in zip(a, fixed)]
+        a3 = [f + 3 * c for f, c in zip(fixed, per_cell)]
+        three = Row("no-op rebuild, 3 cells (projected)", "fixed + 3 x per-cell", "3 x `docker build`",
+                    a3, [3 * y for y in b], "≤ 0.35x",
+                    note=f"projected: fixed CLI cost {statistics.median(fixed):.2f} s measured by `imagefactory list`")
+        return one, three
+
+    def test(self, n: int) -> tuple[Row, Row]:
+        image = self.report()[GOOD]["candidate"]
+        run = ["docker", "run", "--rm", "--network", "none", image, "python", "-c", "import torch, numpy"]
+        say("imagefactory test vs docker run")
+        a, b = pairs(n, lambda: self.cli("test"), lambda: timed(run))
+        cached = Row("`imagefactory test`, verdicts cached", "`imagefactory test`", "`docker run … import torch, numpy`",
+                     a, b, "≤ 1.5x")
+        a, b = pairs(n, lambda: self.cli("test", "--retest"), lambda: timed(run))
+        probed = Row("`imagefactory test --retest` (the probe)", "`test --retest`", "`docker run … import torch, numpy`",
+                     a, b, "≤ 1.5x")
+        return cached, probed
+
+    def sizes(self) -> tuple[Row, Row]:
+        ours = self.report()[GOOD]
+        image = self.engine.client.images.get(ours["image_id"])
+        ctx = self.root / "naive"
+        ctx.mkdir()
+        shutil.copy(REPO / "bench" / "fixtures" / "naive-pip.Dockerfile", ctx / "Dockerfile")
+        shutil.copytree(self.root / "work" / "contexts" / GOOD / "certs", ctx / "certs")
+        (ctx / "wheelhouse").mkdir()
+        for whl in self.wheelhouse.glob(f"torch-{TORCH}+cpu-*.whl"):
+            shutil.copy(whl, ctx / "wheelhouse" / whl.name)
+        naive_tag = f"imagefactory-bench/naive-{self.id}:latest"
+        say("building the naive recipe")
+        resp = self.engine.api.build(path=str(ctx), tag=naive_tag, rm=True, forcerm=True, decode=True,
+                                     network_mode="host", buildargs={"BASE": ours["base_image"]})
+        for event in resp:
+            if "error" in event:
+                raise SystemExit(f"naive build failed: {event['error']}")
+        naive = self.engine.client.images.get(naive_tag)
+        self.images.append(naive.id)
+        out = self.engine.client.containers.run(image.id, ["du", "-sb", "/opt/venv"], remove=True,
+                                                network_mode="none", stderr=False)
+        venv = int(out.decode().split()[0])
+        base = self.engine.client.images.get(self.base_ref).attrs["Size"]
+        size = image.attrs["Size"]
+        return (Row("image size vs naive recipe", "ours", "naive (one package per RUN, caches kept)",
+                    [size], [naive.attrs["Size"]], "≤ 0.6x", unit="MB"),
+                Row("image size vs payload", "ours", "payload (/opt/venv + base OS)",
+                    [size], [venv + base], "≤ 1.15x", unit="MB",
+                    note=f"venv {venv / 1e6:,.0f} MB + base {base / 1e6:,.0f} MB"))
+
+    def cleanup(self) -> None:
+        import requests
+
+        try:  # the bench's base in the base registry (works where the registry allows deletes)
+            r = requests.head(f"http://{BASE_REGISTRY}/v2/{self.base_repo}/manifests/3.11-slim-bookworm",
+                              headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"},
+                              timeout=10)
+            if r.status_code == 200:
+                requests.delete(f"http://{BASE_REGISTRY}/v2/{self.base_repo}/manifests/"
+                                f"{r.headers['Docker-Content-Digest']}", timeout=10)
+        except requests.RequestException:
+            pass
+        self.images.append(self.base_ref)
+        for ref in reversed(self.images):
+            try:
+                self.engine.client.images.remove(ref, force=True)
+            except Exception:  # noqa: BLE001 - best effort: an image may share layers with a later one
+                pass
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pairs", type=int, default=3, help="interleaved pairs per figure (default 3)")
+    ap.add_argument("--cold-pairs", type=int, default=1, help="pairs of cold -j 2 / -j 1 builds (minutes each)")
+    ap.add_argument("--wheelhouse", type=Path,
+                    default=Path(os.environ.get("IMAGEFACTORY_CI_CACHE", Path.home() / ".cache/imagefactory-ci"))
+                    / "wheels")
+    ap.add_argument("--skip-cold", action="store_true", help="leave out the cold -j figure")
+    ap.add_argument("--keep", action="store_true", help="keep the images and the work folder")
+    args = ap.parse_args()
+    if not list(args.wheelhouse.glob(f"torch-{TORCH}+cpu-*.whl")):
+        raise SystemExit(f"no torch-{TORCH}+cpu wheel in {args.wheelhouse}: "
+                         f"pip download --no-deps -d {args.wheelhouse} torch=={TORCH}+cpu")
+    root = Path(tempfile.mkdtemp(prefix="imagefactory-bench-"))
+    bench = Bench(root, args.wheelhouse.resolve(), Engine())
+    rows: list[Row] = []
+    try:
+        bench.new_base()
+        if not args.skip_cold:
+            rows.append(bench.cold_parallel(args.cold_pairs))
+        rows.extend(bench.noop(args.pairs))
+        rows.extend(bench.test(args.pairs))
+        rows.extend(bench.sizes())
+    finally:
+        print(f"\n{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cores, "
+              f"load {os.getloadavg()[0]:.1f}; `python bench/factory.py --pairs {args.pairs}"
+              f" --cold-pairs {args.cold_pairs}`\n")
+        print("| figure | A | B | A/B (median) | goal | runs |")
+        print("|---|---|---|---|---|---|")
+        for row in rows:
+            print(row.line())
+        if args.keep:
+            print(f"\nkept: {root}")
+        else:
+            bench.cleanup()
+            shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

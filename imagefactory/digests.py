@@ -1,0 +1,88 @@
+"""sha256 of context files, remembered for big ones (the wheelhouse) between runs.
+
+Hashing a 190 MB torch wheel costs a second or more on every no-op `build`. Render links
+wheelhouse files into the context (same inode), so a digest is remembered per
+(device, inode, size, modification time in ns): the stat data that make-like tools and
+git's index trust. A file changed in place without its mtime changing is the accepted
+blind spot; --retest does not cover it, deleting the cache file does.
+
+The cache is one JSON file beside the verdicts (verdicts.cache_dir()'s parent), written
+atomically, and every entry is checked when read; a bad file is ignored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+import threading
+from pathlib import Path
+
+MIN_SIZE = 1 << 20  # smaller files are hashed every time: cheaper than a lookup
+MAX_ENTRIES = 512
+_DIGEST_RE = re.compile(r"[0-9a-f]{64}")
+_KEY_RE = re.compile(r"\d+:\d+:\d+:\d+")
+_lock = threading.Lock()
+
+
+def cache_file() -> Path:
+    from imagefactory.verdicts import cache_dir
+
+    return cache_dir().parent / "file-digests.json"
+
+
+def _hash(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _load(path: Path) -> dict[str, str]:
+    try:
+        if path.is_symlink() or not path.is_file() or path.stat().st_size > (MAX_ENTRIES * 200):
+            return {}
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return {}
+    if not isinstance(doc, dict):
+        return {}
+    return {k: v for k, v in doc.items()
+            if isinstance(k, str) and isinstance(v, str) and _KEY_RE.fullmatch(k) and _DIGEST_RE.fullmatch(v)}
+
+
+def _save(path: Path, entries: dict[str, str]) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".digests-", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(dict(list(entries.items())[-MAX_ENTRIES:]), f)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    except OSError:
+        pass  # never fatal: the next run hashes again
+
+
+def file_digest(path: Path) -> str:
+    st = path.stat()
+    if st.st_size < MIN_SIZE:
+        return _hash(path)
+    key = f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
+    store = cache_file()
+    with _lock:
+        entries = _load(store)
+        if key in entries:
+            return entries[key]
+    digest = _hash(path)
+    with _lock:
+        entries = _load(store)
+        entries.pop(key, None)
+        entries[key] = digest
+        _save(store, entries)
+    return digest

@@ -1,0 +1,153 @@
+"""Verdict cache: an image that already passed the probe is not probed again.
+
+A record says: image <id>, probed by probe <version> (and exact probe text), with GPUs
+given or not, at <threads> threads, passed at <time>; it keeps the probe's raw JSON.
+
+Where the records live, and why: one JSON file per image id under
+`$IMAGEFACTORY_CACHE_DIR/verdicts/` (default `$XDG_CACHE_HOME/imagefactory/verdicts/`, i.e.
+`~/.cache/imagefactory/verdicts/`). Not the work dir: `build/` lives in the checkout and
+is gone on a fresh clone, while the images are still on the engine, and a fresh
+checkout on the same engine is exactly when re-probing is wasted. Not a label on a
+derived image: writing a label means committing a new image (a build) per verdict and
+finding it back by a second lookup, which costs more than the probe's margin; a small
+file costs one read. An image id is the digest of the image's config, so a record can
+only ever describe the content it was made for, whichever engine holds it.
+
+A record is written atomically (temporary file + rename) and checked whole when read:
+anything that is not a well-formed record for exactly this key is ignored, and the
+cell is probed again. On a hit, the stored probe JSON is judged again by today's
+checks (cheap), so a stricter checks.py never lets an old pass through.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from imagefactory import checks, smoke
+from imagefactory.model import Cell
+
+IMAGE_ID_RE = re.compile(r"sha256:([0-9a-f]{64})")
+_VERSION_RE = re.compile(r"^PROBE_VERSION = (\d+)$", re.MULTILINE)
+_AT_RE = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?\+00:00")
+FORMAT = 1
+MAX_BYTES = 4 << 20  # a record is a few KiB; anything huge is not ours
+
+
+def cache_dir() -> Path:
+    explicit = os.environ.get("IMAGEFACTORY_CACHE_DIR")
+    if explicit:
+        return Path(explicit) / "verdicts"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "imagefactory" / "verdicts"
+
+
+def probe_version() -> str:
+    """PROBE_VERSION read from the probe's text (the probe is never imported or run here),
+    plus a digest of that text: an edited probe without a version bump still re-probes."""
+    text = smoke.probe_source()
+    m = _VERSION_RE.search(text)
+    number = m[1] if m else "unknown"
+    return f"{number}+{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+
+
+@dataclass(frozen=True)
+class Key:
+    image_id: str
+    probe_version: str
+    gpus: bool
+    threads: int
+
+    def as_dict(self) -> dict:
+        return {"image_id": self.image_id, "probe_version": self.probe_version,
+                "gpus": self.gpus, "threads": self.threads}
+
+
+def key(image_id: str, cell: Cell, *, gpus: bool) -> Key:
+    return Key(image_id, probe_version(), gpus, cell.threads)
+
+
+@dataclass(frozen=True)
+class Hit:
+    checks: list[checks.Check]
+    at: str  # when the earlier verdicts were made (UTC, ISO 8601)
+
+
+def _path(directory: Path, image_id: str) -> Path | None:
+    m = IMAGE_ID_RE.fullmatch(image_id)
+    return directory / f"{m[1]}.json" if m else None
+
+
+def _records(doc: object) -> list[dict]:
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(doc.get("records"), list):
+        return []
+    return [r for r in doc["records"] if isinstance(r, dict)]
+
+
+def _read(path: Path) -> list[dict]:
+    try:
+        if not path.is_file() or path.is_symlink() or path.stat().st_size > MAX_BYTES:
+            return []
+        return _records(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError, RecursionError):
+        return []
+
+
+def lookup(directory: Path, k: Key, cell: Cell) -> Hit | None:
+    """The earlier passing verdicts for exactly this key, judged again now; None: probe."""
+    path = _path(directory, k.image_id)
+    if path is None:
+        return None
+    for record in _read(path):
+        at, probe = record.get("at"), record.get("probe")
+        if record.get("key") != k.as_dict() or not isinstance(at, str) or not _AT_RE.fullmatch(at):
+            continue
+        if not isinstance(probe, dict):
+            continue
+        judged = checks.judge(cell, probe, gpu_required=k.gpus)
+        if checks.passed(judged):
+            return Hit(judged, at)
+    return None
+
+
+def store(directory: Path, k: Key, probe: dict, *, now: dt.datetime | None = None) -> str | None:
+    """Record a pass; returns its time, or None when the cache cannot be written (never fatal:
+    the next run simply probes again)."""
+    at = (now or dt.datetime.now(dt.timezone.utc)).astimezone(dt.timezone.utc).isoformat(timespec="seconds")
+    return at if _write(directory, k, {"key": k.as_dict(), "at": at, "probe": probe}) else None
+
+
+def forget(directory: Path, k: Key) -> None:
+    """Drop the record for this key: the image has just failed a probe (e.g. under --retest)."""
+    _write(directory, k, None)
+
+
+def _write(directory: Path, k: Key, record: dict | None) -> bool:
+    path = _path(directory, k.image_id)
+    if path is None:
+        return False
+    kept = [r for r in _read(path) if r.get("key") != k.as_dict()][-7:]  # other modes of this image
+    if record is None and not path.exists():
+        return True
+    doc = {"format": FORMAT, "records": kept + ([record] if record else [])}
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".verdict-", suffix=".tmp", dir=directory)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(doc, f, sort_keys=True)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    except OSError:
+        return False
+    return True

@@ -1,0 +1,108 @@
+"""The verdict cache: a pass is remembered per image, probe version, GPU and thread mode;
+anything else in the cache directory is ignored (and the image is probed again)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+from imagefactory import verdicts
+from tests.unit.test_checks import CPU_OPENBLAS, good_probe
+
+IMAGE = "sha256:" + "ab" * 32
+
+
+def key(**changes) -> verdicts.Key:
+    return dataclasses.replace(verdicts.key(IMAGE, CPU_OPENBLAS, gpus=False), **changes)
+
+
+def test_a_stored_pass_is_found_with_its_time(tmp_path):
+    at = verdicts.store(tmp_path, key(), good_probe(CPU_OPENBLAS))
+    hit = verdicts.lookup(tmp_path, key(), CPU_OPENBLAS)
+    assert hit is not None and hit.at == at and verdicts.checks.passed(hit.checks)
+    assert [p.name for p in tmp_path.iterdir()] == ["ab" * 32 + ".json"]  # no temporary file left
+
+
+def test_every_part_of_the_key_matters(tmp_path):
+    verdicts.store(tmp_path, key(), good_probe(CPU_OPENBLAS))
+    for other in (key(probe_version="2+0"), key(gpus=True), key(threads=8)):
+        assert verdicts.lookup(tmp_path, other, CPU_OPENBLAS) is None
+    assert verdicts.lookup(tmp_path, key(image_id="sha256:" + "cd" * 32), CPU_OPENBLAS) is None
+
+
+def test_modes_of_one_image_are_kept_side_by_side(tmp_path):
+    verdicts.store(tmp_path, key(), good_probe(CPU_OPENBLAS))
+    verdicts.store(tmp_path, key(gpus=True), good_probe(CPU_OPENBLAS, gpu=True))
+    assert verdicts.lookup(tmp_path, key(), CPU_OPENBLAS) is not None
+    assert verdicts.lookup(tmp_path, key(gpus=True), CPU_OPENBLAS) is not None
+
+
+def test_probe_version_is_read_from_the_probe_text():
+    number, digest = verdicts.probe_version().split("+")
+    assert number == str(good_probe(CPU_OPENBLAS)["probe_version"]) and len(digest) == 16
+
+
+def test_stored_probe_is_judged_again_by_todays_checks(tmp_path):
+    verdicts.store(tmp_path, key(), good_probe(CPU_OPENBLAS))
+    stricter = dataclasses.replace(CPU_OPENBLAS, torch="2.14.0")  # as if the checks now wanted more
+    assert verdicts.lookup(tmp_path, key(), stricter) is None
+
+
+def _file(tmp_path):
+    return tmp_path / ("ab" * 32 + ".json")
+
+
+def test_corrupt_or_hostile_records_are_ignored(tmp_path):
+    verdicts.store(tmp_path, key(), good_probe(CPU_OPENBLAS))
+    good = json.loads(_file(tmp_path).read_text())
+    record = good["records"][0]
+    bad_docs = [
+        "{not json", "[]", json.dumps({**good, "format": 99}), json.dumps({**good, "records": "x"}),
+        json.dumps({**good, "records": [{**record, "at": "yesterday; rm -rf /"}]}),
+        json.dumps({**good, "records": [{**record, "probe": "passed"}]}),
+        json.dumps({**good, "records": [{k: v for k, v in record.items() if k != "at"}]}),
+        "[" * 100000,
+    ]
+    for text in bad_docs:
+        _file(tmp_path).write_text(text)
+        assert verdicts.lookup(tmp_path, key(), CPU_OPENBLAS) is None, text[:60]
+
+
+def test_a_symlinked_record_is_not_followed(tmp_path):
+    elsewhere = tmp_path / "elsewhere.json"
+    verdicts.store(tmp_path, key(), good_probe(CPU_OPENBLAS))
+    _file(tmp_path).rename(elsewhere)
+    os.symlink(elsewhere, _file(tmp_path))
+    assert verdicts.lookup(tmp_path, key(), CPU_OPENBLAS) is None
+
+
+def test_an_image_id_that_is_not_a_digest_never_becomes_a_path(tmp_path):
+    for image_id in ("../../etc/passwd", "sha256:" + "ab" * 32 + "/x", "", "sha256:AB" + "ab" * 31):
+        assert verdicts.store(tmp_path, key(image_id=image_id), good_probe(CPU_OPENBLAS)) is None
+        assert verdicts.lookup(tmp_path, key(image_id=image_id), CPU_OPENBLAS) is None
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_unwritable_cache_is_not_fatal(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert verdicts.store(blocker / "verdicts", key(), good_probe(CPU_OPENBLAS)) is None
+
+
+def test_cache_dir_follows_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("IMAGEFACTORY_CACHE_DIR", str(tmp_path))
+    assert verdicts.cache_dir() == tmp_path / "verdicts"
+    monkeypatch.delenv("IMAGEFACTORY_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert verdicts.cache_dir() == tmp_path / "xdg" / "imagefactory" / "verdicts"
+
+
+def test_a_failed_probe_forgets_the_earlier_pass(tmp_path):
+    verdicts.store(tmp_path, key(), good_probe(CPU_OPENBLAS))
+    verdicts.store(tmp_path, key(gpus=True), good_probe(CPU_OPENBLAS, gpu=True))
+    verdicts.forget(tmp_path, key())
+    assert verdicts.lookup(tmp_path, key(), CPU_OPENBLAS) is None
+    assert verdicts.lookup(tmp_path, key(gpus=True), CPU_OPENBLAS) is not None
+    verdicts.forget(tmp_path / "none", key())  # nothing recorded: nothing written
+    assert not (tmp_path / "none").exists()
