@@ -26,6 +26,8 @@ class Cell:
     user: str = "trainer"
     uid: int = 1000
     tags: tuple[str, ...] = ()  # release tags (full references), applied only after checks pass
+    # (name, version) of every package in the cell's lock (render fills it in); () when unlocked
+    locked: tuple[tuple[str, str], ...] = ()
 
     @property
     def id(self) -> str:

@@ -12,12 +12,13 @@ import os
 import shlex
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import jinja2
 
 from imagefactory import __version__
+from imagefactory import lockfile
 from imagefactory.model import Cell, Matrix
 
 HASH_LABEL = "io.imagefactory.content-hash"
@@ -127,6 +128,7 @@ def _conda_values(matrix: Matrix, cell: Cell) -> dict[str, object]:
     specs.append("threadpoolctl")
     specs.extend(cell.packages)
     return {
+        "lock": lockfile.path_for(matrix, cell).is_file(),
         "distribution_title": "Miniforge" if conda.distribution == "miniforge" else "Miniconda",
         "installer_version": conda.version,
         "installer_url": conda.installer_url or template.format(v=conda.version),
@@ -162,18 +164,31 @@ def torch_requirement(matrix: Matrix, cell: Cell) -> tuple[str, list[str]]:
     return requirement, _index_opts(matrix, pip.index_url, list(pip.extra_index_urls))
 
 
+def conda_specs(matrix: Matrix, cell: Cell) -> list[str]:
+    """The specs a conda cell's environment is solved from (in the image, or by `imagefactory lock`)."""
+    return list(_conda_values(matrix, cell)["specs"])  # type: ignore[call-overload]
+
+
+def pip_requirements(cell: Cell) -> list[str]:
+    """What a pip cell installs besides torch."""
+    numpy = f"numpy=={cell.numpy}" if cell.numpy else "numpy"
+    return [numpy, "threadpoolctl>=3.1", *cell.packages]
+
+
 def _pip_values(matrix: Matrix, cell: Cell) -> dict[str, object]:
     pip = matrix.pip
     requirement, torch_opts = torch_requirement(matrix, cell)
     numpy_index = [pip.numpy_index_url] if cell.blas == "mkl" and pip.numpy_index_url else []
     opts = _index_opts(matrix, pip.index_url, list(pip.extra_index_urls) + numpy_index)
-    numpy = f"numpy=={cell.numpy}" if cell.numpy else "numpy"
     return {
         "wheelhouse": pip.wheelhouse is not None,
         "torch_requirement": requirement,
         "torch_opts": torch_opts,
         "pip_opts": opts,
-        "requirements": [numpy, "threadpoolctl>=3.1", *cell.packages],
+        "requirements": pip_requirements(cell),
+        # A lock installs every file from every index the lock was resolved against.
+        "lock": lockfile.path_for(matrix, cell).is_file(),
+        "lock_opts": _index_opts(matrix, *lockfile.pip_sources(matrix, cell)),
     }
 
 
@@ -213,6 +228,9 @@ def _write_files(matrix: Matrix, cell: Cell, root: Path) -> None:
         (root / "certs").mkdir()
         for name, src in zip(names, matrix.ca_certificates):
             (root / "certs" / name).write_bytes(src.read_bytes())
+    lock = lockfile.load(matrix, cell)  # checked against the cell: a stale lock is exit 2
+    if lock is not None:
+        (root / lockfile.CONTEXT_NAME).write_text(lock.text)  # so it is part of the content hash
     if cell.installer == "conda":
         text = environment().get_template("condarc.j2").render(
             channels=matrix.conda.channels, certs=names)
@@ -248,6 +266,9 @@ def render_cell(matrix: Matrix, cell: Cell, dest: Path) -> Context:
     certs = _cert_names(matrix)
     digest = context_hash(dest, dockerfile_text(matrix, cell, None, certs))
     (dest / "Dockerfile").write_text(dockerfile_text(matrix, cell, digest, certs))
+    lock = dest / lockfile.CONTEXT_NAME
+    if lock.is_file():  # the checks compare the image's packages with the lock's
+        cell = replace(cell, locked=lockfile.parse(lock, cell.installer).versions())
     return Context(cell=cell, path=dest, content_hash=digest)
 
 
@@ -257,6 +278,7 @@ def render(matrix: Matrix, out: Path, cells: list[Cell] | None = None) -> list[C
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     cells = list(matrix.cells if cells is None else cells)
+    lockfile.load_all(matrix, cells)  # every stale lock reported at once, before anything is written
     staging = Path(tempfile.mkdtemp(prefix=".render-", dir=out))
     try:
         staged = [render_cell(matrix, cell, staging / cell.id) for cell in cells]
