@@ -31,12 +31,13 @@ _INPUT_RE = re.compile(r"# input (?P<key>[a-z-]+): (?P<value>[ -~]*)")
 NAME_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")
 _VERSION = r"[0-9][A-Za-z0-9.!+_-]*"
 _SHA256 = r"[0-9a-f]{64}"
+_CONDA_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")  # conda names may start with "_"
 VERSION_RE = re.compile(_VERSION)
 SHA256_RE = re.compile(_SHA256)
 _PIP_LINE_RE = re.compile(rf"(?P<name>{NAME_RE.pattern})==(?P<version>{_VERSION})"
                           rf"(?P<hashes>(?: +--hash=sha256:{_SHA256})+)")
 _CONDA_LINE_RE = re.compile(rf"(?P<url>https?://[A-Za-z0-9._~:/%+-]+/(?P<subdir>linux-64|noarch)/"
-                            rf"(?P<file>[A-Za-z0-9._+-]+(?:\.conda|\.tar\.bz2)))#(?P<sha256>{_SHA256})")
+                            rf"(?P<file>[A-Za-z0-9_][A-Za-z0-9._+!-]*(?:\.conda|\.tar\.bz2)))#(?P<sha256>{_SHA256})")
 
 
 def canonical(name: str) -> str:
@@ -201,7 +202,7 @@ def conda_pin(line: str, number: int) -> Pin | None:
         return None
     stem = re.sub(r"(\.conda|\.tar\.bz2)$", "", m["file"])
     parts = stem.rsplit("-", 2)
-    if len(parts) != 3 or not NAME_RE.fullmatch(parts[0]):
+    if len(parts) != 3 or not _CONDA_NAME_RE.fullmatch(parts[0]):
         return None
     name, version, build = parts
     return Pin(name, version, (m["sha256"],), number, url=m["url"], build=build)

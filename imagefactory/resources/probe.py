@@ -208,6 +208,32 @@ def probe_compute():
     return out
 
 
+def probe_packages():
+    """What is installed: Python distributions (importlib.metadata, PEP 503 names) and, in a
+    conda environment, its conda packages (conda-meta/*.json). The host compares both with
+    the cell's lock."""
+    out = {"error": None, "python": None, "conda": None}
+    try:
+        from importlib import metadata
+        found = {}
+        for dist in metadata.distributions():
+            name = dist.metadata["Name"]
+            if name:
+                found.setdefault(re.sub(r"[-_.]+", "-", name).lower(), dist.version)  # first on sys.path wins
+        out["python"] = found
+        records = glob.glob(os.path.join(sys.prefix, "conda-meta", "*.json"))
+        if records:
+            conda = {}
+            for path in records:
+                with open(path) as f:
+                    record = json.load(f)
+                conda[record["name"]] = record["version"]
+            out["conda"] = conda
+    except Exception as exc:
+        out["error"] = _err(exc)
+    return out
+
+
 def probe_threadpools():
     """threadpool_info() with numpy and torch both imported: (openmp list, full list, error)."""
     try:
@@ -224,7 +250,8 @@ def run():
                     ("env", lambda: {k: os.environ.get(k) for k in ENV_VARS}),
                     ("numpy", probe_numpy),  # before torch, see module docstring
                     ("torch", probe_torch),
-                    ("compute", probe_compute)):
+                    ("compute", probe_compute),
+                    ("packages", probe_packages)):
         try:
             result[key] = fn()
         except Exception as exc:
