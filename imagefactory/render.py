@@ -166,7 +166,9 @@ def torch_requirement(matrix: Matrix, cell: Cell) -> tuple[str, list[str]]:
 
 def conda_specs(matrix: Matrix, cell: Cell) -> list[str]:
     """The specs a conda cell's environment is solved from (in the image, or by `imagefactory lock`)."""
-    return list(_conda_values(matrix, cell)["specs"])  # type: ignore[call-overload]
+    specs = _conda_values(matrix, cell)["specs"]
+    assert isinstance(specs, list)
+    return list(specs)
 
 
 def pip_requirements(cell: Cell) -> list[str]:
