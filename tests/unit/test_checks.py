@@ -68,7 +68,7 @@ ALL_NAMES = {
     "python.version", "torch.version", "torch.cuda_build", "torch.gpu_available", "torch.gpu_matmul",
     "numpy.blas", "torch.mkl", "env.MKL_THREADING_LAYER", "env.OMP_NUM_THREADS", "env.MKL_NUM_THREADS",
     "env.OPENBLAS_NUM_THREADS", "threads.torch", "threads.numpy_blas", "openmp.single_runtime",
-    "user.non_root", "probe.numpy", "probe.torch", "numpy.matmul", "torch.matmul",
+    "user.non_root", "probe.numpy", "probe.torch", "numpy.matmul", "torch.matmul", "packages.locked",
 }
 
 
