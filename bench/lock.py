@@ -7,6 +7,8 @@ pair builds both with the layer cache off (`nocache`), in alternating order, so 
 shared machine hits both sides alike. Prints the median of each side and their ratio.
 
     python bench/lock.py [--matrix examples/matrix.yaml] [--cell ID] [--repeat 3]
+
+(with this checkout installed, or PYTHONPATH=. from its root).
 """
 
 from __future__ import annotations
