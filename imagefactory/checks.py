@@ -156,7 +156,33 @@ def _judge(cell: Cell, probe: dict, gpu_required: bool) -> list[Check]:
     checks += _compute(probe.get("compute"), no_torch, torch_why)
     checks.append(_torch_compile(cell, _get(probe, "compute", "torch_compile"), no_torch, torch_why))
     checks.append(_import_time(_get(probe, "compute", "import_time")))
+    checks.append(_locked_packages(cell, probe.get("packages")))
     return checks
+
+
+# Installed by `python -m venv` itself, not from the lock (unless the lock pins them too).
+VENV_SEED = frozenset({"pip", "setuptools", "wheel"})
+
+
+def _locked_packages(cell: Cell, packages: Any) -> Check:
+    """Every package of the cell's lock is installed at the locked version, and nothing else is."""
+    name = "packages.locked"
+    if not cell.locked:
+        return Check(name, "not checked (the cell has no lock)", "not compared", SKIP)
+    want = dict(cell.locked)
+    expected = f"the {len(want)} packages of the lock"
+    seen = _get(packages, "python" if cell.installer == "pip" else "conda")
+    if _get(packages, "error") or not isinstance(seen, dict):
+        why = _get(packages, "error") or "the probe listed no installed packages"
+        return _check(name, expected, "not reported", False, why)
+    wrong = [f"{n} {seen[n]} (lock: {v})" for n, v in sorted(want.items()) if n in seen and seen[n] != v]
+    missing = [f"{n} {v}" for n, v in sorted(want.items()) if n not in seen]
+    extra = [f"{n} {v}" for n, v in sorted(seen.items())
+             if n not in want and not (cell.installer == "pip" and n in VENV_SEED)]
+    parts = [f"{label}: {', '.join(items)}" for label, items in
+             (("other version", wrong), ("missing", missing), ("not in the lock", extra)) if items]
+    actual = "; ".join(parts) or f"{len(want)} packages at the locked versions"
+    return _check(name, expected, actual, not parts, actual)
 
 
 def _compute(compute: Any, no_torch: str | None, torch_why: str | None) -> list[Check]:

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from imagefactory import build as build_mod
+from imagefactory import lock as lock_mod
 from imagefactory import matrix as matrix_mod
 from imagefactory import progress as progress_mod
 from imagefactory import publish as publish_mod
@@ -324,6 +325,42 @@ def bench_cmd(
     failed = [r.cell for r in results if r.status != bench_mod.MEASURED]
     if failed:
         raise CellFailure(f"{len(failed)} of {len(results)} cell(s) not measured: " + ", ".join(failed))
+
+
+@app.command("lock")
+def lock_cmd(
+    packages: Optional[List[str]] = typer.Argument(None, metavar="PKG",
+                                                   help="With --upgrade: only these packages may move."),
+    matrix: Path = MatrixOpt,
+    only: Optional[List[str]] = OnlyOpt,
+    upgrade: bool = typer.Option(False, "--upgrade", help="Resolve again and move to the newest allowed "
+                                                          "versions (all packages, or only PKG...)."),
+    check: bool = typer.Option(False, "--check", help="Resolve nothing: exit 2 if a lock is stale or "
+                                                      "malformed, 1 if a cell has none, 0 if all are current."),
+) -> None:
+    """Resolve every cell on this machine and write locks/<cell-id>.txt next to the matrix.
+
+    Missing and stale locks are written; current ones are left alone unless --upgrade is given.
+    Prints, per cell, the versions that changed. A cell with a lock is built from it: pip with
+    --require-hashes --no-deps, conda from an @EXPLICIT file, without a solve."""
+    m, cells = _load(matrix, only)
+    if check:
+        if upgrade or packages:
+            raise ConfigError("--check: resolves nothing, so it cannot be combined with --upgrade or PKG")
+        outcomes = lock_mod.check(m, cells)
+        for o in outcomes:
+            print(f"{o.cell}\t{o.status}\t{o.path}")
+        lock_mod.check_exit(outcomes)
+        return
+
+    def progress(line: str) -> None:  # progress on stderr; the per-cell diff on stdout
+        print(line, file=sys.stderr)
+
+    options = lock_mod.Options(upgrade=upgrade, packages=tuple(packages or ()))
+    for o in lock_mod.lock(m, cells, options, say=progress):
+        print(f"{o.cell}: {o.status} {o.path}" + ("" if o.changes or o.status == "unchanged" else " (no version changed)"))
+        for change in o.changes:
+            print(f"    {change}")
 
 
 @app.command()

@@ -31,6 +31,12 @@ class CellFailure(ImageFactoryError):
     exit_code = 1
 
 
+class LocksMissing(ImageFactoryError):
+    """`imagefactory lock --check`: some cells have no lock (the others are up to date)."""
+
+    exit_code = 1
+
+
 class DockerUnavailable(ImageFactoryError):
     """No Docker engine answered."""
 

@@ -31,6 +31,8 @@ class Cell:
     uid: int = 1000
     compiler: bool = True  # ship g++ and the Python headers (torch.compile / Triton)
     tags: tuple[str, ...] = ()  # release tags (full references), applied only after checks pass
+    # (name, version) of every package in the cell's lock (render fills it in); () when unlocked
+    locked: tuple[tuple[str, str], ...] = ()
 
     @property
     def id(self) -> str:

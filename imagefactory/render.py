@@ -7,7 +7,6 @@ Dockerfile text. Same matrix in, same bytes out.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import hashlib
 import json
@@ -17,13 +16,13 @@ import shutil
 import signal
 import tempfile
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Mapping
 
 import jinja2
 
-from imagefactory import __version__, digests, inputs
+from imagefactory import __version__, digests, inputs, lockfile
 from imagefactory.availability import conda_build_spec
 from imagefactory.errors import ConfigError
 from imagefactory.model import AUTO, Cell, Matrix
@@ -147,6 +146,7 @@ def _conda_values(matrix: Matrix, cell: Cell) -> dict[str, object]:
     specs.append("threadpoolctl")
     specs.extend(cell.packages)
     return {
+        "lock": lockfile.path_for(matrix, cell).is_file(),
         "distribution_title": "Miniforge" if conda.distribution == "miniforge" else "Miniconda",
         "installer_version": conda.version,
         "installer_url": conda.installer_url or template.format(v=conda.version),
@@ -182,18 +182,33 @@ def torch_requirement(matrix: Matrix, cell: Cell) -> tuple[str, list[str]]:
     return requirement, _index_opts(matrix, pip.index_url, list(pip.extra_index_urls))
 
 
+def conda_specs(matrix: Matrix, cell: Cell) -> list[str]:
+    """The specs a conda cell's environment is solved from (in the image, or by `imagefactory lock`)."""
+    specs = _conda_values(matrix, cell)["specs"]
+    assert isinstance(specs, list)
+    return list(specs)
+
+
+def pip_requirements(cell: Cell) -> list[str]:
+    """What a pip cell installs besides torch."""
+    numpy = f"numpy=={cell.numpy}" if cell.numpy else "numpy"
+    return [numpy, "threadpoolctl>=3.1", *cell.packages]
+
+
 def _pip_values(matrix: Matrix, cell: Cell) -> dict[str, object]:
     pip = matrix.pip
     requirement, torch_opts = torch_requirement(matrix, cell)
     numpy_index = [pip.numpy_index_url] if cell.blas == "mkl" and pip.numpy_index_url else []
     opts = _index_opts(matrix, pip.index_url, list(pip.extra_index_urls) + numpy_index)
-    numpy = f"numpy=={cell.numpy}" if cell.numpy else "numpy"
     return {
         "wheelhouse": pip.wheelhouse is not None,
         "torch_requirement": requirement,
         "torch_opts": torch_opts,
         "pip_opts": opts,
-        "requirements": [numpy, "threadpoolctl>=3.1", *cell.packages],
+        "requirements": pip_requirements(cell),
+        # A lock installs every file from every index the lock was resolved against.
+        "lock": lockfile.path_for(matrix, cell).is_file(),
+        "lock_opts": _index_opts(matrix, *lockfile.pip_sources(matrix, cell)),
     }
 
 
@@ -246,6 +261,9 @@ def _write_files(matrix: Matrix, cell: Cell, root: Path) -> None:
                 (root / "certs" / name).write_bytes(inputs.certificates(src))
             except inputs.InputError as e:
                 raise ConfigError(f"ca_certificates: {e}") from None
+    lock = lockfile.load(matrix, cell)  # checked against the cell: a stale lock is exit 2
+    if lock is not None:
+        (root / lockfile.CONTEXT_NAME).write_text(lock.text)  # so it is part of the content hash
     if cell.installer == "conda":
         text = environment().get_template("condarc.j2").render(
             channels=matrix.conda.channels, certs=names)
@@ -280,6 +298,9 @@ def render_cell(matrix: Matrix, cell: Cell, dest: Path) -> Context:
     certs = _cert_names(matrix)
     digest = context_hash(dest, dockerfile_text(matrix, cell, None, certs))
     (dest / "Dockerfile").write_text(dockerfile_text(matrix, cell, digest, certs))
+    lock = dest / lockfile.CONTEXT_NAME
+    if lock.is_file():  # the checks compare the image's packages with the lock's
+        cell = replace(cell, locked=lockfile.parse(lock, cell.installer).versions())
     return Context(cell=cell, path=dest, content_hash=digest)
 
 
@@ -324,8 +345,9 @@ def render(matrix: Matrix, out: Path, cells: list[Cell] | None = None,
     out = Path(out)
     cells = list(matrix.cells if cells is None else cells)
     if bases:
-        cells = [dataclasses.replace(c, base_image=bases.get(c.base_image, c.base_image)) for c in cells]
+        cells = [replace(c, base_image=bases.get(c.base_image, c.base_image)) for c in cells]
     _check_out(out, cells)
+    lockfile.load_all(matrix, cells)  # every stale lock reported at once, before anything is written
     out.mkdir(parents=True, exist_ok=True)
     with _sigterm_as_interrupt():
         staging: Path | None = None

@@ -329,6 +329,32 @@ def _realpath(path):
         return None
 
 
+def probe_packages():
+    """What is installed: Python distributions (importlib.metadata, PEP 503 names) and, in a
+    conda environment, its conda packages (conda-meta/*.json). The host compares both with
+    the cell's lock."""
+    out = {"error": None, "python": None, "conda": None}
+    try:
+        from importlib import metadata
+        found = {}
+        for dist in metadata.distributions():
+            name = dist.metadata["Name"]
+            if name:
+                found.setdefault(re.sub(r"[-_.]+", "-", name).lower(), dist.version)  # first on sys.path wins
+        out["python"] = found
+        records = glob.glob(os.path.join(sys.prefix, "conda-meta", "*.json"))
+        if records:
+            conda = {}
+            for path in records:
+                with open(path) as f:
+                    record = json.load(f)
+                conda[record["name"]] = record["version"]
+            out["conda"] = conda
+    except Exception as exc:
+        out["error"] = _err(exc)
+    return out
+
+
 def probe_threadpools():
     """threadpool_info() with numpy and torch both imported: (openmp list, mkl list, full list, error).
     OpenMP libraries carry their real path: conda-forge's libgomp.so.1 and libiomp5.so are
@@ -429,7 +455,8 @@ def run():
                     ("torch", probe_torch),
                     ("bytecode", probe_bytecode),  # after the imports it inspects
                     ("activation", probe_activation),
-                    ("compiler", probe_compiler)):
+                    ("compiler", probe_compiler),
+                    ("packages", probe_packages)):
         try:
             result[key] = fn()
         except Exception as exc:

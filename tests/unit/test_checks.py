@@ -97,7 +97,7 @@ ALL_NAMES = {
     "env.OPENBLAS_NUM_THREADS", "threads.torch", "threads.numpy_blas", "openmp.single_runtime",
     "user.non_root", "probe.numpy", "probe.torch", "numpy.matmul", "torch.matmul",
     "numpy.complex_blas", "torch.complex_blas", "torch.compile", "python.bytecode", "env.activation",
-    "probe.import_time",
+    "probe.import_time", "packages.locked",
 }
 
 

@@ -1,0 +1,297 @@
+"""Step 1b: cells -> lock files (locks/<cell-id>.txt next to the matrix), resolved on the host.
+
+The resolver is the route's own installer, asked for a plan instead of an install:
+
+* pip: `pip install --dry-run --report` for the cell's target (`--python-version`,
+  `--platform`, `--only-binary :all:`), with no pip configuration but the matrix's indexes;
+  every file gets its sha256 (from the index, or hashed here for wheelhouse files).
+* conda: `conda create --dry-run --json` for linux-64 with the cell's channels, BLAS pin,
+  cuda-version and CONDA_OVERRIDE_CUDA; every package gets its URL and sha256.
+
+`lock` writes missing and stale locks and leaves current ones alone; `--upgrade` resolves
+again (every package, or only the named ones, the rest held at their locked versions);
+`--check` resolves nothing and reports missing or stale locks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from imagefactory import lockfile, render
+from imagefactory.errors import ConfigError, ImageFactoryError, LocksMissing
+from imagefactory.lockfile import Lock, Pin
+from imagefactory.model import Cell, Matrix
+
+# pip settings that only say how to reach the network; every other PIP_* (and every pip
+# configuration file) is left out, so the host's pip setup cannot change what is locked.
+_PIP_ENV_KEEP = ("PIP_CERT", "PIP_CLIENT_CERT", "PIP_DEFAULT_TIMEOUT", "PIP_RETRIES", "PIP_PROXY")
+GLIBC_PLATFORMS = [f"manylinux_2_{minor}_x86_64" for minor in range(28, 16, -1)] + [
+    "manylinux2014_x86_64", "linux_x86_64"]
+UNCHANGED, WRITTEN, UPGRADED = "unchanged", "written", "upgraded"
+MISSING, STALE, CURRENT = "missing", "stale", "current"
+
+
+class ResolveError(ImageFactoryError):
+    """The resolver could not find a set of packages for a cell (exit 1)."""
+
+
+@dataclass(frozen=True)
+class Options:
+    upgrade: bool = False
+    packages: tuple[str, ...] = ()  # with upgrade: only these may move
+    check: bool = False
+
+
+@dataclass
+class Outcome:
+    cell: str
+    path: Path
+    status: str  # unchanged | written | upgraded (lock) ; missing | stale | current (--check)
+    changes: list[str] = field(default_factory=list)  # "numpy 2.3.1 -> 2.3.2", "+ scipy 1.16.0"
+    problems: list[str] = field(default_factory=list)  # --check: why stale
+
+
+Resolver = Callable[[Matrix, Cell, dict[str, str]], tuple[str, str]]  # (matrix, cell, held) -> (body, resolver)
+
+
+# --------------------------------------------------------------------------- pip
+
+def _pip_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_") or k in _PIP_ENV_KEEP}
+    env["PIP_CONFIG_FILE"] = os.devnull  # pip reads no configuration file at all
+    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    return env
+
+
+def pip_command(matrix: Matrix, cell: Cell, report: Path, target: Path, constraints: Path | None) -> list[str]:
+    first, extra = lockfile.pip_sources(matrix, cell)
+    cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--report", str(report),
+           # pip before 23.3 takes --platform only with --target; --dry-run installs nothing there.
+           "--target", str(target), "--ignore-installed",
+           "--python-version", cell.python, "--implementation", "cp",
+           "--abi", "cp" + cell.python.replace(".", ""), "--only-binary", ":all:"]
+    for platform in GLIBC_PLATFORMS:
+        cmd += ["--platform", platform]
+    cmd += ["--index-url", first or lockfile.PYPI]
+    for url in extra:
+        cmd += ["--extra-index-url", url]
+    if matrix.pip.wheelhouse:
+        cmd += ["--find-links", str(matrix.pip.wheelhouse)]
+    if constraints is not None:
+        cmd += ["--constraint", str(constraints)]
+    return cmd + [render.torch_requirement(matrix, cell)[0], *render.pip_requirements(cell)]
+
+
+def _file_sha256(url: str, wheelhouse: Path | None) -> str:
+    """sha256 of a wheelhouse file pip reported without a hash; only wheelhouse files qualify."""
+    path = Path(urllib.request.url2pathname(urllib.parse.urlparse(url).path)).resolve()
+    if wheelhouse is None or not path.is_relative_to(wheelhouse.resolve()) or not path.is_file():
+        raise ResolveError(f"pip reported {url} without a sha256, and it is not a wheelhouse file")
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def pins_from_report(report: dict, wheelhouse: Path | None, cell_id: str) -> list[tuple[str, str, str]]:
+    """(canonical name, version, sha256) for every file in a pip installation report."""
+    out = []
+    for item in report.get("install", []):
+        name, version = str(item["metadata"]["name"]), str(item["metadata"]["version"])
+        if not lockfile.NAME_RE.fullmatch(name) or not lockfile.VERSION_RE.fullmatch(version):
+            raise ResolveError(f"cell {cell_id}: pip reported an odd package {name!r} {version!r}")
+        info = item.get("download_info", {})
+        sha = ((info.get("archive_info") or {}).get("hashes") or {}).get("sha256")
+        if not sha:
+            sha = _file_sha256(info.get("url", ""), wheelhouse)
+        if not lockfile.SHA256_RE.fullmatch(sha):
+            raise ResolveError(f"cell {cell_id}: pip reported a malformed sha256 for {name}: {sha!r}")
+        out.append((lockfile.canonical(name), version, sha))
+    return sorted(out)
+
+
+def resolve_pip(matrix: Matrix, cell: Cell, held: dict[str, str]) -> tuple[str, str]:
+    """The body of a pip lock (requirements with hashes) and the resolver that made it."""
+    with tempfile.TemporaryDirectory(prefix="imagefactory-lock-") as tmp:
+        report, constraints = Path(tmp) / "report.json", None
+        if held:
+            constraints = Path(tmp) / "constraints.txt"
+            constraints.write_text("".join(f"{n}=={v}\n" for n, v in sorted(held.items())))
+        cmd = pip_command(matrix, cell, report, Path(tmp) / "target", constraints)
+        r = subprocess.run(cmd, capture_output=True, text=True, env=_pip_env())
+        if r.returncode != 0:
+            tail = " | ".join(line for line in r.stderr.strip().splitlines()[-6:] if line.strip())
+            held_note = (f" (holding {len(held)} package(s) at their locked versions; "
+                         f"`lock --upgrade` with no package moves them all)") if held else ""
+            raise ResolveError(f"cell {cell.id}: pip could not resolve{held_note}: {tail}")
+        data = json.loads(report.read_text())
+        version = subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True, text=True,
+                                 env=_pip_env()).stdout.split()[1:2]
+    pins = pins_from_report(data, matrix.pip.wheelhouse, cell.id)
+    body = "".join(f"{n}=={v} \\\n    --hash=sha256:{h}\n" for n, v, h in pins)
+    return body, f"pip {version[0] if version else '?'} (install --dry-run --report)"
+
+
+# --------------------------------------------------------------------------- conda
+
+def conda_command(matrix: Matrix, cell: Cell, prefix: Path) -> list[str]:
+    conda = shutil.which("conda") or shutil.which("mamba")
+    if conda is None:
+        raise ResolveError(f"cell {cell.id}: conda cells are resolved with conda (24.9 or newer) on this "
+                           f"machine, and none is on PATH; install Miniforge, or lock with --only <pip cells>")
+    cmd = [conda, "create", "--dry-run", "--json", "--yes", "--prefix", str(prefix), "--override-channels",
+           "--strict-channel-priority"]
+    for channel in matrix.conda.channels:
+        cmd += ["--channel", channel]
+    return cmd + render.conda_specs(matrix, cell)
+
+
+def records_from_conda(data: dict, cell_id: str) -> list[tuple[str, str]]:
+    """(url, sha256) of every package `conda create --dry-run --json` would fetch."""
+    fetch = (data.get("actions") or {}).get("FETCH") or []
+    out = []
+    for record in fetch:
+        url, sha = str(record.get("url", "")), str(record.get("sha256", ""))
+        line = f"{url}#{sha}"
+        if lockfile.conda_pin(line, 0) is None:
+            raise ResolveError(f"cell {cell_id}: conda reported a package without a usable URL and sha256: "
+                               f"{line[:120]!r}")
+        out.append((url, sha))
+    if not out:
+        raise ResolveError(f"cell {cell_id}: conda's plan lists no package to fetch")
+    return sorted(out)
+
+
+def resolve_conda(matrix: Matrix, cell: Cell, held: dict[str, str]) -> tuple[str, str]:
+    if held:
+        raise ResolveError(f"cell {cell.id}: `--upgrade PKG` is for pip cells; conda cells move with "
+                           f"`lock --upgrade` (a whole new solve)")
+    with tempfile.TemporaryDirectory(prefix="imagefactory-lock-") as tmp:
+        env = {**os.environ, "CONDA_SUBDIR": lockfile.CONDA_PLATFORM, "CONDA_PKGS_DIRS": str(Path(tmp) / "pkgs")}
+        if cell.cuda is not None:
+            env["CONDA_OVERRIDE_CUDA"] = cell.cuda  # solve for the cell's CUDA on a GPU-less machine
+        cmd = conda_command(matrix, cell, Path(tmp) / "env")
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    try:
+        data = json.loads(r.stdout or "{}")
+    except json.JSONDecodeError:
+        data = {}
+    if r.returncode != 0 or not isinstance(data, dict) or data.get("error"):
+        why = data.get("error") if isinstance(data, dict) and data.get("error") else r.stderr.strip()[-400:]
+        raise ResolveError(f"cell {cell.id}: conda could not solve: {' '.join(str(why).split())}")
+    body = "@EXPLICIT\n" + "".join(f"{url}#{sha}\n" for url, sha in records_from_conda(data, cell.id))
+    return body, f"conda (create --dry-run --json, {lockfile.CONDA_PLATFORM})"
+
+
+def resolve(matrix: Matrix, cell: Cell, held: dict[str, str]) -> tuple[str, str]:
+    return (resolve_pip if cell.installer == "pip" else resolve_conda)(matrix, cell, held)
+
+
+# --------------------------------------------------------------------------- the step
+
+def diff(old: dict[str, str], new: dict[str, str]) -> list[str]:
+    out = []
+    for name in sorted(set(old) | set(new)):
+        if name not in new:
+            out.append(f"- {name} {old[name]}")
+        elif name not in old:
+            out.append(f"+ {name} {new[name]}")
+        elif old[name] != new[name]:
+            out.append(f"  {name} {old[name]} -> {new[name]}")
+    return out
+
+
+def _existing(matrix: Matrix, cell: Cell) -> tuple[Lock | None, list[str]]:
+    """(the lock as written, why it no longer fits the cell); (None, []) when there is none."""
+    path = lockfile.path_for(matrix, cell)
+    if not path.is_file():
+        return None, []
+    lock = lockfile.parse(path, cell.installer)
+    return lock, lockfile.stale(lock, matrix, cell)
+
+
+def check(matrix: Matrix, cells: list[Cell]) -> list[Outcome]:
+    """Resolve nothing: report each cell's lock as current, missing or stale."""
+    outcomes = []
+    for cell in cells:
+        path = lockfile.path_for(matrix, cell)
+        try:
+            lock, problems = _existing(matrix, cell)
+        except ConfigError as e:  # malformed: as bad as stale
+            lock, problems = None, e.problems
+        status = STALE if problems else (CURRENT if lock is not None else MISSING)
+        outcomes.append(Outcome(cell.id, path, status, problems=problems))
+    return outcomes
+
+
+def check_exit(outcomes: list[Outcome]) -> None:
+    """Raise what `lock --check` exits with: 2 for stale or malformed locks, 1 for missing ones."""
+    stale = [p for o in outcomes for p in o.problems]
+    missing = [o for o in outcomes if o.status == MISSING]
+    if stale:
+        raise ConfigError(stale + [f"{lockfile.shown(o.path)}: cell {o.cell} has no lock" for o in missing])
+    if missing:
+        raise LocksMissing(f"{len(missing)} cell(s) have no lock: " + ", ".join(o.cell for o in missing)
+                           + "; run `imagefactory lock`")
+
+
+def _validate_packages(packages: tuple[str, ...], locks: dict[str, Lock | None]) -> None:
+    problems = []
+    known = {p.name for lock in locks.values() if lock is not None for p in lock.pins}
+    for name in packages:
+        if not lockfile.NAME_RE.fullmatch(name):
+            problems.append(f"--upgrade {name!r}: not a package name")
+        elif lockfile.canonical(name) not in known:
+            problems.append(f"--upgrade {name}: no selected cell locks {lockfile.canonical(name)}")
+    if problems:
+        raise ConfigError(problems)
+
+
+def lock(matrix: Matrix, cells: list[Cell], options: Options, resolver: Resolver = resolve,
+         say: Callable[[str], None] = print) -> list[Outcome]:
+    """Write the locks `options` ask for; every lock is written only once all cells resolved."""
+    if options.packages and not options.upgrade:
+        raise ConfigError("package names are given with --upgrade (e.g. `lock --upgrade numpy`)")
+    existing = {cell.id: _existing(matrix, cell) for cell in cells}
+    _validate_packages(options.packages, {k: v[0] for k, v in existing.items()})
+    wanted = {lockfile.canonical(p) for p in options.packages}
+    planned: list[tuple[Cell, Outcome, str]] = []
+    for cell in cells:
+        old, problems = existing[cell.id]
+        path = lockfile.path_for(matrix, cell)
+        if old is not None and not problems and not options.upgrade:
+            planned.append((cell, Outcome(cell.id, path, UNCHANGED), ""))
+            continue
+        before = {p.name: p.version for p in old.pins} if old is not None else {}
+        held = {n: v for n, v in before.items() if n not in wanted} if wanted and not problems else {}
+        say(f"{cell.id}: resolving ({'upgrade' if options.upgrade else 'stale' if problems else 'new'})")
+        body, how = resolver(matrix, cell, held)
+        text = lockfile.header(matrix, cell, how) + body
+        new = {p.name: p.version for p in _pins_of(text, cell, path)}
+        status = UPGRADED if old is not None else WRITTEN
+        planned.append((cell, Outcome(cell.id, path, status, diff(before, new)), text))
+    for cell, outcome, text in planned:
+        if text:
+            outcome.path.parent.mkdir(parents=True, exist_ok=True)
+            outcome.path.write_text(text)
+            lockfile.load(matrix, cell)  # what was written must read back as a current lock
+    return [o for _, o, _ in planned]
+
+
+def _pins_of(text: str, cell: Cell, path: Path) -> tuple[Pin, ...]:
+    with tempfile.TemporaryDirectory() as tmp:
+        scratch = Path(tmp) / path.name
+        scratch.write_text(text)
+        return lockfile.parse(scratch, cell.installer).pins

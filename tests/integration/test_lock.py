@@ -1,0 +1,179 @@
+"""Locks on the pip route, for real: resolved through PyPI, built by the real engine, probed.
+
+One module-scoped build from a lock (the examples-like cell) serves most tests; the tampered
+lock fails within seconds of its first download; only the rebuild with the layer cache off
+is a second cold build (marked slow).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from imagefactory import lockfile, matrix, render, smoke
+from tests.integration.conftest import TEST_REGISTRY, matrix_text, run_cli
+
+CELL = "py3.11-cpu-openblas-pip"
+
+
+def _remove_built(engine, matrix_path: Path, scratch: Path) -> None:
+    """A real build, not a leftover: remove images an earlier run made from the same content."""
+    m = matrix.load(matrix_path)
+    for ctx in render.render(m, scratch):
+        for image in engine.client.images.list(filters={"label": f"{render.HASH_LABEL}={ctx.content_hash}"}):
+            engine.client.images.remove(image.id, force=True)
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _installed(engine, image: str) -> dict[str, str]:
+    result = smoke.run_probe(engine, image, timeout=300)
+    probe = smoke.parse_probe_output(result.stdout)
+    assert probe is not None, result.stderr[-2000:]
+    return probe["packages"]["python"]
+
+
+class Locked:
+    def __init__(self, root: Path, image: str, wheelhouse: Path):
+        self.root = root
+        self.matrix = root / "matrix.yaml"
+        self.matrix.write_text(matrix_text(image=image, wheelhouse=wheelhouse))
+        self.lock = root / "locks" / f"{CELL}.txt"
+
+    def build(self, tag: str = "build"):
+        return run_cli("build", "--matrix", str(self.matrix), "--plain", "--gpus", "none",
+                       "--report", str(self.root / f"{tag}.json"), "--work-dir", str(self.root / tag))
+
+    def report(self, tag: str = "build") -> dict:
+        return {c["cell"]: c for c in json.loads((self.root / f"{tag}.json").read_text())["cells"]}[CELL]
+
+
+@pytest.fixture(scope="module")
+def locked(tmp_path_factory, engine, base_registry, wheelhouse, session_id, created_images):
+    it = Locked(tmp_path_factory.mktemp("locked"), f"{TEST_REGISTRY}/lock-{session_id}/train", wheelhouse)
+    it.lock_result = run_cli("lock", "--matrix", str(it.matrix))
+    assert it.lock_result.returncode == 0, it.lock_result.stderr[-3000:]
+    _remove_built(engine, it.matrix, it.root / "precheck")
+    it.result = it.build()
+    it.first = it.report()
+    if it.first.get("candidate"):
+        created_images.append(it.first["candidate"])
+    return it
+
+
+def test_lock_pins_every_file_by_hash_torch_from_the_wheelhouse(locked, wheelhouse):
+    lock = lockfile.parse(locked.lock, "pip")
+    pins = {p.name: p for p in lock.pins}
+    assert {"torch", "numpy", "threadpoolctl"} <= set(pins)
+    assert all(p.hashes for p in lock.pins)
+    wheel = next(wheelhouse.glob("torch-2.13.0+cpu-*.whl"))
+    assert pins["torch"].version == "2.13.0+cpu"
+    assert pins["torch"].hashes == (hashlib.sha256(wheel.read_bytes()).hexdigest(),)
+    assert dict(i[:2] for i in lock.inputs)["torch"] == "2.13.0"
+    assert f"{CELL}: written" in locked.lock_result.stdout and "+ numpy " in locked.lock_result.stdout
+
+
+def test_build_from_the_lock_passes_the_locked_versions_check(locked):
+    assert locked.result.returncode == 0, locked.result.stdout[-3000:] + locked.result.stderr[-3000:]
+    dockerfile = (locked.root / "build" / "contexts" / CELL / "Dockerfile").read_text()
+    assert "--require-hashes --no-deps" in dockerfile and "-r /tmp/imagefactory-lock.txt" in dockerfile
+    checks = {c["name"]: c for c in locked.first["checks"]}
+    assert checks["packages.locked"]["verdict"] == "pass", checks["packages.locked"]
+    assert locked.first["status"] == "passed"
+
+
+def test_lock_check_and_a_second_lock_leave_a_current_lock_alone(locked):
+    before = locked.lock.read_text()
+    check = run_cli("lock", "--check", "--matrix", str(locked.matrix))
+    assert check.returncode == 0, check.stderr
+    assert f"{CELL}\tcurrent" in check.stdout
+    again = run_cli("lock", "--matrix", str(locked.matrix))
+    assert again.returncode == 0 and f"{CELL}: unchanged" in again.stdout
+    assert locked.lock.read_text() == before
+
+
+def test_a_tampered_hash_fails_the_build_naming_the_file(locked, tmp_path, created_images):
+    shutil.copy(locked.matrix, tmp_path / "matrix.yaml")
+    (tmp_path / "locks").mkdir()
+    text = locked.lock.read_text()
+    first = lockfile.parse(locked.lock, "pip").pins[0]  # pip fetches in file order: the first fails first
+    good = first.hashes[0]
+    bad = ("0" if good[0] != "0" else "1") + good[1:]
+    (tmp_path / "locks" / f"{CELL}.txt").write_text(text.replace(good, bad))
+    tampered = Locked.__new__(Locked)
+    tampered.root, tampered.matrix = tmp_path, tmp_path / "matrix.yaml"
+    result = tampered.build()
+    assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
+    report = tampered.report()
+    if report.get("candidate"):
+        created_images.append(report["candidate"])
+    assert report["status"] == "build-failed"
+    tail = "\n".join(report["log_tail"])
+    assert "DO NOT MATCH THE HASHES" in tail, tail
+    assert re.search(rf"{re.escape(first.name)}-{re.escape(first.version)}-\S+\.whl", tail, re.I), tail
+    assert bad in tail and good in tail
+
+
+def test_a_lock_for_another_torch_is_refused_before_building(locked, tmp_path):
+    """The lock was made for torch 2.12 (say, copied from another branch); the cell wants 2.13."""
+    (tmp_path / "locks").mkdir()
+    text = locked.lock.read_text()
+    other = text.replace("# input torch: 2.13.0", "# input torch: 2.12.0").replace("torch==2.13.0+cpu",
+                                                                                 "torch==2.12.0+cpu")
+    assert other.count("2.12.0") == 2
+    (tmp_path / "locks" / f"{CELL}.txt").write_text(other)
+    shutil.copy(locked.matrix, tmp_path / "matrix.yaml")
+    result = run_cli("build", "--matrix", str(tmp_path / "matrix.yaml"), "--plain", "--gpus", "none",
+                     "--report", str(tmp_path / "report.json"), "--work-dir", str(tmp_path / "work"))
+    assert result.returncode == 2, result.stderr
+    assert (f"input.torch: cell {CELL} changed: the lock was made for torch '2.12.0', the cell now has "
+            f"'2.13.0'") in result.stderr
+    assert f"torch: cell {CELL} wants torch 2.13.0, the lock pins 2.12.0+cpu" in result.stderr
+    assert not (tmp_path / "work" / "logs").exists() and not (tmp_path / "report.json").exists()
+    check = run_cli("lock", "--check", "--matrix", str(tmp_path / "matrix.yaml"))
+    assert check.returncode == 2 and f"{CELL}\tstale" in check.stdout
+
+
+def test_upgrade_one_package_prints_its_diff_and_holds_the_rest(tmp_path, wheelhouse):
+    """A real resolve through PyPI: lock with an old NumPy, then let only NumPy move."""
+    path = tmp_path / "matrix.yaml"
+    text = matrix_text(image=f"{TEST_REGISTRY}/lock-upgrade/train", wheelhouse=wheelhouse)
+    path.write_text(text + 'numpy: "2.3.1"\n')
+    assert run_cli("lock", "--matrix", str(path)).returncode == 0
+    lock = tmp_path / "locks" / f"{CELL}.txt"
+    before = {p.name: p.version for p in lockfile.parse(lock, "pip").pins}
+    assert before["numpy"] == "2.3.1"
+    path.write_text(text)  # numpy unpinned: the lock is stale until locked again
+    stale = run_cli("lock", "--check", "--matrix", str(path))
+    assert stale.returncode == 2 and "input.numpy" in stale.stderr
+    lock.write_text(lock.read_text().replace("# input numpy: 2.3.1", "# input numpy: any"))
+    result = run_cli("lock", "--upgrade", "numpy", "--matrix", str(path))
+    assert result.returncode == 0, result.stderr[-2000:]
+    after = {p.name: p.version for p in lockfile.parse(lock, "pip").pins}
+    assert after["numpy"] != "2.3.1"
+    assert f"numpy 2.3.1 -> {after['numpy']}" in result.stdout
+    assert {n: v for n, v in after.items() if n != "numpy"} == {n: v for n, v in before.items() if n != "numpy"}
+
+
+@pytest.mark.slow
+def test_rebuild_after_a_cache_wipe_installs_the_same_packages(locked, engine, session_id, created_images):
+    """A second cold build of the same context, with the layer cache off (no other test's cache is
+    pruned), installs exactly the packages of the first: the lock's, at the lock's versions."""
+    assert locked.first["status"] == "passed"
+    first = _installed(engine, locked.first["candidate"])
+    tag = f"imagefactory-test/lock-rebuild:{session_id}"
+    created_images.append(tag)
+    context = locked.root / "build" / "contexts" / CELL
+    for event in engine.client.api.build(path=str(context), tag=tag, nocache=True, rm=True, forcerm=True,
+                                         decode=True, network_mode="host"):
+        assert "error" not in event, event
+    assert engine.image_id(tag) != locked.first["image_id"]
+    again = _installed(engine, tag)
+    assert again == first
+    pins = dict(lockfile.parse(locked.lock, "pip").versions())
+    assert {n: v for n, v in again.items() if n in pins} == pins
+    assert set(again) - set(pins) <= {"pip", "setuptools", "wheel"}
