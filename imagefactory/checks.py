@@ -84,7 +84,7 @@ def judge(cell: Cell, probe: dict, *, gpu_required: bool) -> list[Check]:
 
 def _judge(cell: Cell, probe: dict, gpu_required: bool) -> list[Check]:
     checks = [_section_check("probe.numpy", probe.get("numpy")), _section_check("probe.torch", probe.get("torch"))]
-    torch = probe.get("torch")
+    torch: Any = probe.get("torch")
     no_torch = _torch_problem(torch)  # actual value of every torch-derived check when set
     torch_why = no_torch and (_get(torch, "error") or no_torch)  # its detail
     mkl = cell.blas == "mkl"
@@ -130,7 +130,7 @@ def _judge(cell: Cell, probe: dict, gpu_required: bool) -> list[Check]:
         checks.append(Check("torch.mkl", "not checked (openblas cell)", _one_line(no_torch or torch.get("mkl_available")), SKIP))
 
     # Environment. MKL next to GNU OpenMP (libgomp, as torch uses) needs MKL_THREADING_LAYER=GNU.
-    env = probe.get("env") if isinstance(probe.get("env"), dict) else {}
+    env: dict[str, Any] = probe["env"] if isinstance(probe.get("env"), dict) else {}
     layer = env.get("MKL_THREADING_LAYER")
     if mkl:
         checks.append(_check("env.MKL_THREADING_LAYER", "GNU", layer or "unset", layer == "GNU",

@@ -234,8 +234,8 @@ def _build(path: Path, data: dict[str, Any], loc: _Located, problems: list[Probl
                         f"(allowed: {', '.join(axes[axis])})")
 
     combos: list[dict[str, Any]] = []
-    for values in itertools.product(*(dict.fromkeys(axes[a]) for a in AXES)):
-        combo = dict(zip(AXES, values))
+    for combo_values in itertools.product(*(dict.fromkeys(axes[a]) for a in AXES)):
+        combo = dict(zip(AXES, combo_values))
         if any(all(combo[k] == v for k, v in ex.items()) for ex in axes_spec.get("exclude", [])):
             continue
         combos.append(combo)
@@ -287,7 +287,7 @@ def _build(path: Path, data: dict[str, Any], loc: _Located, problems: list[Probl
     env_sources = [("env",)] * ("env" in data) + [("matrix", "include", i, "env") for i, inc in
                                  enumerate(axes_spec.get("include", [])) if "env" in inc]
     for keypath in env_sources:
-        node = data
+        node: Any = data
         for part in keypath:
             node = node[part]
         for name in sorted(set(node) & MANAGED_ENV):
