@@ -24,6 +24,7 @@ from typing import Any, Callable, NoReturn, Protocol
 import docker
 import docker.errors
 import requests.exceptions
+import urllib3.exceptions
 
 from imagefactory.errors import BuildError, Cancelled, DockerUnavailable, EngineError, EngineGone, PushError
 from imagefactory.interrupt import Interrupt
@@ -90,7 +91,10 @@ class ContainerEngine(Protocol):
 
 
 EngineFactory = Callable[[], ContainerEngine]
-_SDK_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestException, OSError)
+_SDK_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestException, urllib3.exceptions.HTTPError,
+               OSError)
+
+_LINK_ERRORS = (requests.exceptions.RequestException, urllib3.exceptions.HTTPError, OSError)
 
 
 class _Stream:
@@ -143,6 +147,8 @@ class Engine:
             self._stream = None
             if stream.response is not None:
                 stream.response.close()
+            if stream.container and self.interrupt.is_set():  # started after the stop action ran
+                self._kill(stream.container)
 
     def _kill(self, container: str) -> None:
         try:
@@ -155,7 +161,7 @@ class Engine:
         engine no longer answers, else EngineError."""
         if self.interrupt.is_set():
             raise Cancelled("interrupted") from None
-        if isinstance(e, (requests.exceptions.RequestException, OSError)) and not self.alive():
+        if isinstance(e, _LINK_ERRORS) and not self.alive():
             raise EngineGone(f"{what}: the Docker engine stopped answering ({_short(e)})") from None
         raise EngineError(f"{what}: {_short(e)}") from None
 
@@ -221,8 +227,8 @@ class Engine:
                 events = self.api.build(path=context, tag=tag, rm=True, forcerm=True, decode=True,
                                         network_mode=network_mode, pull=pull, cache_from=cache_from or None)
                 for event in events:
+                    builder.feed(event, stream)  # first: it notes a new build container
                     self.interrupt.check()
-                    builder.feed(event, stream)
         except Cancelled:
             raise
         except BuildError:  # a RUN step killed by our own interrupt fails too: that is not the cell's fault
@@ -231,7 +237,7 @@ class Engine:
         except _SDK_ERRORS as e:
             if self.interrupt.is_set():
                 raise Cancelled("interrupted") from None
-            gone = isinstance(e, (requests.exceptions.RequestException, OSError)) and not self.alive()
+            gone = isinstance(e, _LINK_ERRORS) and not self.alive()
             message = f"lost the Docker engine: {_short(e)}" if gone else _short(e)
             builder.emit(f"ERROR: {message}")
             if gone:
