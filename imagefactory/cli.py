@@ -206,7 +206,7 @@ def build(
 
     def steps(ui, interrupt: Interrupt) -> build_mod.Outcome:
         outcome = build_mod.build(m, cells, options, ui, interrupt=interrupt)
-        if publish_options is not None and not interrupt.is_set():
+        if publish_options is not None:  # after an interrupt: marks every cell not published
             publish_mod.publish(m, outcome.reports, ui=ui, options=publish_options, interrupt=interrupt)
         return outcome
 
@@ -248,8 +248,7 @@ def push(
 
     def steps(ui, interrupt: Interrupt) -> build_mod.Outcome:
         outcome = build_mod.test(m, cells, options, ui, interrupt=interrupt)
-        if not interrupt.is_set():
-            publish_mod.publish(m, outcome.reports, ui=ui, options=publish_options, interrupt=interrupt)
+        publish_mod.publish(m, outcome.reports, ui=ui, options=publish_options, interrupt=interrupt)
         return outcome
 
     _pipeline(work_dir, report, live, steps)

@@ -97,8 +97,8 @@ def created_images(engine):
             engine.client.images.remove(ref, force=True)
         except docker.errors.APIError:
             pass
-    engine.client.containers.prune()
-    engine.client.images.prune(filters={"dangling": True})
+    # No engine-wide prune: another run on the same engine may be mid-build, and a classic
+    # multi-stage build's earlier stage is a dangling image until the build ends.
 
 
 def matrix_text(*, image: str, wheelhouse: Path, cells: str | None = None) -> str:
