@@ -13,6 +13,7 @@ import threading
 import time
 
 import pytest
+import requests
 
 from imagefactory import build as build_mod
 from imagefactory import cli
@@ -20,7 +21,8 @@ from imagefactory import matrix as matrix_mod
 from imagefactory import publish as publish_mod
 from imagefactory import render
 from imagefactory.engine import Engine
-from imagefactory.errors import (BuildError, Cancelled, CellFailure, ConfigError, DockerUnavailable, Interrupted)
+from imagefactory.errors import (BuildError, Cancelled, CellFailure, ConfigError, DockerUnavailable, EngineError,
+                                 EngineGone, Interrupted)
 from imagefactory.interrupt import Interrupt
 from imagefactory.progress import Plain
 from imagefactory.report import (BUILD_FAILED, CHECK_FAILED, INTERRUPTED, NOT_PUBLISHED, PASSED,
@@ -403,6 +405,52 @@ def test_an_interrupt_mid_build_kills_the_build_container_and_cancels():
     with pytest.raises(Cancelled):
         Engine(FakeClient(api), interrupt=interrupt).build("/ctx", "x:1")
     assert api.removed == ["0123456789ab"]
+
+
+class FailingImages:
+    def __init__(self, error: Exception):
+        self.error = error
+
+    def list(self, **kwargs):
+        raise self.error
+
+
+class FakeClientWithImages(FakeClient):
+    def __init__(self, api, error: Exception, alive: bool):
+        super().__init__(api)
+        self.images, self.alive = FailingImages(error), alive
+
+    def ping(self):
+        if getattr(self, "alive", True):
+            return True
+        raise requests.exceptions.ConnectionError("connection refused")
+
+
+def test_an_sdk_error_in_the_cache_lookup_is_an_engine_error():
+    import docker.errors
+
+    client = FakeClientWithImages(FakeAPI([]), docker.errors.APIError("500 Server Error: boom"), alive=True)
+    with pytest.raises(EngineError, match="could not list the local images") as e:
+        Engine(client).images_with_label("k", "v")
+    assert not isinstance(e.value, EngineGone)
+
+
+def test_an_engine_that_stopped_answering_is_engine_gone():
+    client = FakeClientWithImages(FakeAPI([]), requests.exceptions.ConnectionError("refused"), alive=True)
+    engine = Engine(client)
+    client.alive = False
+    with pytest.raises(EngineGone) as e:
+        engine.images_with_label("k", "v")
+    assert e.value.exit_code == 3
+
+
+def test_an_sdk_error_after_an_interrupt_is_a_cancellation():
+    client = FakeClientWithImages(FakeAPI([]), requests.exceptions.ConnectionError("reset"), alive=True)
+    interrupt = Interrupt()
+    engine = Engine(client, interrupt=interrupt)
+    interrupt.cancel()
+    with pytest.raises(Cancelled):
+        engine.images_with_label("k", "v")
 
 
 # -- checked before anything is built ----------------------------------------------------------------
