@@ -1,4 +1,5 @@
-"""issue: interrupts. SIGINT / SIGTERM during build, test and push, on the real engine and registries.
+"""issue: interrupts and engine faults. SIGINT / SIGTERM during build, test and push, and an engine
+that goes away mid-build, on the real engine and registries.
 
 Each test starts `python -m imagefactory` as a subprocess, waits (reading its --plain output and
 asking the engine) until the phase it wants is under way, sends the signal, and then checks: the
@@ -14,6 +15,7 @@ import os
 import queue
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -200,3 +202,81 @@ def test_sigint_during_a_push_then_the_next_run_resumes(cpu_build, tmp_path, eng
         assert "2.13.0-py3.11-cpu-openblas-pip" in registry_tags(registry.address, repo, auth=None)
     finally:
         registry.stop()
+
+
+class EngineProxy:
+    """A unix socket that forwards to the Docker engine's. Stopping it is, for a run that uses it
+    (DOCKER_HOST), the engine going away mid-run: open connections are cut and new ones refused,
+    while the engine itself, which other tests share, keeps running."""
+
+    def __init__(self, path: Path, target: str = "/var/run/docker.sock"):
+        self.path, self.target = path, target
+        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.server.bind(str(path))
+        self.server.listen(64)
+        self.open: list[socket.socket] = []
+        self.stopped = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.stopped:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            upstream.connect(self.target)
+            self.open += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def stop(self) -> None:
+        self.stopped = True
+        try:
+            self.server.shutdown(socket.SHUT_RDWR)  # wakes the accepting thread (close alone would not)
+        except OSError:
+            pass
+        self.server.close()  # the socket file stays: a new connection is refused
+        for s in self.open:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+def test_an_engine_that_goes_away_mid_build_exits_3_with_a_report(tmp_path, engine, base_registry, own_wheelhouse,
+                                                                   session_id):
+    proxy = EngineProxy(tmp_path / "docker.sock")
+    (tmp_path / "matrix.yaml").write_text(matrix_text(image=f"{TEST_REGISTRY}/it-{session_id}/engine-gone",
+                                                      wheelhouse=own_wheelhouse))
+    report = tmp_path / "report.json"
+    run = Run("build", "--plain", "--gpus", "none", "--matrix", str(tmp_path / "matrix.yaml"), "--report",
+              str(report), "--work-dir", str(tmp_path / "work"), env={"DOCKER_HOST": f"unix://{proxy.path}"})
+    try:
+        run.wait_for(r"Step \d+/\d+ : RUN python3\.11 -m venv")
+        run.wait_for(r" ---> Running in ([0-9a-f]{12,64})$")
+        proxy.stop()
+        code = run.proc.wait(timeout=120)
+    finally:
+        proxy.stop()
+        if run.proc.poll() is None:
+            run.proc.kill()
+    out = run.output()
+    assert code == 3, out
+    cell = report_of(report)["py3.11-cpu-openblas-pip"]
+    assert cell["status"] == "build-failed" and "Docker engine" in cell["error"], cell["error"]
+    assert "error: " in out and "Traceback" not in out
