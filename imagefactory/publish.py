@@ -13,6 +13,7 @@ release tags after it, so an interrupted publish leaves no release tag behind
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import os
 import re
 import subprocess
@@ -99,7 +100,8 @@ def publish(matrix: Matrix, reports: list[CellReport], *, options: Options, ui: 
             if r.status == PASSED:
                 r.error = f"not published: --atomic and {len(failing)} cell(s) failed ({', '.join(failing)})"
         return
-    engine: ContainerEngine | None = None
+    make_engine = engine_factory or functools.partial(Engine, interrupt=interrupt)
+    engine: ContainerEngine | None = None  # made when the first cell is published
     for r in reports:
         if r.status != PASSED or interrupt.is_set():
             r.publish = NOT_PUBLISHED
@@ -108,7 +110,7 @@ def publish(matrix: Matrix, reports: list[CellReport], *, options: Options, ui: 
             continue
         r.tags = tags_for(matrix, r.cell, r.content_hash, options)
         try:
-            engine = engine or (engine_factory or (lambda: Engine(interrupt=interrupt)))()
+            engine = engine or make_engine()
             immutable = tagging.hash_tag(matrix.hash_tag_template, matrix.image, matrix.cell(r.cell),
                                          r.content_hash)
             order = [immutable] + [t for t in r.tags if t != immutable]
