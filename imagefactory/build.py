@@ -81,14 +81,15 @@ class _Cell:
     """The per-cell work: log file, cache lookup, build, smoke test."""
 
     def __init__(self, matrix: Matrix, ctx: render.Context, options: Options, ui: Any, engine: ContainerEngine,
-                 gpus: bool):
+                 gpus: bool, keep_log: bool = False):
         self.matrix, self.ctx, self.options, self.ui, self.engine, self.gpus = matrix, ctx, options, ui, engine, gpus
         cell = ctx.cell
         log_path = options.work_dir / "logs" / f"{cell.id}.log"
         self.report = CellReport(cell=cell.id, content_hash=ctx.content_hash,
                                  candidate=tags.candidate(cell, ctx.content_hash), log=str(log_path))
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.log_file = log_path.open("w", encoding="utf-8")
+        # a re-test (test, push) appends: the build's log stays readable after it
+        self.log_file = log_path.open("a" if keep_log else "w", encoding="utf-8")
 
     def log(self, line: str, *, show: bool = True) -> None:
         self.log_file.write(line + "\n")
@@ -138,7 +139,7 @@ class _Cell:
 
 
 def _run(matrix: Matrix, cells: list[Cell], options: Options, ui: Any, engine_factory: EngineFactory,
-         work: Callable[[_Cell], bool], interrupt: Interrupt) -> Outcome:
+         work: Callable[[_Cell], bool], interrupt: Interrupt, *, keep_log: bool = False) -> Outcome:
     """Render the cells, then do `work` for each on a pool of workers."""
     gpus = resolve_gpus(options.gpus, engine_factory())
     contexts = render.render(matrix, options.work_dir / "contexts", cells)
@@ -158,7 +159,7 @@ def _run(matrix: Matrix, cells: list[Cell], options: Options, ui: Any, engine_fa
         try:
             if not hasattr(local, "engine"):
                 local.engine = engine_factory()  # one SDK client per worker thread
-            c = _Cell(matrix, ctx, options, ui, local.engine, gpus)
+            c = _Cell(matrix, ctx, options, ui, local.engine, gpus, keep_log)
             ok = work(c)
         except Cancelled:
             ok = False
@@ -239,7 +240,7 @@ def test(matrix: Matrix, cells: list[Cell], options: Options, ui: Any,
         c.engine.tag(image, c.report.candidate)
         return c.test(image)
 
-    return _run(matrix, cells, options, ui, _factory(engine_factory, interrupt), work, interrupt)
+    return _run(matrix, cells, options, ui, _factory(engine_factory, interrupt), work, interrupt, keep_log=True)
 
 
 @contextmanager

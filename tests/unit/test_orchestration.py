@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import requests
@@ -147,6 +148,16 @@ def test_an_unchanged_cell_is_cached_not_rebuilt(m, world, tmp_path):
     run_build(m, world, tmp_path)
     reports = by_cell(run_build(m, world, tmp_path))
     assert reports[A].status == PASSED and reports[A].cached and world.ops("build") == [A, B]
+
+
+def test_a_re_test_keeps_the_build_log(m, world, tmp_path):
+    world.builds[A] = "error"
+    build = by_cell(run_build(m, world, tmp_path))
+    opts = build_mod.Options(work_dir=tmp_path / "work", gpus="none")
+    retest = by_cell(build_mod.test(m, list(m.cells), opts, ui(), engine_factory=world.engine,
+                                    interrupt=world.interrupt))
+    assert retest[A].status == "not-built"
+    assert "Step 1/2 : FROM base" in Path(build[A].log).read_text()
 
 
 def test_the_tested_image_is_the_one_published_even_if_its_candidate_name_moves(m, world, tmp_path):
