@@ -3,23 +3,35 @@
 Cells build one at a time by default (-j N for more). A failing cell never stops
 the others unless fail-fast is asked for; cells not started then are reported as
 skipped. An image whose content hash is already present is reused, not rebuilt.
+An engine error is the failing cell's error; an interrupt (SIGINT/SIGTERM, see
+interrupt.py) stops the cells in flight, which are then reported as interrupted.
+Each image is tested and published by its id, so another run that reuses a candidate
+name cannot swap the image under this one.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
+import functools
+import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from imagefactory import freshness, render, schedule, smoke, tags, verdicts
-from imagefactory.engine import BuildProgress, Engine
-from imagefactory.errors import BuildError, ConfigError, ImageFactoryError
+from imagefactory.engine import BuildProgress, ContainerEngine, Engine, EngineFactory
+from imagefactory.errors import BuildError, Cancelled, ConfigError, EngineGone, ImageFactoryError
+from imagefactory.interrupt import GRACE_SECONDS, Interrupt
 from imagefactory.model import Cell, Matrix
-from imagefactory.report import (BUILD_FAILED, BUILT, CACHED, CHECK_FAILED, NOT_BUILT, PASSED, SKIPPED,
-                                 CellReport)
+from imagefactory.report import (BUILD_FAILED, BUILT, CACHED, CHECK_FAILED, INTERRUPTED, NOT_BUILT, PASSED,
+                                 SKIPPED, CellReport)
 
 
 BUILD_ENDED = 1 << 30  # a step number past any build's last: opens the cell's gate
@@ -39,7 +51,14 @@ class Options:
     verdicts_dir: Path | None = None  # None: verdicts.cache_dir()
 
 
-def resolve_gpus(mode: str, engine: Engine) -> bool:
+@dataclass
+class Outcome:
+    reports: list[CellReport]
+    gpus: bool  # whether the smoke tests were given GPUs
+    engine_gone: str | None = None  # the error, when the engine stopped answering mid-run
+
+
+def resolve_gpus(mode: str, engine: ContainerEngine) -> bool:
     if mode == "all":
         return True
     if mode == "none":
@@ -49,7 +68,7 @@ def resolve_gpus(mode: str, engine: Engine) -> bool:
     raise ConfigError(f"--gpus {mode}: not allowed (allowed: none, all, auto)")
 
 
-def find_built(engine: Engine, matrix: Matrix, cell: Cell, content_hash: str) -> str | None:
+def find_built(engine: ContainerEngine, matrix: Matrix, cell: Cell, content_hash: str) -> str | None:
     """The local image built from exactly this content, if any.
 
     The content-hash label alone is not enough: every image built FROM a cell's image
@@ -67,7 +86,8 @@ def find_built(engine: Engine, matrix: Matrix, cell: Cell, content_hash: str) ->
 class _Cell:
     """The per-cell work: log file, cache lookup, build, smoke test."""
 
-    def __init__(self, matrix: Matrix, ctx: render.Context, options: Options, ui, engine: Engine, gpus: bool):
+    def __init__(self, matrix: Matrix, ctx: render.Context, options: Options, ui: Any, engine: ContainerEngine,
+                 gpus: bool, keep_log: bool = False):
         self.matrix, self.ctx, self.options, self.ui, self.engine, self.gpus = matrix, ctx, options, ui, engine, gpus
         cell = ctx.cell
         log_path = options.work_dir / "logs" / f"{cell.id}.log"
@@ -76,7 +96,8 @@ class _Cell:
                                  base_image=cell.base_image, base_digest=cell.base_image.partition("@")[2])
         self.on_step: Callable[[int], None] = lambda step: None  # the scheduler's gate (schedule.py)
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.log_file = log_path.open("w", encoding="utf-8")
+        # a re-test (test, push) appends: the build's log stays readable after it
+        self.log_file = log_path.open("a" if keep_log else "w", encoding="utf-8")
 
     def log(self, line: str, *, show: bool = True) -> None:
         self.log_file.write(line + "\n")
@@ -142,9 +163,11 @@ class _Cell:
         self.log_file.close()
 
 
-def _run(matrix: Matrix, cells: list[Cell], options: Options, ui, engine_factory: Callable[[], Engine],
-         work: Callable[["_Cell"], bool]) -> tuple[list[CellReport], bool]:
-    """Render the cells, then do `work` for each on a pool of workers; (reports, gpus given)."""
+def _run(matrix: Matrix, cells: list[Cell], options: Options, ui: Any, engine_factory: EngineFactory,
+         work: Callable[[_Cell], bool], interrupt: Interrupt, *, keep_log: bool = False) -> Outcome:
+    """Render the cells (base images pinned by digest, freshness.py), then do `work` for each
+    on a pool of workers, in the order schedule.py gives: a cell that shares leading steps
+    with an earlier one waits until that one has built them."""
     first = engine_factory()
     gpus = resolve_gpus(options.gpus, first)
     bases = freshness.resolve(first, [c.base_image for c in cells], options.pull)
@@ -154,58 +177,101 @@ def _run(matrix: Matrix, cells: list[Cell], options: Options, ui, engine_factory
     gates = schedule.Gates(slots)
     stop = threading.Event()
     local = threading.local()
+    gone: list[str] = []
 
-    def one(slot: schedule.Slot) -> CellReport:
-        ctx = contexts[slot.index]
+    def one(index: int) -> CellReport:
         try:
-            gates.wait(slot.index)
-            return one_cell(ctx, slot.index)
+            gates.wait(index)
+            return one_cell(contexts[index], index)
         finally:
-            gates.release(slot.index)
+            gates.release(index)
 
     def one_cell(ctx: render.Context, index: int) -> CellReport:
-        if stop.is_set():
+        if stop.is_set() or interrupt.is_set():
+            why = "the run was interrupted" if interrupt.is_set() else "an earlier cell failed and --fail-fast is set"
             skipped = CellReport(cell=ctx.cell.id, status=SKIPPED, content_hash=ctx.content_hash,
-                                 error="skipped: an earlier cell failed and --fail-fast is set")
+                                 error=f"skipped: {why}")
             ui.finish(skipped)
             return skipped
         ui.start(ctx.cell.id, "starting")
-        if not hasattr(local, "engine"):
-            local.engine = engine_factory()  # one SDK client per worker thread
-        c = _Cell(matrix, ctx, options, ui, local.engine, gpus)
-        c.on_step = lambda step: gates.progress(index, step)
+        c = None
         try:
+            if not hasattr(local, "engine"):
+                local.engine = engine_factory()  # one SDK client per worker thread
+            c = _Cell(matrix, ctx, options, ui, local.engine, gpus, keep_log)
+            c.on_step = lambda step: gates.progress(index, step)
             ok = work(c)
+        except Cancelled:
+            ok = False
+            if c is not None:
+                c.report.status, c.report.error = INTERRUPTED, "interrupted"
         except ImageFactoryError as e:  # the engine failed us mid-cell: the cell fails, the run goes on
-            built = c.report.status in (BUILT, CACHED)
-            c.report.status, c.report.error, ok = (CHECK_FAILED if built else BUILD_FAILED), e.message, False
+            ok = False
+            if isinstance(e, EngineGone):
+                gone.append(e.message)
+            if c is not None:
+                built = c.report.status in (BUILT, CACHED)
+                c.report.status, c.report.error = (CHECK_FAILED if built else BUILD_FAILED), e.message
         finally:
-            c.close()
+            if c is not None:
+                c.close()
+        report = c.report if c is not None else _unfinished(ctx, BUILD_FAILED, gone[-1] if gone else "no engine")
         if not ok and options.fail_fast:
             stop.set()
-        ui.finish(c.report)
-        return c.report
+        ui.finish(report)
+        return report
 
-    with ThreadPoolExecutor(max_workers=max(1, options.jobs)) as pool:
-        done = dict(zip((s.index for s in slots), pool.map(one, slots)))
-    return [done[i] for i in range(len(contexts))], gpus
+    reports = _pool(contexts, [s.index for s in slots], one, options.jobs, interrupt)
+    return Outcome(reports, gpus, gone[0] if gone else None)
 
 
-def build(matrix: Matrix, cells: list[Cell], options: Options, ui,
-          engine_factory: Callable[[], Engine] = Engine) -> tuple[list[CellReport], bool]:
-    """Render, build (or reuse) and smoke-test every cell."""
+def _pool(contexts: list[render.Context], order: list[int], one: Callable[[int], CellReport], jobs: int,
+          interrupt: Interrupt) -> list[CellReport]:
+    """`one(index)` for each context, started in `order`, on `jobs` worker threads. Once
+    interrupted, the workers get GRACE_SECONDS to wind down; cells still running then are
+    reported as interrupted."""
+    pool = ThreadPoolExecutor(max_workers=max(1, jobs))
+    futures: dict[int, Future[CellReport]] = {i: pool.submit(one, i) for i in order}
+    deadline = None
+    pending = set(futures.values())
+    while pending:
+        _, pending = wait_futures(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+        if interrupt.is_set():
+            deadline = deadline or time.monotonic() + GRACE_SECONDS
+            if time.monotonic() > deadline:
+                break
+    pool.shutdown(wait=not pending, cancel_futures=True)
+    return [futures[i].result() if futures[i].done() and not futures[i].cancelled()
+            else _unfinished(ctx, INTERRUPTED, "interrupted") for i, ctx in enumerate(contexts)]
+
+
+def _unfinished(ctx: render.Context, status: str, error: str) -> CellReport:
+    return CellReport(cell=ctx.cell.id, status=status, content_hash=ctx.content_hash,
+                      candidate=tags.candidate(ctx.cell, ctx.content_hash), error=error)
+
+
+def _factory(engine_factory: EngineFactory | None, interrupt: Interrupt) -> EngineFactory:
+    return engine_factory or functools.partial(Engine, interrupt=interrupt)
+
+
+def build(matrix: Matrix, cells: list[Cell], options: Options, ui: Any,
+          engine_factory: EngineFactory | None = None, interrupt: Interrupt | None = None) -> Outcome:
+    """Render, build (or reuse) and smoke-test every cell. The engines `engine_factory` makes
+    must share `interrupt`."""
+    interrupt = interrupt or Interrupt()
 
     def work(c: _Cell) -> bool:
         built = c.build()
         c.on_step(BUILD_ENDED)  # the cells that share its layers may start now
-        return built and c.test(c.report.candidate)
+        return built and c.test(c.report.image_id)
 
-    return _run(matrix, cells, options, ui, engine_factory, work)
+    return _run(matrix, cells, options, ui, _factory(engine_factory, interrupt), work, interrupt)
 
 
-def test(matrix: Matrix, cells: list[Cell], options: Options, ui,
-         engine_factory: Callable[[], Engine] = Engine) -> tuple[list[CellReport], bool]:
+def test(matrix: Matrix, cells: list[Cell], options: Options, ui: Any,
+         engine_factory: EngineFactory | None = None, interrupt: Interrupt | None = None) -> Outcome:
     """Re-test the images already built for the cells' current content."""
+    interrupt = interrupt or Interrupt()
 
     def work(c: _Cell) -> bool:
         image = find_built(c.engine, matrix, c.ctx.cell, c.ctx.content_hash)
@@ -217,4 +283,34 @@ def test(matrix: Matrix, cells: list[Cell], options: Options, ui,
         c.engine.tag(image, c.report.candidate)
         return c.test(image)
 
-    return _run(matrix, cells, options, ui, engine_factory, work)
+    return _run(matrix, cells, options, ui, _factory(engine_factory, interrupt), work, interrupt, keep_log=True)
+
+
+@contextmanager
+def locked(work_dir: Path, report: Path) -> Iterator[None]:
+    """Hold exclusive locks on the work dir and on the report for the whole run, so that a
+    second run on either stops at once instead of overwriting this run's files."""
+    with _lock(Path(work_dir) / ".imagefactory.lock", f"--work-dir {work_dir}"), \
+            _lock(Path(report).with_name(f".{Path(report).name}.lock"), f"--report {report}"):
+        yield
+
+
+@contextmanager
+def _lock(lock_path: Path, what: str) -> Iterator[None]:
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno not in (errno.EAGAIN, errno.EACCES):
+                raise
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            holder = holder if holder.isdigit() else "?"
+            raise ConfigError(f"{what}: another imagefactory run (pid {holder}) is using it; wait for it to "
+                              "end, or give this run its own --work-dir and --report") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)

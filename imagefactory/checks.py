@@ -86,7 +86,7 @@ def judge(cell: Cell, probe: dict, *, gpu_required: bool) -> list[Check]:
 
 def _judge(cell: Cell, probe: dict, gpu_required: bool) -> list[Check]:
     checks = [_section_check("probe.numpy", probe.get("numpy")), _section_check("probe.torch", probe.get("torch"))]
-    torch = probe.get("torch")
+    torch: Any = probe.get("torch")
     no_torch = _torch_problem(torch)  # actual value of every torch-derived check when set
     torch_why = no_torch and (_get(torch, "error") or no_torch)  # its detail
     mkl = cell.blas == "mkl"
@@ -132,7 +132,7 @@ def _judge(cell: Cell, probe: dict, gpu_required: bool) -> list[Check]:
         checks.append(Check("torch.mkl", "not checked (openblas cell)", _one_line(no_torch or torch.get("mkl_available")), SKIP))
 
     # Environment: MKL's threading layer must match the OpenMP runtime actually loaded.
-    env = probe.get("env") if isinstance(probe.get("env"), dict) else {}
+    env: dict[str, Any] = probe["env"] if isinstance(probe.get("env"), dict) else {}
     checks.append(_mkl_layer(mkl, env, probe.get("mkl"), probe.get("openmp")))
     checks.append(_activation(probe.get("activation")))
     checks.append(_bytecode(probe.get("bytecode")))
@@ -339,7 +339,7 @@ def _thread_counts(cell: Cell, probe: dict) -> tuple[list[int], str]:
     quota (docker --cpus) is not an affinity mask and caps nothing.
     """
     cpus = _get(probe, "cpus")
-    threads = _thread_budget(probe) if cell.threads == AUTO else cell.threads
+    threads = _thread_budget(probe) if isinstance(cell.threads, str) else cell.threads  # str: "auto"
     caps = [_get(cpus, k) for k in ("affinity", "os_cpu_count", "physical_cores")]
     allowed = sorted({threads} | {min(threads, c) for c in caps if isinstance(c, int) and c > 0})
     expected = " or ".join(map(str, allowed)) + (" (capped at visible CPUs)" if len(allowed) > 1 else "")

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections import Counter
 from enum import Enum
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, Callable, List, Optional
 
 import typer
 from rich.console import Console
@@ -20,7 +21,8 @@ from imagefactory import progress as progress_mod
 from imagefactory import publish as publish_mod
 from imagefactory import render as render_mod
 from imagefactory import report as report_mod
-from imagefactory.errors import CellFailure, ConfigError, ImageFactoryError
+from imagefactory.errors import CellFailure, ConfigError, DockerUnavailable, ImageFactoryError, Interrupted
+from imagefactory.interrupt import Interrupt
 
 app = typer.Typer(
     name="imagefactory",
@@ -29,7 +31,8 @@ app = typer.Typer(
         "Typical use: `imagefactory list` to see the cells, `imagefactory render` to review the "
         "Dockerfiles, `imagefactory build --push` to build, smoke-test and publish them.\n\n"
         "Exit codes: 0 success; 1 a cell failed to build, failed a check or failed to publish; "
-        "2 bad configuration; 3 no Docker engine reachable."
+        "2 bad configuration; 3 no Docker engine reachable (or it stopped answering); "
+        "130 / 143 interrupted by SIGINT / SIGTERM (the report is still written)."
     ),
     no_args_is_help=True,
     add_completion=False,
@@ -121,15 +124,31 @@ class Network(str, Enum):
     default = "default"
 
 
-def _finish(reports, report_path: Path, gpus: bool) -> None:
-    json_path, md_path = report_mod.write(reports, report_path, gpus=gpus)
+def _finish(outcome: build_mod.Outcome, report_path: Path, interrupt: Interrupt) -> None:
+    reports = outcome.reports
+    json_path, md_path = report_mod.write(reports, report_path, gpus=outcome.gpus)
     failed = [r for r in reports if not r.ok]
     print(f"report: {json_path} and {md_path}", file=sys.stderr)
     counts = ", ".join(f"{n} {s}" for s, n in sorted(Counter(
         r.status + (f"/{r.publish}" if r.publish else "") for r in reports).items()))
     print(f"{len(reports)} cell(s): {counts}", file=sys.stderr)
+    if interrupt.signum is not None:
+        raise Interrupted(interrupt.signum)
+    if outcome.engine_gone:
+        raise DockerUnavailable(outcome.engine_gone)
     if failed:
         raise CellFailure(f"{len(failed)} of {len(reports)} cell(s) failed: " + ", ".join(r.cell for r in failed))
+
+
+def _pipeline(work_dir: Path, report: Path, live: Optional[bool],
+              steps: Callable[[Any, Interrupt], build_mod.Outcome]) -> None:
+    """Run `steps` with this run's work dir and report locked and SIGINT/SIGTERM turned into a
+    cancellation; the report is written however the steps end (passed, failed, interrupted)."""
+    interrupt = Interrupt()
+    with build_mod.locked(work_dir, report):
+        with progress_mod.make(live) as ui, interrupt.signals():
+            outcome = steps(ui, interrupt)
+        _finish(outcome, report, interrupt)
 
 
 JobsOpt = typer.Option(1, "--jobs", "-j", min=1, help="Cells built at the same time.")
@@ -141,7 +160,7 @@ NetworkOpt = typer.Option(Network.host, "--network", help="Network of the build 
 ReportOpt = typer.Option(Path("build/report.json"), "--report",
                          help="Where the JSON report goes; the Markdown summary is written next to it (.md).")
 WorkDirOpt = typer.Option(Path("build"), "--work-dir", help="Rendered contexts and per-cell logs go here.")
-TimeoutOpt = typer.Option(300.0, "--probe-timeout", help="Seconds the in-image probe may run.")
+TimeoutOpt = typer.Option(300.0, "--probe-timeout", min=1.0, help="Seconds the in-image probe may run.")
 RetriesOpt = typer.Option(4, "--push-tries", min=1, help="Tries per tag when a push fails for a transient "
                                                          "reason (authentication errors are never retried).")
 RetryDelayOpt = typer.Option(2.0, "--retry-delay", min=0.0, help="Seconds before the first retry; doubles each time.")
@@ -201,16 +220,25 @@ def build(
     options = _options(work_dir, jobs, keep_going, gpus, network, probe_timeout, cache_from, pull=pull, retest=retest)
     if atomic and not push:
         raise ConfigError("--atomic: only meaningful with --push")
-    with progress_mod.make(live) as ui:
-        reports, has_gpus = build_mod.build(m, cells, options, ui)
-        if push:
-            _publish(m, reports, atomic, ui, push_tries, retry_delay)
-    _finish(reports, report, has_gpus)
+    publish_options = _publish_options(m, cells, atomic, push_tries, retry_delay) if push else None
+
+    def steps(ui, interrupt: Interrupt) -> build_mod.Outcome:
+        outcome = build_mod.build(m, cells, options, ui, interrupt=interrupt)
+        if publish_options is not None:  # after an interrupt: marks every cell not published
+            publish_mod.publish(m, outcome.reports, ui=ui, options=publish_options, interrupt=interrupt)
+        return outcome
+
+    _pipeline(work_dir, report, live, steps)
 
 
-def _publish(m, reports, atomic: bool, ui, tries: int, delay: float) -> None:
-    publish_mod.publish(m, reports, ui=ui, options=publish_mod.Options(
-        atomic=atomic, git_sha=publish_mod.git_sha(), attempts=tries, backoff=delay))
+def _publish_options(m, cells, atomic: bool, tries: int, delay: float) -> publish_mod.Options:
+    """Check everything publishing needs before anything is built: the credentials, the commit
+    id, every tag of every cell."""
+    publish_mod.credentials()
+    options = publish_mod.Options(atomic=atomic, git_sha=publish_mod.git_sha(), attempts=tries, backoff=delay)
+    for cell in cells:
+        publish_mod.tags_for(m, cell.id, "0" * 64, options)
+    return options
 
 
 @app.command()
@@ -234,10 +262,14 @@ def push(
     and credential helpers."""
     m, cells = _load(matrix, only)
     options = _options(work_dir, 1, True, gpus, Network.host, probe_timeout)
-    with progress_mod.make(live) as ui:
-        reports, has_gpus = build_mod.test(m, cells, options, ui)
-        _publish(m, reports, atomic, ui, push_tries, retry_delay)
-    _finish(reports, report, has_gpus)
+    publish_options = _publish_options(m, cells, atomic, push_tries, retry_delay)
+
+    def steps(ui, interrupt: Interrupt) -> build_mod.Outcome:
+        outcome = build_mod.test(m, cells, options, ui, interrupt=interrupt)
+        publish_mod.publish(m, outcome.reports, ui=ui, options=publish_options, interrupt=interrupt)
+        return outcome
+
+    _pipeline(work_dir, report, live, steps)
 
 
 @app.command("test")
@@ -260,9 +292,8 @@ def test_cmd(
     with its cached verdicts; --retest probes it again."""
     m, cells = _load(matrix, only)
     options = _options(work_dir, jobs, keep_going, gpus, Network.host, probe_timeout, pull=pull, retest=retest)
-    with progress_mod.make(live) as ui:
-        reports, has_gpus = build_mod.test(m, cells, options, ui)
-    _finish(reports, report, has_gpus)
+    _pipeline(work_dir, report, live, lambda ui, interrupt: build_mod.test(m, cells, options, ui,
+                                                                           interrupt=interrupt))
 
 
 class DoctorFormat(str, Enum):
@@ -372,6 +403,12 @@ def schema() -> None:
 def main() -> None:
     try:
         app()
+    except Interrupted as e:
+        print(f"{e.message}: the report marks the cells that were stopped; the next run resumes "
+              "(finished cells are cached)", file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(e.exit_code)  # do not wait for a worker still stuck in the engine
     except ConfigError as e:
         for line in e.problems:
             print(f"error: {line}", file=sys.stderr)

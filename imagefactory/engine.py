@@ -3,23 +3,35 @@
 Everything else calls these methods and sees imagefactory's own errors, never
 the SDK's. The SDK's traps handled here (see docs): builds and pushes report
 failures inside the stream rather than raising; exec/run has no timeout.
+
+`ContainerEngine` is the interface the pipeline uses (build.py, smoke.py, publish.py take
+an engine factory); `Engine` implements it with the Docker SDK, and the unit tests' fake in
+memory. Every SDK error becomes an imagefactory error: EngineGone when the engine stopped
+answering, Cancelled when the run was interrupted, else the operation's own error.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import socket
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable, NoReturn, Protocol
 
 import docker
 import docker.errors
 import requests.exceptions
+import urllib3.exceptions
 
-from imagefactory.errors import BuildError, DockerUnavailable, EngineError, PushError
+from imagefactory.errors import BuildError, Cancelled, DockerUnavailable, EngineError, EngineGone, PushError
+from imagefactory.interrupt import Interrupt
 
 STEP_RE = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
+# The classic builder runs each RUN step in a container and names it in the stream.
+RUNNING_IN_RE = re.compile(r"^ ---> Running in ([0-9a-f]{12,64})$")
 TAIL_LINES = 30
 
 START_HINT = (
@@ -43,6 +55,14 @@ class RunResult:
 
 
 @dataclass(frozen=True)
+class PushOutcome:
+    ref: str
+    digest: str
+    layers_pushed: list[str]
+    layers_existing: list[str]
+
+
+@dataclass(frozen=True)
 class EngineInfo:
     version: str
     api_version: str
@@ -51,29 +71,133 @@ class EngineInfo:
     cpus: int = 0  # CPUs the engine's host has (NCPU)
 
 
-class Engine:
-    """A connected Docker engine."""
+class ContainerEngine(Protocol):
+    """Every engine operation the pipeline uses. Failures are imagefactory errors:
+    BuildError / PushError / EngineError (EngineGone when the engine went away), and
+    Cancelled once the engine's Interrupt is set."""
 
-    def __init__(self, client: docker.DockerClient | None = None, *, timeout: int = 600):
+    def images_with_label(self, key: str, value: str) -> dict[str, list[str]]: ...
+
+    def image_id(self, ref: str) -> str | None: ...
+
+    def tag(self, image: str, ref: str) -> None: ...
+
+    def untag(self, ref: str) -> None: ...
+
+    def build(self, context: str, tag: str, *, network_mode: str | None = "host",
+              log: Callable[[str], None] = ..., progress: Callable[[BuildProgress], None] = ...,
+              pull: bool = False, cache_from: list[str] | None = None) -> str: ...
+
+    def gpus_available(self) -> bool: ...
+
+    def run(self, image: str, command: list[str], *, timeout: float, gpus: bool = False,
+            environment: dict[str, str] | None = None) -> RunResult: ...
+
+    def push(self, ref: str, *, auth_config: dict[str, str] | None = None,
+             progress: Callable[[dict], None] = ...) -> PushOutcome: ...
+
+    def registry_digest(self, ref: str, *, auth_config: dict[str, str] | None = None) -> str | None: ...
+
+    def local_repo_digests(self, ref: str) -> list[str]: ...
+
+
+EngineFactory = Callable[[], ContainerEngine]
+_SDK_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestException, urllib3.exceptions.HTTPError,
+               OSError)
+
+_LINK_ERRORS = (requests.exceptions.RequestException, urllib3.exceptions.HTTPError, OSError)
+
+
+class _Stream:
+    """The HTTP response of a build or push stream, and the build container now running:
+    what a cancellation must stop."""
+
+    def __init__(self) -> None:
+        self.response: Any = None
+        self.container: str | None = None
+
+
+class Engine:
+    """A connected Docker engine (implements ContainerEngine)."""
+
+    def __init__(self, client: docker.DockerClient | None = None, *, timeout: int = 600,
+                 interrupt: Interrupt | None = None):
         where = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
         try:
             self.client = client or docker.from_env(timeout=timeout)
             self.client.ping()
-        except (docker.errors.DockerException, requests.exceptions.RequestException, OSError) as e:
+        except _SDK_ERRORS as e:
             raise DockerUnavailable(f"no Docker engine answered at {where} ({_short(e)}); {START_HINT}") from None
         self.api = self.client.api
+        self.interrupt = interrupt or Interrupt()
+        self._stream: _Stream | None = None
+        hooks = getattr(self.api, "hooks", None)
+        if isinstance(hooks, dict):
+            hooks.setdefault("response", []).append(self._on_response)
+
+    def _on_response(self, response: Any, *args: Any, **kwargs: Any) -> None:
+        if self._stream is not None:
+            self._stream.response = response
+
+    @contextmanager
+    def _streaming(self) -> Iterator[_Stream]:
+        """Capture the response of the streamed request made in the block, so that a
+        cancellation (from another thread) can shut its socket and kill its build container."""
+        stream = _Stream()
+
+        def stop() -> None:
+            _shutdown(stream.response)
+            if stream.container:
+                self._kill(stream.container)
+
+        self._stream = stream
+        try:
+            with self.interrupt.on_cancel(stop):
+                yield stream
+        finally:
+            self._stream = None
+            if stream.response is not None:
+                stream.response.close()
+            if stream.container and self.interrupt.is_set():  # started after the stop action ran
+                self._kill(stream.container)
+
+    def _kill(self, container: str) -> None:
+        try:
+            self.api.remove_container(container, force=True)
+        except _SDK_ERRORS:
+            pass
+
+    def _failed(self, what: str, e: BaseException) -> NoReturn:
+        """Turn an SDK error into ours: Cancelled if the run was interrupted, EngineGone if the
+        engine no longer answers, else EngineError."""
+        if self.interrupt.is_set():
+            raise Cancelled("interrupted") from None
+        if isinstance(e, _LINK_ERRORS) and not self.alive():
+            raise EngineGone(f"{what}: the Docker engine stopped answering ({_short(e)})") from None
+        raise EngineError(f"{what}: {_short(e)}") from None
+
+    def alive(self) -> bool:
+        try:
+            return bool(self.client.ping())
+        except _SDK_ERRORS:
+            return False
 
     # -- images -----------------------------------------------------------------------------
     def images_with_label(self, key: str, value: str) -> dict[str, list[str]]:
         """Local images carrying label key=value: {image id: its tags}."""
-        images = self.client.images.list(filters={"label": f"{key}={value}"})
-        return {image.id: list(image.tags) for image in images}
+        try:
+            images = self.client.images.list(filters={"label": f"{key}={value}"})
+            return {image.id: list(image.tags) for image in images}
+        except _SDK_ERRORS as e:
+            self._failed("could not list the local images", e)
 
     def image_id(self, ref: str) -> str | None:
         try:
             return self.client.images.get(ref).id
         except docker.errors.ImageNotFound:
             return None
+        except _SDK_ERRORS as e:
+            self._failed(f"could not inspect {ref}", e)
 
     def local_repo_digests(self, ref: str) -> list[str]:
         """The local image's RepoDigests ('name@sha256:...'); [] when there is no local copy."""
@@ -86,10 +210,19 @@ class Engine:
         repo, tag = split_tag(ref)
         try:
             ok = self.api.tag(image, repo, tag, force=True)
-        except docker.errors.APIError as e:
-            raise EngineError(f"could not tag {image} as {ref}: {_short(e)}") from None
+        except _SDK_ERRORS as e:
+            self._failed(f"could not tag {image} as {ref}", e)
         if not ok:
             raise EngineError(f"could not tag {image} as {ref}")
+
+    def untag(self, ref: str) -> None:
+        """Remove the name `ref` (never the image another name still holds)."""
+        try:
+            self.api.remove_image(ref, noprune=True)
+        except docker.errors.ImageNotFound:
+            pass
+        except _SDK_ERRORS as e:
+            self._failed(f"could not remove the tag {ref}", e)
 
     # -- build ------------------------------------------------------------------------------
     def build(
@@ -97,7 +230,7 @@ class Engine:
         context: str,
         tag: str,
         *,
-        network_mode: str = "host",
+        network_mode: str | None = "host",
         log: Callable[[str], None] = lambda line: None,
         progress: Callable[[BuildProgress], None] = lambda p: None,
         pull: bool = False,
@@ -105,45 +238,33 @@ class Engine:
     ) -> str:
         """Build `context` and tag it; returns the image id. Raises BuildError with the
         failing step and the log tail when the stream reports an error."""
-        tail: deque[str] = deque(maxlen=TAIL_LINES)
-        state = BuildProgress()
-        image_id = None
-
-        def emit(line: str) -> None:
-            tail.append(line)
-            log(line)
-
+        builder = _BuildStream(log, progress)
+        self.interrupt.check()
         try:
-            stream = self.api.build(path=context, tag=tag, rm=True, forcerm=True, decode=True,
-                                    network_mode=network_mode, pull=pull, cache_from=cache_from or None)
-            for event in stream:
-                if "stream" in event:
-                    for line in event["stream"].splitlines():
-                        if not line.strip():
-                            continue
-                        emit(line)
-                        m = STEP_RE.match(line)
-                        if m:
-                            state = BuildProgress(int(m[1]), int(m[2]), m[3])
-                            progress(state)
-                if "status" in event:
-                    emit(" ".join(str(event[k]) for k in ("id", "status", "progress") if event.get(k)))
-                if "aux" in event and "ID" in event["aux"]:
-                    image_id = event["aux"]["ID"]
-                if "error" in event:
-                    emit(f"ERROR: {event['error'].strip()}")
-                    raise BuildError(event["error"].strip(), step=_step_text(state), log_tail=list(tail))
-        except docker.errors.APIError as e:
-            emit(f"ERROR: {_short(e)}")
-            raise BuildError(_short(e), step=_step_text(state), log_tail=list(tail)) from None
-        except requests.exceptions.RequestException as e:
-            emit(f"ERROR: lost the Docker engine: {_short(e)}")
-            raise BuildError(f"lost the Docker engine: {_short(e)}", step=_step_text(state),
-                             log_tail=list(tail)) from None
-        image_id = image_id or self.image_id(tag)
+            with self._streaming() as stream:
+                events = self.api.build(path=context, tag=tag, rm=True, forcerm=True, decode=True,
+                                        network_mode=network_mode, pull=pull, cache_from=cache_from or None)
+                for event in events:
+                    builder.feed(event, stream)  # first: it notes a new build container
+                    self.interrupt.check()
+        except Cancelled:
+            raise
+        except BuildError:  # a RUN step killed by our own interrupt fails too: that is not the cell's fault
+            self.interrupt.check()
+            raise
+        except _SDK_ERRORS as e:
+            if self.interrupt.is_set():
+                raise Cancelled("interrupted") from None
+            gone = isinstance(e, _LINK_ERRORS) and not self.alive()
+            message = f"lost the Docker engine: {_short(e)}" if gone else _short(e)
+            builder.emit(f"ERROR: {message}")
+            if gone:
+                raise EngineGone(f"build of {tag}: {message}") from None
+            raise builder.error(message) from None
+        self.interrupt.check()
+        image_id = builder.image_id or self.image_id(tag)
         if image_id is None:
-            raise BuildError("the build ended without producing an image", step=_step_text(state),
-                             log_tail=list(tail))
+            raise builder.error("the build ended without producing an image")
         return image_id
 
     def describe(self) -> EngineInfo:
@@ -160,69 +281,89 @@ class Engine:
     # -- run --------------------------------------------------------------------------------
     def gpus_available(self) -> bool:
         """Whether this engine can give containers GPUs (the NVIDIA runtime is registered)."""
-        info = self.client.info()
+        try:
+            info = self.client.info()
+        except _SDK_ERRORS as e:
+            self._failed("could not ask the engine about its runtimes", e)
         return "nvidia" in (info.get("Runtimes") or {}) or bool(info.get("CDISpecDirs") and
                                                               os.path.exists("/dev/nvidia0"))
 
     def run(self, image: str, command: list[str], *, timeout: float, gpus: bool = False,
             environment: dict[str, str] | None = None, cpus: float | None = None) -> RunResult:
         """Run `command` in a fresh container of `image` as the image's default user, with no
-        network; kill it after `timeout` seconds. The container is always removed.
-        `cpus` is `docker run --cpus` (a CFS quota)."""
+        network; kill it after `timeout` seconds (or when the run is interrupted). The
+        container is always removed. `cpus` is `docker run --cpus` (a CFS quota)."""
         device_requests = [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])] if gpus else None
         limits = {"nano_cpus": int(cpus * 1e9)} if cpus else {}
+        self.interrupt.check()
         try:
             container = self.client.containers.create(
                 image, command=command, network_mode="none", detach=True,
                 device_requests=device_requests, environment=environment or {}, **limits,
             )
-        except docker.errors.APIError as e:
-            raise EngineError(f"could not create a container of {image}: {_short(e)}") from None
+        except _SDK_ERRORS as e:
+            self._failed(f"could not create a container of {image}", e)
         try:
-            container.start()
-            try:
-                status = container.wait(timeout=timeout)
-                code: int | None = int(status.get("StatusCode", -1))
-            except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
-                container.kill()
-                code = None
-            out = container.logs(stdout=True, stderr=False).decode(errors="replace")
-            err = container.logs(stdout=False, stderr=True).decode(errors="replace")
+            with self.interrupt.on_cancel(lambda: self._kill(container.id)):
+                container.start()
+                try:
+                    status = container.wait(timeout=timeout)
+                    code: int | None = int(status.get("StatusCode", -1))
+                except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
+                    self.interrupt.check()
+                    container.kill()
+                    code = None
+                self.interrupt.check()
+                out = container.logs(stdout=True, stderr=False).decode(errors="replace")
+                err = container.logs(stdout=False, stderr=True).decode(errors="replace")
             return RunResult(code, out, err)
-        except docker.errors.APIError as e:
-            raise EngineError(f"could not run a container of {image}: {_short(e)}") from None
+        except _SDK_ERRORS as e:
+            self._failed(f"could not run a container of {image}", e)
         finally:
-            try:
-                container.remove(force=True)
-            except docker.errors.APIError:
-                pass
+            self._kill(container.id)
 
     # -- push -------------------------------------------------------------------------------
     def push(self, ref: str, *, auth_config: dict[str, str] | None = None,
-             progress: Callable[[dict], None] = lambda e: None) -> "PushOutcome":
-        """Push one tag. The SDK does not raise on failure: errors arrive as stream events."""
+             progress: Callable[[dict], None] = lambda e: None) -> PushOutcome:
+        """Push one tag. The SDK does not raise on failure: errors arrive as stream events.
+        An interrupt closes the stream (the engine then abandons the upload)."""
         repo, tag = split_tag(ref)
         digest = None
         layers_pushed: set[str] = set()
         layers_existing: set[str] = set()
+        self.interrupt.check()
         try:
-            for event in self.api.push(repo, tag=tag, stream=True, decode=True, auth_config=auth_config):
-                progress(event)
-                if "error" in event:
-                    message = event["error"].strip()
-                    raise PushError(f"push of {ref} failed: {message}", transient=is_transient(message))
-                status = event.get("status", "")
-                if status == "Pushed" and event.get("id"):
-                    layers_pushed.add(event["id"])
-                elif status in ("Layer already exists", "Mounted from") or status.startswith("Mounted from"):
-                    layers_existing.add(event.get("id", ""))
-                aux = event.get("aux") or {}
-                if "Digest" in aux:
-                    digest = aux["Digest"]
+            with self._streaming():
+                for event in self.api.push(repo, tag=tag, stream=True, decode=True, auth_config=auth_config):
+                    self.interrupt.check()
+                    progress(event)
+                    if "error" in event:
+                        message = event["error"].strip()
+                        raise PushError(f"push of {ref} failed: {message}", transient=is_transient(message))
+                    status = event.get("status", "")
+                    if status == "Pushed" and event.get("id"):
+                        layers_pushed.add(event["id"])
+                    elif status.startswith(("Layer already exists", "Mounted from")):
+                        layers_existing.add(event.get("id", ""))
+                    aux = event.get("aux") or {}
+                    if "Digest" in aux:
+                        digest = aux["Digest"]
+        except Cancelled:
+            raise
+        except PushError:
+            self.interrupt.check()
+            raise
         except docker.errors.APIError as e:
+            if self.interrupt.is_set():
+                raise Cancelled("interrupted") from None
             raise PushError(f"push of {ref} failed: {_short(e)}", transient=is_transient(str(e))) from None
-        except requests.exceptions.RequestException as e:
+        except _SDK_ERRORS as e:
+            if self.interrupt.is_set():
+                raise Cancelled("interrupted") from None
+            if not self.alive():
+                raise EngineGone(f"push of {ref} failed: the Docker engine stopped answering ({_short(e)})") from None
             raise PushError(f"push of {ref} failed: lost the Docker engine: {_short(e)}", transient=True) from None
+        self.interrupt.check()
         if digest is None:
             raise PushError(f"push of {ref} ended without a digest", transient=True)
         return PushOutcome(ref, digest, sorted(layers_pushed), sorted(layers_existing - {""}))
@@ -231,17 +372,66 @@ class Engine:
         """The manifest digest the registry serves for `ref` (asked of the registry itself)."""
         try:
             data = self.api.inspect_distribution(ref, auth_config=auth_config)
-        except (docker.errors.APIError, requests.exceptions.RequestException):
+        except _SDK_ERRORS:
+            self.interrupt.check()
             return None
         return (data.get("Descriptor") or {}).get("digest")
 
 
-@dataclass(frozen=True)
-class PushOutcome:
-    ref: str
-    digest: str
-    layers_pushed: list[str]
-    layers_existing: list[str]
+class _BuildStream:
+    """The state of one build stream: log tail, current step, image id, build container."""
+
+    def __init__(self, log: Callable[[str], None], progress: Callable[[BuildProgress], None]):
+        self.tail: deque[str] = deque(maxlen=TAIL_LINES)
+        self.state = BuildProgress()
+        self.image_id: str | None = None
+        self.log, self.progress = log, progress
+
+    def emit(self, line: str) -> None:
+        self.tail.append(line)
+        self.log(line)
+
+    def error(self, message: str) -> BuildError:
+        return BuildError(message, step=_step_text(self.state), log_tail=list(self.tail))
+
+    def feed(self, event: dict, stream: _Stream) -> None:
+        if "stream" in event:
+            for line in str(event["stream"]).splitlines():
+                if not line.strip():
+                    continue
+                self.emit(line)
+                m = STEP_RE.match(line)
+                if m:
+                    self.state = BuildProgress(int(m[1]), int(m[2]), m[3])
+                    self.progress(self.state)
+                    stream.container = None
+                running = RUNNING_IN_RE.fullmatch(line)
+                if running:
+                    stream.container = running[1]
+        if "status" in event:
+            self.emit(" ".join(str(event[k]) for k in ("id", "status", "progress") if event.get(k)))
+        if "aux" in event and "ID" in (event["aux"] or {}):
+            self.image_id = event["aux"]["ID"]
+        if "error" in event:
+            message = str(event["error"]).strip()
+            self.emit(f"ERROR: {message}")
+            raise self.error(message)
+
+
+def _shutdown(response: Any) -> None:
+    """Shut the socket under a streamed HTTP response, from any thread: the reader blocked
+    on it wakes up at once (closing it would not wake it)."""
+    if response is None:
+        return
+    try:
+        raw = response.raw._fp.fp.raw
+        sock = getattr(raw, "_sock", raw)
+        sock.shutdown(socket.SHUT_RDWR)
+    except (AttributeError, OSError):
+        try:
+            response.close()
+        except Exception:  # noqa: BLE001 - best effort from another thread
+            pass
 
 
 _AUTH_WORDS = ("unauthorized", "authentication required", "no basic auth credentials",

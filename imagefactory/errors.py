@@ -62,3 +62,23 @@ class PushError(ImageFactoryError):
     def __init__(self, message: str, *, transient: bool):
         super().__init__(message)
         self.transient = transient
+
+
+class EngineGone(EngineError):
+    """The Docker engine stopped answering in the middle of a run. The cell that met it fails,
+    the report is still written, and the run exits 3."""
+
+    exit_code = 3
+
+
+class Cancelled(ImageFactoryError):
+    """Raised inside a cell's work when the run was interrupted (SIGINT/SIGTERM): the cell is
+    reported as interrupted, not as failed."""
+
+
+class Interrupted(ImageFactoryError):
+    """The run was stopped by a signal; exits 128 + the signal number (130 SIGINT, 143 SIGTERM)."""
+
+    def __init__(self, signum: int):
+        super().__init__("interrupted" + (" (SIGTERM)" if signum == 15 else ""))
+        self.exit_code = 128 + signum

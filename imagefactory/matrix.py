@@ -256,9 +256,9 @@ def _schema_message(error: jsonschema.ValidationError, loc: _Located) -> tuple[t
         branches: dict[Any, list[jsonschema.ValidationError]] = {}
         for e in error.context or []:
             branches.setdefault(e.relative_schema_path[0], []).append(e)
-        typed = [errs for errs in branches.values() if all(e.validator != "type" for e in errs)]
-        if typed:
-            return _schema_message(typed[0][0], loc)
+        of_its_type = [errs for errs in branches.values() if all(e.validator != "type" for e in errs)]
+        if of_its_type:
+            return _schema_message(of_its_type[0][0], loc)
         desc = error.schema.get("description", "see the README")
         return path, f"expected {desc}, got {type(inst).__name__} {_show(inst)}", False
     return path, _show(error.message, MAX_LINE), False

@@ -8,7 +8,7 @@ import threading
 import time
 
 from rich.console import Console
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 
 from imagefactory.engine import BuildProgress
 from imagefactory.report import BUILD_FAILED, BUILT, CACHED, PASSED, CellReport
@@ -60,7 +60,7 @@ class Live:
             SpinnerColumn(), TextColumn("[bold]{task.description}"), TextColumn("{task.fields[state]}"),
             TimeElapsedColumn(), console=self.console, transient=False,
         )
-        self.tasks: dict[str, int] = {}
+        self.tasks: dict[str, TaskID] = {}
         self.lock = threading.Lock()
 
     def __enter__(self):
@@ -70,7 +70,7 @@ class Live:
     def __exit__(self, *exc):
         return self.progress.__exit__(*exc)
 
-    def _task(self, cell: str) -> int:
+    def _task(self, cell: str) -> TaskID:
         with self.lock:
             if cell not in self.tasks:
                 self.tasks[cell] = self.progress.add_task(cell, state="waiting", total=None)

@@ -5,23 +5,30 @@ Release tags are applied only to cells whose build and checks passed; with
 the SDK (whose failures arrive as stream events, not exceptions), transient
 failures are retried with exponential backoff (tenacity), authentication
 failures are not, and a tag counts as published only when the registry serves
-the digest that was pushed.
+the digest that was pushed. The immutable content-hash tag goes first and the
+release tags after it, so an interrupted publish leaves no release tag behind
+(the one being pushed when the interrupt came is removed locally too).
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import os
+import re
 import subprocess
 from dataclasses import dataclass
+
+from typing import Any
 
 import tenacity
 
 from imagefactory import tags as tagging
-from imagefactory.engine import Engine, PushOutcome
-from imagefactory.errors import EngineError, ImageFactoryError, PushError
+from imagefactory.engine import ContainerEngine, Engine, EngineFactory, PushOutcome
+from imagefactory.errors import Cancelled, ConfigError, EngineError, PushError
+from imagefactory.interrupt import Interrupt
 from imagefactory.model import Matrix
-from imagefactory.report import NOT_PUBLISHED, PASSED, PUBLISH_FAILED, PUBLISHED, CellReport
+from imagefactory.report import INTERRUPTED, NOT_PUBLISHED, PASSED, PUBLISH_FAILED, PUBLISHED, CellReport
 
 USER_ENV = "IMAGEFACTORY_REGISTRY_USER"
 PASSWORD_ENV = "IMAGEFACTORY_REGISTRY_PASSWORD"
@@ -43,19 +50,24 @@ def credentials() -> dict[str, str] | None:
     if user and password:
         return {"username": user, "password": password}
     if user or password:
-        raise ImageFactoryError(f"set both {USER_ENV} and {PASSWORD_ENV}, or neither (to use `docker login`)")
+        raise ConfigError(f"set both {USER_ENV} and {PASSWORD_ENV}, or neither (to use `docker login`)")
     return None
 
 
 def git_sha() -> str | None:
+    """The commit being published (GITHUB_SHA, else `git rev-parse HEAD`), checked before it
+    can reach a tag."""
     sha = os.environ.get("GITHUB_SHA")
     if sha:
+        if not re.fullmatch(r"[0-9a-f]{7,64}", sha):
+            raise ConfigError(f"GITHUB_SHA={sha[:80]!r}: not a commit id (7 to 64 lowercase hex digits)")
         return sha
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return out.stdout.strip() if out.returncode == 0 else None
+    sha = out.stdout.strip()
+    return sha if out.returncode == 0 and re.fullmatch(r"[0-9a-f]{7,64}", sha) else None
 
 
 def tags_for(matrix: Matrix, cell_id: str, content_hash: str, options: Options) -> list[str]:
@@ -74,9 +86,13 @@ def _redact(text: str, auth: dict[str, str] | None) -> str:
     return text
 
 
-def publish(matrix: Matrix, reports: list[CellReport], *, options: Options, ui) -> None:
-    """Tag and push every passing cell of `reports`, updating each report in place."""
+def publish(matrix: Matrix, reports: list[CellReport], *, options: Options, ui: Any,
+            engine_factory: EngineFactory | None = None, interrupt: Interrupt | None = None) -> None:
+    """Tag and push every passing cell of `reports`, updating each report in place. An
+    interrupt stops at once: the cell being pushed is marked interrupted, later ones are
+    not published."""
     auth = credentials()
+    interrupt = interrupt or Interrupt()
     failing = [r.cell for r in reports if r.status != PASSED]
     if options.atomic and failing:
         for r in reports:
@@ -84,22 +100,24 @@ def publish(matrix: Matrix, reports: list[CellReport], *, options: Options, ui) 
             if r.status == PASSED:
                 r.error = f"not published: --atomic and {len(failing)} cell(s) failed ({', '.join(failing)})"
         return
-    engine = Engine()
+    make_engine = engine_factory or functools.partial(Engine, interrupt=interrupt)
+    engine: ContainerEngine | None = None  # made when the first cell is published
     for r in reports:
-        if r.status != PASSED:
+        if r.status != PASSED or interrupt.is_set():
             r.publish = NOT_PUBLISHED
+            if r.status == PASSED:
+                r.error = "not published: the run was interrupted"
             continue
         r.tags = tags_for(matrix, r.cell, r.content_hash, options)
         try:
-            for ref in r.tags:
-                engine.tag(r.candidate, ref)
-            for ref in r.tags:
-                outcome = _push_with_retries(engine, ref, auth, options, ui, r.cell)
-                r.pushed.append({"ref": ref, "digest": outcome.digest,
-                                 "layers_pushed": outcome.layers_pushed,
-                                 "layers_existing": outcome.layers_existing})
-                ui.status(r.cell, f"pushed {ref} {outcome.digest}"
-                          + ("" if outcome.layers_pushed else " (registry had every layer)"))
+            engine = engine or make_engine()
+            immutable = tagging.hash_tag(matrix.hash_tag_template, matrix.image, matrix.cell(r.cell),
+                                         r.content_hash)
+            order = [immutable] + [t for t in r.tags if t != immutable]
+            _publish_cell(engine, r, order, auth, options, ui, interrupt)
+        except Cancelled:
+            r.publish, r.error = INTERRUPTED, "publish interrupted"
+            continue
         except (PushError, EngineError) as e:
             r.publish = PUBLISH_FAILED
             r.error = _redact(e.message, auth)
@@ -108,7 +126,26 @@ def publish(matrix: Matrix, reports: list[CellReport], *, options: Options, ui) 
         r.publish = PUBLISHED
 
 
-def _push_with_retries(engine: Engine, ref: str, auth, options: Options, ui, cell: str) -> PushOutcome:
+def _publish_cell(engine: ContainerEngine, r: CellReport, order: list[str], auth: dict[str, str] | None,
+                  options: Options, ui: Any, interrupt: Interrupt) -> None:
+    """Tag the tested image (by id: a candidate name may since name another image) and push
+    each tag in `order`: the immutable hash tag first, release tags after it."""
+    for ref in order:
+        engine.tag(r.image_id or r.candidate, ref)
+        try:
+            outcome = _push_with_retries(engine, ref, auth, options, ui, r.cell, interrupt)
+        except Cancelled:
+            engine.untag(ref)  # a release tag that was not pushed must not stay applied
+            raise
+        r.pushed.append({"ref": ref, "digest": outcome.digest,
+                         "layers_pushed": outcome.layers_pushed,
+                         "layers_existing": outcome.layers_existing})
+        ui.status(r.cell, f"pushed {ref} {outcome.digest}"
+                  + ("" if outcome.layers_pushed else " (registry had every layer)"))
+
+
+def _push_with_retries(engine: ContainerEngine, ref: str, auth: dict[str, str] | None, options: Options, ui: Any,
+                       cell: str, interrupt: Interrupt) -> PushOutcome:
     def announce(state: tenacity.RetryCallState) -> None:
         e = state.outcome.exception() if state.outcome else None
         wait = state.next_action.sleep if state.next_action else 0
@@ -127,6 +164,7 @@ def _push_with_retries(engine: Engine, ref: str, auth, options: Options, ui, cel
         wait=tenacity.wait_exponential(multiplier=options.backoff, max=60),
         retry=tenacity.retry_if_exception(lambda e: isinstance(e, PushError) and e.transient),
         before_sleep=announce,
+        sleep=interrupt.wait,  # an interrupt ends the wait between tries (raises Cancelled)
         reraise=True,
     )
     outcome = retrying(engine.push, ref, auth_config=auth, progress=on_event)

@@ -13,6 +13,7 @@ from imagefactory.checks import Check
 # Cell states, in pipeline order.
 BUILT, CACHED, BUILD_FAILED, PASSED, CHECK_FAILED, NOT_BUILT, SKIPPED = (
     "built", "cached", "build-failed", "passed", "check-failed", "not-built", "skipped")
+INTERRUPTED = "interrupted"  # a SIGINT/SIGTERM stopped this cell's work (or its publish)
 PUBLISHED, PUBLISH_FAILED, NOT_PUBLISHED = "published", "publish-failed", "not-published"
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from importlib import resources
 
 from imagefactory import checks
-from imagefactory.engine import Engine
+from imagefactory.engine import ContainerEngine, RunResult
 from imagefactory.errors import EngineError
 from imagefactory.model import Cell
 
@@ -47,11 +47,12 @@ def parse_probe_output(stdout: str) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
-def run_probe(engine: Engine, image: str, *, timeout: float = DEFAULT_TIMEOUT, gpus: bool = False):
+def run_probe(engine: ContainerEngine, image: str, *, timeout: float = DEFAULT_TIMEOUT,
+              gpus: bool = False) -> RunResult:
     return engine.run(image, ["python", "-c", probe_source()], timeout=timeout, gpus=gpus)
 
 
-def test_image(engine: Engine, cell: Cell, image: str, *, gpus: bool, timeout: float = DEFAULT_TIMEOUT) -> SmokeResult:
+def test_image(engine: ContainerEngine, cell: Cell, image: str, *, gpus: bool, timeout: float = DEFAULT_TIMEOUT) -> SmokeResult:
     """Run the probe in `image` and judge it against `cell`. A probe that could not run
     (timeout, crash, no JSON) is itself a failing check, never an exception."""
     try:
@@ -60,14 +61,13 @@ def test_image(engine: Engine, cell: Cell, image: str, *, gpus: bool, timeout: f
         failed = checks.Check("probe.ran", "probe JSON on stdout", e.message, checks.FAIL, e.message)
         return SmokeResult([failed], None, "", e.message)
     probe = parse_probe_output(result.stdout)
-    if result.exit_code is None:
+    why = None
+    if result.exit_code is None:  # killed at the timeout: whatever it printed is not a verdict
         why = f"killed after {timeout:.0f} s"
     elif probe is None:
         tail = " | ".join(result.stderr.strip().splitlines()[-3:]) or "no output"
         why = f"exit code {result.exit_code}, no probe JSON: {tail}"
-    else:
-        why = None
-    if why is not None:
-        failed = checks.Check("probe.ran", "probe JSON on stdout", why, checks.FAIL, why)
+    if why is not None or probe is None:
+        failed = checks.Check("probe.ran", "probe JSON on stdout", str(why), checks.FAIL, str(why))
         return SmokeResult([failed], None, result.stdout, result.stderr)
     return SmokeResult(checks.judge(cell, probe, gpu_required=gpus), probe, result.stdout, result.stderr)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from imagefactory import checks, smoke
-from imagefactory.model import Cell
+from imagefactory.model import Cell, Threads
 
 IMAGE_ID_RE = re.compile(r"sha256:([0-9a-f]{64})")
 _VERSION_RE = re.compile(r"^PROBE_VERSION = (\d+)$", re.MULTILINE)
@@ -62,7 +62,7 @@ class Key:
     image_id: str
     probe_version: str
     gpus: bool
-    threads: int
+    threads: Threads  # a count, or "auto" (the entrypoint's budget)
 
     def as_dict(self) -> dict:
         return {"image_id": self.image_id, "probe_version": self.probe_version,

@@ -36,8 +36,8 @@ def test_push_with_credentials_publishes_the_passing_cell_with_matching_digests(
     good = report[Build.GOOD]
     assert good["publish"] == "published", result.stdout + result.stderr
     refs = [p["ref"] for p in good["pushed"]]
-    assert refs[0] == f"{cpu_build.image}:2.13.0-py3.11-cpu-openblas-pip"
-    assert refs[1] == f"{cpu_build.image}:sha-{good['content_hash'][:12]}"
+    assert refs[0] == f"{cpu_build.image}:sha-{good['content_hash'][:12]}"  # immutable first, release after
+    assert refs[1] == f"{cpu_build.image}:2.13.0-py3.11-cpu-openblas-pip"
     repo = repo_of(cpu_build.image)
     for p in good["pushed"]:
         tag = p["ref"].rsplit(":", 1)[1]

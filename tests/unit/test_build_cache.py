@@ -106,7 +106,7 @@ def setup(tmp_path, write_matrix):
     def run(work="w1", command=build.build, **options):
         engine.events.clear()
         opts = build.Options(work_dir=tmp_path / work, verdicts_dir=tmp_path / "cache", **options)
-        reports, _ = command(m, list(m.cells), opts, Quiet(), engine_factory=lambda: engine)
+        reports = command(m, list(m.cells), opts, Quiet(), engine_factory=lambda: engine).reports
         return {r.cell: r for r in reports}
 
     return m, engine, run
@@ -224,7 +224,7 @@ def test_cells_sharing_layers_wait_for_the_leader(setup, write_matrix, tmp_path)
     engine.hold[leader] = threading.Event()
     threading.Timer(0.3, engine.hold[leader].set).start()  # the leader dawdles before its step 2
     opts = build.Options(work_dir=tmp_path / "j2", verdicts_dir=tmp_path / "c", jobs=2)
-    reports, _ = build.build(m2, list(m2.cells), opts, Quiet(), engine_factory=lambda: engine)
+    reports = build.build(m2, list(m2.cells), opts, Quiet(), engine_factory=lambda: engine).reports
     assert [r.cell for r in reports] == [leader, follower]  # matrix order, whatever the schedule
     shared = schedule.plan_paths([tmp_path / "j2/contexts" / c for c in (leader, follower)])[1].shared_steps
     assert shared >= 2

@@ -359,11 +359,13 @@ def test_render_into_a_cell_folder_that_is_not_a_folder_replaces_nothing(kind, t
 
 
 def test_sigterm_during_render_leaves_no_staging_folder(tmp_path):
-    # Four pip cells, each hashing a large (sparse) wheel: rendering takes long enough to be stopped.
+    # Four pip cells and four large (sparse) wheels to hash: rendering takes long enough to be
+    # stopped (each wheel is hashed once; render remembers digests by stat data).
     wheels = tmp_path / "wheels"
     wheels.mkdir()
-    with open(wheels / "big-1.0-py3-none-any.whl", "wb") as f:
-        f.truncate(300 << 20)
+    for i in range(4):
+        with open(wheels / f"big{i}-1.0-py3-none-any.whl", "wb") as f:
+            f.truncate(300 << 20)
     path = tmp_path / "matrix.yaml"
     path.write_text(PIP.replace('["3.11"]', '["3.10", "3.11", "3.12", "3.13"]') + "pip: {wheelhouse: wheels}\n")
     out = tmp_path / "out"

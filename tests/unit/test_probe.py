@@ -1,4 +1,4 @@
-"""The in-image probe, run with the host's python3 in a subprocess (no Docker).
+"""The in-image probe, run in a subprocess of the Python running the tests (no Docker).
 
 The host needs numpy and threadpoolctl; torch may be absent, and then the probe must
 say so and still report everything else.
@@ -11,14 +11,14 @@ import importlib.util
 import json
 import os
 import re
-import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 PROBE = Path(__file__).resolve().parents[2] / "imagefactory" / "resources" / "probe.py"
-PYTHON = shutil.which("python3") or "python3"
+PYTHON = sys.executable  # the interpreter the test extra was installed into, not whatever is on PATH
 THREAD_ENV = {"OMP_NUM_THREADS": "3", "MKL_NUM_THREADS": "3", "OPENBLAS_NUM_THREADS": "3",
               "MKL_THREADING_LAYER": "GNU"}
 
@@ -42,7 +42,7 @@ def run_probe(*args: str, cwd: Path, env: dict[str, str] | None = None) -> tuple
 @pytest.fixture(scope="module")
 def report(tmp_path_factory) -> dict:
     if not (_has("numpy") and _has("threadpoolctl")):
-        pytest.skip("host python3 lacks numpy or threadpoolctl (pip install numpy threadpoolctl)")
+        pytest.fail(f"{PYTHON} lacks numpy or threadpoolctl: install the test extra (pip install -e '.[test]')")
     cwd = tmp_path_factory.mktemp("probe-cwd")
     return run_probe(str(PROBE), cwd=cwd, env=THREAD_ENV)[0]
 
@@ -122,7 +122,7 @@ def test_openmp_list_is_from_threadpool_info(report):
 
 def test_runs_as_dash_c_from_any_cwd(tmp_path):
     if not _has("numpy"):
-        pytest.skip("host python3 lacks numpy")
+        pytest.fail(f"{PYTHON} lacks numpy: install the test extra (pip install -e '.[test]')")
     report, _, _ = run_probe("-c", PROBE.read_text(), cwd=tmp_path)
     assert report["probe_version"] == 2
     assert report["env"]["OMP_NUM_THREADS"] is None

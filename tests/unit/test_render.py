@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -91,11 +92,44 @@ def test_content_hash_follows_every_input(tmp_path, write_matrix):
     base = render.render(matrix.load(write_matrix(text)), tmp_path / "a")
     changed = render.render(matrix.load(write_matrix(text.replace("threads: 8", "threads: 2"))), tmp_path / "b")
     assert all(x.content_hash != y.content_hash for x, y in zip(base, changed))
+    by_id = {c.cell.id: c.content_hash for c in base}
+    pip_cells = {"py3.11-cpu-openblas-pip", "py3.11-cu13.0-openblas-pip"}
     (tmp_path / "wheels" / "extra-1.0-py3-none-any.whl").write_text("x")
     wheel = render.render(matrix.load(write_matrix(text)), tmp_path / "c")
-    by_id = {c.cell.id: c.content_hash for c in base}
-    assert {c.cell.id for c in wheel if c.content_hash != by_id[c.cell.id]} == {
-        "py3.11-cpu-openblas-pip", "py3.11-cu13.0-openblas-pip"}
+    assert {c.cell.id for c in wheel if c.content_hash != by_id[c.cell.id]} == pip_cells
+
+
+def test_content_hash_follows_the_bytes_of_every_copied_file(tmp_path, write_matrix):
+    """Same names, same sizes, one byte changed: the hash must change (a wheel for the pip
+    cells, the CA certificate for every cell), and change back with the byte."""
+    text = (GOLDEN / "matrix.yaml").read_text()
+    shutil.copytree(GOLDEN / "certs", tmp_path / "certs")
+    shutil.copytree(GOLDEN / "wheels", tmp_path / "wheels")
+    pip_cells = {"py3.11-cpu-openblas-pip", "py3.11-cu13.0-openblas-pip"}
+
+    def hashes(out: str) -> dict[str, str]:
+        return {c.cell.id: c.content_hash for c in render.render(matrix.load(write_matrix(text)), tmp_path / out)}
+
+    def flip_last_byte(path: Path) -> None:
+        data = bytearray(path.read_bytes())
+        data[-1] ^= 0x01
+        path.write_bytes(bytes(data))
+
+    base = hashes("a")
+    wheel = next((tmp_path / "wheels").glob("*.whl"))
+    flip_last_byte(wheel)
+    changed = hashes("b")
+    assert {cell for cell in base if changed[cell] != base[cell]} == pip_cells
+    flip_last_byte(wheel)
+    assert hashes("c") == base
+    cert = tmp_path / "certs" / "corp-ca.pem"
+    pem = cert.read_text()
+    # the last base64 line (a real certificate's signature bytes): its first two letters swapped
+    body_line = [line for line in pem.splitlines() if line and not line.startswith("-----")][-1]
+    swapped = body_line[1] + body_line[0] + body_line[2:]
+    assert swapped != body_line
+    cert.write_text(pem.replace(body_line, swapped, 1))
+    assert all(h != base[cell] for cell, h in hashes("d").items())
 
 
 def test_render_replaces_an_old_context_and_leaves_no_staging(tmp_path):

@@ -1,0 +1,543 @@
+"""The orchestration (build.py, smoke.py, publish.py, cli.py, engine.py's stream handling) on an
+in-memory engine: each behaviour here was once broken by a one-line change no test caught.
+The real-engine tests (tests/integration) cover the same paths against Docker."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from imagefactory import build as build_mod
+from imagefactory import cli
+from imagefactory import matrix as matrix_mod
+from imagefactory import publish as publish_mod
+from imagefactory import render
+from imagefactory.engine import Engine
+from imagefactory.errors import (BuildError, Cancelled, CellFailure, ConfigError, DockerUnavailable, EngineError,
+                                 EngineGone, Interrupted)
+from imagefactory.interrupt import Interrupt
+from imagefactory.progress import Plain
+from imagefactory.report import (BUILD_FAILED, CHECK_FAILED, INTERRUPTED, NOT_PUBLISHED, PASSED,
+                                 PUBLISH_FAILED, PUBLISHED, SKIPPED)
+from tests.conftest import REPO
+from tests.fake_engine import World
+from tests.unit.test_checks import good_probe
+
+MATRIX = """\
+image: registry.example.com/ml/train
+matrix:
+  python: ["3.11", "3.12"]
+  cuda: ["none"]
+  blas: [openblas]
+  installer: [pip]
+torch: "2.13.0"
+threads: 2
+"""
+A, B = "py3.11-cpu-openblas-pip", "py3.12-cpu-openblas-pip"
+SECRET = "s3cret-Pa55word"
+
+
+@pytest.fixture
+def m(tmp_path):
+    path = tmp_path / "matrix.yaml"
+    path.write_text(MATRIX)
+    return matrix_mod.load(path)
+
+
+@pytest.fixture
+def world(m) -> World:
+    """Both cells build and pass unless a test says otherwise."""
+    return World(probes={c.id: good_probe(c) for c in m.cells})
+
+
+@pytest.fixture(autouse=True)
+def no_credentials(monkeypatch):
+    monkeypatch.delenv(publish_mod.USER_ENV, raising=False)
+    monkeypatch.delenv(publish_mod.PASSWORD_ENV, raising=False)
+    monkeypatch.delenv("GITHUB_SHA", raising=False)
+
+
+def ui() -> Plain:
+    return Plain(io.StringIO())
+
+
+def run_build(m, world, tmp_path, **options):
+    opts = build_mod.Options(work_dir=tmp_path / "work", gpus="none", **options)
+    return build_mod.build(m, list(m.cells), opts, ui(), engine_factory=world.engine, interrupt=world.interrupt)
+
+
+def run_publish(m, world, reports, the_ui=None, **options):
+    opts = publish_mod.Options(backoff=0, **options)
+    publish_mod.publish(m, reports, options=opts, ui=the_ui or ui(), engine_factory=world.engine,
+                        interrupt=world.interrupt)
+    return {r.cell: r for r in reports}
+
+
+def by_cell(outcome) -> dict:
+    return {r.cell: r for r in outcome.reports}
+
+
+def release(m, cell_id: str) -> str:
+    return m.cell(cell_id).tags[0]
+
+
+# -- build and test -------------------------------------------------------------------------------
+def test_both_cells_build_and_pass_on_the_fake(m, world, tmp_path):
+    reports = by_cell(run_build(m, world, tmp_path))
+    assert {r.status for r in reports.values()} == {PASSED}
+    assert world.ops("build") == [A, B]
+
+
+def test_fail_fast_skips_the_cells_after_a_failure(m, world, tmp_path):
+    world.builds[A] = "error"
+    reports = by_cell(run_build(m, world, tmp_path, fail_fast=True))
+    assert reports[A].status == BUILD_FAILED and reports[B].status == SKIPPED
+    assert world.ops("build") == [A]
+    assert "fail-fast" in reports[B].error
+
+
+def test_without_fail_fast_a_failure_does_not_stop_the_others(m, world, tmp_path):
+    world.builds[A] = "error"
+    reports = by_cell(run_build(m, world, tmp_path))
+    assert reports[A].status == BUILD_FAILED and reports[B].status == PASSED
+    assert reports[A].failed_step == "step 2/2: RUN pip install x"
+
+
+def test_a_failing_cache_lookup_fails_each_cell_not_the_run(m, world, tmp_path):
+    world.label_lookup_fails = True
+    outcome = run_build(m, world, tmp_path)
+    assert {r.status for r in outcome.reports} == {BUILD_FAILED}
+    assert all("could not list the local images" in r.error for r in outcome.reports)
+    assert outcome.engine_gone is None
+
+
+def test_an_engine_that_goes_away_is_reported_and_the_others_still_run(m, world, tmp_path):
+    world.builds[A] = "gone"
+    outcome = run_build(m, world, tmp_path)
+    reports = by_cell(outcome)
+    assert reports[A].status == BUILD_FAILED and "connection refused" in reports[A].error
+    assert reports[B].status == PASSED
+    assert outcome.engine_gone and "lost the Docker engine" in outcome.engine_gone
+
+
+def test_a_probe_killed_at_its_timeout_fails_even_if_it_printed_a_good_report(m, world, tmp_path):
+    world.probes[A] = ("timeout", good_probe(m.cell(A)))
+    reports = by_cell(run_build(m, world, tmp_path, probe_timeout=5))
+    assert reports[A].status == CHECK_FAILED
+    ran = {c.name: c for c in reports[A].checks}["probe.ran"]
+    assert ran.verdict == "fail" and "killed after 5 s" in ran.actual
+    assert reports[B].status == PASSED
+
+
+def test_a_probe_that_crashes_fails_its_cell(m, world, tmp_path):
+    world.probes[A] = "crash"
+    reports = by_cell(run_build(m, world, tmp_path))
+    assert reports[A].status == CHECK_FAILED
+
+
+def test_an_unchanged_cell_is_cached_not_rebuilt(m, world, tmp_path):
+    run_build(m, world, tmp_path)
+    reports = by_cell(run_build(m, world, tmp_path))
+    assert reports[A].status == PASSED and reports[A].cached and world.ops("build") == [A, B]
+
+
+def test_a_re_test_keeps_the_build_log(m, world, tmp_path):
+    world.builds[A] = "error"
+    build = by_cell(run_build(m, world, tmp_path))
+    opts = build_mod.Options(work_dir=tmp_path / "work", gpus="none")
+    retest = by_cell(build_mod.test(m, list(m.cells), opts, ui(), engine_factory=world.engine,
+                                    interrupt=world.interrupt))
+    assert retest[A].status == "not-built"
+    assert "Step 1/2 : FROM base" in Path(build[A].log).read_text()
+
+
+def test_the_tested_image_is_the_one_published_even_if_its_candidate_name_moves(m, world, tmp_path):
+    """Another run that builds the same content re-points the candidate name: this run still
+    publishes the image it tested."""
+    reports = run_build(m, world, tmp_path).reports
+    tested = {r.cell: r.image_id for r in reports}
+    other = World(probes=world.probes, images=world.images, interrupt=Interrupt())
+    for r in reports:  # a rebuild of the same content under the same candidate name
+        other.engine().build(str(tmp_path / "work" / "contexts" / r.cell), r.candidate)
+    assert {world.image_by_ref(r.candidate).id for r in reports}.isdisjoint(tested.values())
+    published = run_publish(m, world, reports)
+    for cell, r in published.items():
+        assert r.publish == PUBLISHED
+        assert world.image_by_ref(release(m, cell)).id == tested[cell]
+
+
+# -- publish ---------------------------------------------------------------------------------------
+def test_a_cell_that_failed_its_checks_is_never_pushed(m, world, tmp_path):
+    world.probes[A] = "crash"
+    reports = run_publish(m, world, run_build(m, world, tmp_path).reports)
+    assert reports[A].publish == NOT_PUBLISHED and reports[A].pushed == []
+    assert reports[B].publish == PUBLISHED
+    assert not [ref for ref in world.ops("push") if "py3.11" in ref]
+    assert not [ref for _, ref in world.ops("tag") if ref.startswith("registry.example.com") and "py3.11" in ref]
+
+
+def test_atomic_publishes_nothing_unless_every_cell_passed(m, world, tmp_path):
+    world.probes[A] = "crash"
+    reports = run_publish(m, world, run_build(m, world, tmp_path).reports, atomic=True)
+    assert world.ops("push") == [] and {r.publish for r in reports.values()} == {NOT_PUBLISHED}
+    assert "--atomic" in reports[B].error
+
+
+def test_atomic_publishes_everything_when_every_cell_passed(m, world, tmp_path):
+    reports = run_publish(m, world, run_build(m, world, tmp_path).reports, atomic=True)
+    assert {r.publish for r in reports.values()} == {PUBLISHED}
+    assert {release(m, A), release(m, B)} <= set(world.registry)
+
+
+def test_the_immutable_tag_is_pushed_before_the_release_tag(m, world, tmp_path):
+    run_publish(m, world, run_build(m, world, tmp_path).reports)
+    pushed = [ref for ref in world.ops("push") if "py3.11" in ref or ":sha-" in ref]
+    assert pushed[0].split(":")[-1].startswith("sha-") and pushed[1] == release(m, A)
+
+
+def test_a_pushed_digest_the_registry_does_not_serve_is_a_failure(m, world, tmp_path):
+    world.wrong_digest.add(release(m, A))
+    reports = run_publish(m, world, run_build(m, world, tmp_path).reports)
+    assert reports[A].publish == PUBLISH_FAILED and "the registry serves sha256:000" in reports[A].error
+    assert reports[B].publish == PUBLISHED
+    assert world.ops("registry_digest")  # asked of the registry, not taken from the push
+
+
+def test_unauthorized_is_not_retried_and_the_password_is_redacted(m, world, tmp_path, monkeypatch):
+    monkeypatch.setenv(publish_mod.USER_ENV, "ci")
+    monkeypatch.setenv(publish_mod.PASSWORD_ENV, SECRET)
+    reports = run_build(m, world, tmp_path).reports
+    immutable = publish_mod.tags_for(m, A, reports[0].content_hash, publish_mod.Options())[1]
+    world.pushes[immutable] = ["unauthorized", "ok"]
+    published = run_publish(m, world, reports)
+    assert world.ops("push").count(immutable) == 1
+    assert published[A].publish == PUBLISH_FAILED
+    assert "unauthorized" in published[A].error and SECRET not in published[A].error and "***" in published[A].error
+
+
+def test_transient_push_failures_are_retried_and_counted(m, world, tmp_path, monkeypatch):
+    monkeypatch.setenv(publish_mod.USER_ENV, "ci")
+    monkeypatch.setenv(publish_mod.PASSWORD_ENV, SECRET)
+    reports = run_build(m, world, tmp_path).reports
+    ref = release(m, A)
+    world.pushes[ref] = ["transient", "transient", "ok"]
+    the_ui = ui()
+    published = run_publish(m, world, reports, the_ui=the_ui, attempts=4)
+    assert world.ops("push").count(ref) == 3 and published[A].publish == PUBLISHED
+    out = the_ui.stream.getvalue()
+    assert "(try 1/4)" in out and "(try 2/4)" in out and "(try 3/4)" not in out
+    assert SECRET not in out and "***" in out
+
+
+def test_transient_failures_give_up_after_the_last_try(m, world, tmp_path):
+    reports = run_build(m, world, tmp_path).reports
+    ref = release(m, A)
+    world.pushes[ref] = ["transient"] * 5
+    published = run_publish(m, world, reports, attempts=3)
+    assert world.ops("push").count(ref) == 3 and published[A].publish == PUBLISH_FAILED
+
+
+def test_a_failed_publish_makes_the_run_fail(m, world, tmp_path):
+    world.wrong_digest.add(release(m, A))
+    outcome = run_build(m, world, tmp_path)
+    run_publish(m, world, outcome.reports)
+    with pytest.raises(CellFailure) as e:
+        cli._finish(outcome, tmp_path / "report.json", Interrupt())
+    assert e.value.exit_code == 1 and A in e.value.message
+    assert (tmp_path / "report.json").exists()
+
+
+def test_a_run_that_published_everything_succeeds(m, world, tmp_path):
+    outcome = run_build(m, world, tmp_path)
+    run_publish(m, world, outcome.reports)
+    cli._finish(outcome, tmp_path / "report.json", Interrupt())
+
+
+def test_a_lost_engine_exits_3_after_writing_the_report(m, world, tmp_path):
+    world.builds[A] = "gone"
+    outcome = run_build(m, world, tmp_path)
+    with pytest.raises(DockerUnavailable) as e:
+        cli._finish(outcome, tmp_path / "report.json", Interrupt())
+    assert e.value.exit_code == 3 and (tmp_path / "report.json").exists()
+
+
+# -- interrupts -------------------------------------------------------------------------------------
+def interrupt_when(world: World, running: str, signum: int = signal.SIGINT) -> threading.Thread:
+    def watch() -> None:
+        for _ in range(400):
+            if running in world.running:
+                world.interrupt.cancel(signum)
+                return
+            time.sleep(0.01)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_an_interrupt_during_a_build_marks_it_and_skips_the_rest(m, world, tmp_path):
+    world.builds[A] = "hang"
+    interrupt_when(world, f"build-{A}")
+    outcome = run_build(m, world, tmp_path)
+    reports = by_cell(outcome)
+    assert reports[A].status == INTERRUPTED and reports[B].status == SKIPPED
+    assert "interrupted" in reports[B].error and world.ops("build") == [A]
+    with pytest.raises(Interrupted) as e:
+        cli._finish(outcome, tmp_path / "report.json", world.interrupt)
+    assert e.value.exit_code == 130 and '"interrupted"' in (tmp_path / "report.json").read_text()
+
+
+def test_an_interrupt_during_a_probe_marks_the_cell_interrupted_and_sigterm_exits_143(m, world, tmp_path):
+    world.probes[B] = "hang"
+    interrupt_when(world, f"probe-{B}", signal.SIGTERM)
+    outcome = run_build(m, world, tmp_path)
+    reports = by_cell(outcome)
+    assert reports[B].status == INTERRUPTED and reports[A].status == PASSED
+    with pytest.raises(Interrupted) as e:
+        cli._finish(outcome, tmp_path / "report.json", world.interrupt)
+    assert e.value.exit_code == 143
+
+
+def test_the_next_run_resumes_with_the_finished_cells_cached(m, world, tmp_path):
+    world.probes[B] = "hang"
+    interrupt_when(world, f"probe-{B}")
+    run_build(m, world, tmp_path)
+    world.interrupt = Interrupt()
+    world.probes[B] = good_probe(m.cell(B))
+    reports = by_cell(run_build(m, world, tmp_path))
+    assert reports[A].cached and reports[A].status == PASSED and reports[B].status == PASSED
+    assert world.ops("build") == [A, B]  # B's image was built before its probe was stopped
+
+
+def test_an_interrupt_during_a_push_leaves_no_release_tag(m, world, tmp_path):
+    reports = run_build(m, world, tmp_path).reports
+    world.pushes[release(m, A)] = ["hang"]
+
+    def hang_marker(op, arg):
+        if op == "push" and arg == release(m, A):
+            threading.Timer(0.1, world.interrupt.cancel).start()
+
+    world.on_call = hang_marker
+    published = run_publish(m, world, reports)
+    assert published[A].publish == INTERRUPTED and published[B].publish == NOT_PUBLISHED
+    assert release(m, A) not in world.registry and release(m, B) not in world.registry
+    assert release(m, A) in world.ops("untag")
+    assert world.image_by_ref(release(m, A)) is None  # the local release tag was taken back
+    assert not [ref for ref in world.ops("push") if "py3.12" in ref]
+
+
+def test_a_run_interrupted_before_publishing_publishes_nothing(m, world, tmp_path):
+    reports = run_build(m, world, tmp_path).reports
+    world.interrupt.cancel()
+    published = run_publish(m, world, reports)
+    assert world.ops("push") == [] and {r.publish for r in published.values()} == {NOT_PUBLISHED}
+
+
+def test_a_stuck_worker_is_given_up_after_the_grace_period(m, tmp_path, monkeypatch):
+    """A worker that ignores the interrupt does not hold the run: it is reported as interrupted."""
+    monkeypatch.setattr(build_mod, "GRACE_SECONDS", 0.3)
+    interrupt = Interrupt()
+    release_worker = threading.Event()
+    contexts = render.render(m, tmp_path / "ctx")
+
+    def stuck(index):
+        interrupt.cancel()
+        release_worker.wait(10)
+        raise AssertionError("never reported")
+
+    started = time.monotonic()
+    reports = build_mod._pool(contexts, list(range(len(contexts))), stuck, 1, interrupt)
+    release_worker.set()
+    assert time.monotonic() - started < 5
+    assert {r.status for r in reports} == {INTERRUPTED}
+
+
+# -- engine.py's stream handling, on a fake SDK ---------------------------------------------------
+class FakeAPI:
+    def __init__(self, events, on_event=None):
+        self.events, self.on_event = events, on_event or (lambda e: None)
+        self.hooks: dict = {"response": []}
+        self.removed: list[str] = []
+
+    def build(self, **kwargs):
+        for event in self.events:
+            self.on_event(event)
+            yield event
+
+    def remove_container(self, container, force=False):
+        self.removed.append(container)
+
+    def inspect_image(self, ref):
+        raise AssertionError("not used")
+
+
+class FakeClient:
+    def __init__(self, api):
+        self.api = api
+
+    def ping(self):
+        return True
+
+
+def test_a_build_stream_error_event_fails_the_build():
+    api = FakeAPI([{"stream": "Step 1/2 : FROM base\n"}, {"stream": "Step 2/2 : RUN false\n"},
+                   {"stream": " ---> Running in 0123456789ab\n"},
+                   {"error": "The command '/bin/sh -c false' returned a non-zero code: 1\n"},
+                   {"aux": {"ID": "sha256:" + "1" * 64}}])
+    with pytest.raises(BuildError) as e:
+        Engine(FakeClient(api)).build("/ctx", "x:1")
+    assert e.value.step == "step 2/2: RUN false"
+    assert "non-zero code: 1" in e.value.message and e.value.log_tail[-1].startswith("ERROR:")
+
+
+def test_a_clean_build_stream_returns_the_image_id():
+    api = FakeAPI([{"stream": "Step 1/1 : FROM base\n"}, {"aux": {"ID": "sha256:" + "1" * 64}}])
+    assert Engine(FakeClient(api)).build("/ctx", "x:1") == "sha256:" + "1" * 64
+
+
+def test_an_interrupt_mid_build_kills_the_build_container_and_cancels():
+    interrupt = Interrupt()
+
+    def on_event(event):
+        if "Running in" in event.get("stream", ""):
+            interrupt.cancel()
+
+    api = FakeAPI([{"stream": "Step 1/2 : RUN sleep 600\n"}, {"stream": " ---> Running in 0123456789ab\n"},
+                   {"stream": "still going\n"}, {"aux": {"ID": "sha256:" + "1" * 64}}], on_event)
+    with pytest.raises(Cancelled):
+        Engine(FakeClient(api), interrupt=interrupt).build("/ctx", "x:1")
+    assert api.removed == ["0123456789ab"]
+
+
+class FailingImages:
+    def __init__(self, error: Exception):
+        self.error = error
+
+    def list(self, **kwargs):
+        raise self.error
+
+
+class FakeClientWithImages(FakeClient):
+    def __init__(self, api, error: Exception, alive: bool):
+        super().__init__(api)
+        self.images, self.alive = FailingImages(error), alive
+
+    def ping(self):
+        if getattr(self, "alive", True):
+            return True
+        raise requests.exceptions.ConnectionError("connection refused")
+
+
+def test_an_sdk_error_in_the_cache_lookup_is_an_engine_error():
+    import docker.errors
+
+    client = FakeClientWithImages(FakeAPI([]), docker.errors.APIError("500 Server Error: boom"), alive=True)
+    with pytest.raises(EngineError, match="could not list the local images") as e:
+        Engine(client).images_with_label("k", "v")
+    assert not isinstance(e.value, EngineGone)
+
+
+def test_an_engine_that_stopped_answering_is_engine_gone():
+    client = FakeClientWithImages(FakeAPI([]), requests.exceptions.ConnectionError("refused"), alive=True)
+    engine = Engine(client)
+    client.alive = False
+    with pytest.raises(EngineGone) as e:
+        engine.images_with_label("k", "v")
+    assert e.value.exit_code == 3
+
+
+def test_an_sdk_error_after_an_interrupt_is_a_cancellation():
+    client = FakeClientWithImages(FakeAPI([]), requests.exceptions.ConnectionError("reset"), alive=True)
+    interrupt = Interrupt()
+    engine = Engine(client, interrupt=interrupt)
+    interrupt.cancel()
+    with pytest.raises(Cancelled):
+        engine.images_with_label("k", "v")
+
+
+# -- checked before anything is built ----------------------------------------------------------------
+def _cli(*args, env=None, cwd=REPO):
+    full = {k: v for k, v in os.environ.items()
+            if k not in (publish_mod.USER_ENV, publish_mod.PASSWORD_ENV, "GITHUB_SHA")}
+    return subprocess.run([sys.executable, "-m", "imagefactory", *args], capture_output=True, text=True,
+                          cwd=cwd, env={**full, "PYTHONPATH": str(REPO), **(env or {})}, timeout=120)
+
+
+@pytest.mark.parametrize("variable", [publish_mod.USER_ENV, publish_mod.PASSWORD_ENV])
+def test_half_the_credentials_stop_the_run_before_any_build(tmp_path, variable):
+    (tmp_path / "matrix.yaml").write_text(MATRIX)
+    r = _cli("build", "--push", "--plain", "--matrix", str(tmp_path / "matrix.yaml"), "--work-dir",
+             str(tmp_path / "work"), "--report", str(tmp_path / "report.json"), env={variable: "x"})
+    assert r.returncode == 2, r.stderr
+    assert f"set both {publish_mod.USER_ENV} and {publish_mod.PASSWORD_ENV}" in r.stderr
+    assert not (tmp_path / "work").exists() and not (tmp_path / "report.json").exists()
+
+
+def test_a_bad_github_sha_stops_the_run_before_any_build(tmp_path):
+    (tmp_path / "matrix.yaml").write_text(MATRIX)
+    r = _cli("push", "--plain", "--matrix", str(tmp_path / "matrix.yaml"), "--work-dir", str(tmp_path / "work"),
+             env={"GITHUB_SHA": "deadbeef; rm -rf /"})
+    assert r.returncode == 2 and "GITHUB_SHA" in r.stderr and not (tmp_path / "work").exists()
+
+
+def test_a_second_run_on_the_same_work_dir_stops_at_once(tmp_path):
+    (tmp_path / "matrix.yaml").write_text(MATRIX)
+    work, report = tmp_path / "work", tmp_path / "report.json"
+    with build_mod.locked(work, report):
+        with pytest.raises(ConfigError, match="another imagefactory run"):
+            with build_mod.locked(work, tmp_path / "other.json"):
+                pass
+        with pytest.raises(ConfigError, match="--report"):
+            with build_mod.locked(tmp_path / "other-work", report):
+                pass
+        r = _cli("test", "--plain", "--matrix", str(tmp_path / "matrix.yaml"), "--work-dir", str(work),
+                 "--report", str(tmp_path / "r2.json"))
+        assert r.returncode == 2 and f"pid {os.getpid()}" in r.stderr, r.stderr
+    with build_mod.locked(work, report):  # released with the run
+        pass
+
+
+# -- render and matrix rules the orchestration relies on ---------------------------------------------
+def test_render_writes_nothing_unless_every_cell_renders(tmp_path):
+    golden = REPO / "tests" / "golden"
+    for sub in ("certs", "wheels"):
+        (tmp_path / sub).mkdir()
+        for f in (golden / sub).iterdir():
+            (tmp_path / sub / f.name).write_bytes(f.read_bytes())
+    (tmp_path / "matrix.yaml").write_text((golden / "matrix.yaml").read_text())
+    m = matrix_mod.load(tmp_path / "matrix.yaml")
+    out = tmp_path / "out"
+    first = m.cells[0].id
+    (out / first).mkdir(parents=True)
+    (out / first / "old").write_text("kept")
+    for f in (tmp_path / "wheels").iterdir():  # the pip cells cannot render any more
+        f.unlink()
+    (tmp_path / "wheels").rmdir()
+    with pytest.raises(OSError):
+        render.render(m, out)
+    assert sorted(p.name for p in out.iterdir()) == [first]
+    assert [p.name for p in (out / first).iterdir()] == ["old"]
+
+
+@pytest.mark.parametrize("where", ["env: {PATH: /tmp/evil}\n",
+                                   "env: {VIRTUAL_ENV: /tmp/evil}\n"])
+def test_env_cannot_override_what_the_cell_bakes(tmp_path, where):
+    (tmp_path / "matrix.yaml").write_text(MATRIX + where)
+    with pytest.raises(ConfigError) as e:
+        matrix_mod.load(tmp_path / "matrix.yaml")
+    assert "is set by imagefactory" in e.value.message
+
+
+# -- the type checker --------------------------------------------------------------------------------
+def test_mypy_passes():
+    r = subprocess.run([sys.executable, "-m", "mypy"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
