@@ -263,11 +263,15 @@ def cpu_build(tmp_path_factory, engine, base_registry, wheelhouse, session_id, c
     from imagefactory import matrix, render
 
     build = Build(tmp_path_factory.mktemp("cpu-build"), f"{TEST_REGISTRY}/it-{session_id}/train", wheelhouse)
-    # A real build, not a leftover: remove images an earlier run made from the same content.
-    m = matrix.load(build.matrix)
-    for ctx in render.render(m, build.root / "precheck"):
-        for image in engine.client.images.list(filters={"label": f"{render.HASH_LABEL}={ctx.content_hash}"}):
-            engine.client.images.remove(image.id, force=True)
+    # A real build, not a leftover: remove the images earlier runs made for these cells. (By
+    # cell, not by content hash: the build's hash covers the base image's digest, which
+    # only the build resolves.)
+    for cell in matrix.load(build.matrix).cells:
+        for image in engine.client.images.list(filters={"label": f"{render.LABEL_PREFIX}.cell={cell.id}"}):
+            try:
+                engine.client.images.remove(image.id, force=True)
+            except docker.errors.APIError:
+                pass  # already gone with another one, or in use by a running container
     build.result = build.run("build")
     assert build.report_path.exists(), build.result.stdout[-2000:] + build.result.stderr[-2000:]
     build.first_report = build.report()

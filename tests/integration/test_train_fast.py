@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import docker
 import pytest
@@ -32,34 +33,32 @@ def by_name(result: smoke.SmokeResult) -> dict:
     return {c.name: c for c in result.checks}
 
 
-@pytest.fixture(scope="module")
-def threads_auto(tmp_path_factory, cpu_build, wheelhouse, session_id, created_images):
-    root = tmp_path_factory.mktemp("threads-auto")
-    text = matrix_text(image=f"{TEST_REGISTRY}/it-{session_id}/auto", wheelhouse=wheelhouse)
-    assert "threads: 2\n" in text
+def build_variant(root: Path, text: str, created_images: list[str]) -> tuple[dict, Path]:
+    """`imagefactory build` of a one-cell matrix; (the cell's report, the matrix path)."""
     path = root / "matrix.yaml"
-    path.write_text(text.replace("threads: 2\n", "threads: auto\n"))
+    path.write_text(text)
     report = root / "report.json"
     result = run_cli("build", "--matrix", str(path), "--plain", "--report", str(report), "--work-dir", str(root / "w"))
     cell = json.loads(report.read_text())["cells"][0]
     if cell["candidate"]:
         created_images.append(cell["candidate"])
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return cell, path
+
+
+@pytest.fixture(scope="module")
+def threads_auto(tmp_path_factory, cpu_build, wheelhouse, session_id, created_images):
+    text = matrix_text(image=f"{TEST_REGISTRY}/it-{session_id}/auto", wheelhouse=wheelhouse)
+    assert "threads: 2\n" in text
+    cell, _ = build_variant(tmp_path_factory.mktemp("threads-auto"), text.replace("threads: 2\n", "threads: auto\n"),
+                            created_images)
     return cell
 
 
 @pytest.fixture(scope="module")
 def no_compiler(tmp_path_factory, cpu_build, wheelhouse, session_id, created_images):
-    root = tmp_path_factory.mktemp("no-compiler")
-    path = root / "matrix.yaml"
-    path.write_text(matrix_text(image=f"{TEST_REGISTRY}/it-{session_id}/nocc", wheelhouse=wheelhouse)
-                    + "compiler: false\n")
-    report = root / "report.json"
-    result = run_cli("build", "--matrix", str(path), "--plain", "--report", str(report), "--work-dir", str(root / "w"))
-    cell = json.loads(report.read_text())["cells"][0]
-    if cell["candidate"]:
-        created_images.append(cell["candidate"])
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    text = matrix_text(image=f"{TEST_REGISTRY}/it-{session_id}/nocc", wheelhouse=wheelhouse) + "compiler: false\n"
+    cell, path = build_variant(tmp_path_factory.mktemp("no-compiler"), text, created_images)
     return cell, matrix.load(path).cells[0]
 
 
