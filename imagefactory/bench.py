@@ -23,7 +23,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Callable
 
-from imagefactory import build, render, smoke
+from imagefactory import build, smoke
 from imagefactory.engine import Engine
 from imagefactory.errors import EngineError
 from imagefactory.model import Cell, Matrix
@@ -202,7 +202,7 @@ def bench(matrix: Matrix, cells: list[Cell], options: Options, *,
     gpus = build.resolve_gpus(options.gpus, engine)
     host_cores = engine.describe().cpus or 1
     results = []
-    for ctx in render.render(matrix, options.work_dir / "contexts", cells):
+    for ctx in build.render_pinned(matrix, cells, options.work_dir, engine, "missing"):
         image = build.find_built(engine, matrix, ctx.cell, ctx.content_hash)
         if image is None:
             results.append(CellBench(ctx.cell.id, NOT_BUILT,

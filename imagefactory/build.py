@@ -170,9 +170,7 @@ def _run(matrix: Matrix, cells: list[Cell], options: Options, ui: Any, engine_fa
     with an earlier one waits until that one has built them."""
     first = engine_factory()
     gpus = resolve_gpus(options.gpus, first)
-    bases = freshness.resolve(first, [c.base_image for c in cells], options.pull)
-    contexts = render.render(matrix, options.work_dir / "contexts", cells,
-                             bases={ref: b.pinned for ref, b in bases.items()})
+    contexts = render_pinned(matrix, cells, options.work_dir, first, options.pull)
     slots = schedule.plan_paths([ctx.path for ctx in contexts])
     gates = schedule.Gates(slots)
     stop = threading.Event()
@@ -223,6 +221,14 @@ def _run(matrix: Matrix, cells: list[Cell], options: Options, ui: Any, engine_fa
 
     reports = _pool(contexts, [s.index for s in slots], one, options.jobs, interrupt)
     return Outcome(reports, gpus, gone[0] if gone else None)
+
+
+def render_pinned(matrix: Matrix, cells: list[Cell], work_dir: Path, engine: ContainerEngine,
+                  pull: str) -> list[render.Context]:
+    """The cells' contexts with each base image pinned to the digest it resolves to now
+    (freshness.py): the content hashes every step that looks for a cell's image must use."""
+    bases = freshness.resolve(engine, [c.base_image for c in cells], pull)
+    return render.render(matrix, work_dir / "contexts", cells, bases={ref: b.pinned for ref, b in bases.items()})
 
 
 def _pool(contexts: list[render.Context], order: list[int], one: Callable[[int], CellReport], jobs: int,

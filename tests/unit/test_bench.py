@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from imagefactory import bench, matrix, render
+from imagefactory import bench, build, matrix
 from imagefactory.engine import EngineInfo, RunResult
 from imagefactory.errors import EngineError
 from tests.conftest import REPO
@@ -129,6 +129,12 @@ class FakeEngine:
     def images_with_label(self, key, value):
         return self.built
 
+    def registry_digest(self, ref, *, auth_config=None):  # the base image, as the registry serves it
+        return "sha256:" + "1" * 64
+
+    def local_repo_digests(self, ref):
+        return []
+
     def run(self, image, command, *, timeout, gpus=False, environment=None, cpus=None):
         self.calls.append({"image": image, "command": command, "timeout": timeout, "gpus": gpus, "cpus": cpus})
         out = self.outputs.pop(0)
@@ -141,7 +147,7 @@ class FakeEngine:
 def golden(tmp_path):
     m = matrix.load(GOLDEN)
     cell = m.cell("py3.11-cpu-openblas-pip")
-    ctx = render.render(m, tmp_path / "pre", [cell])[0]
+    ctx = build.render_pinned(m, [cell], tmp_path / "pre", FakeEngine({}, []), "missing")[0]
     from imagefactory import tags
     return m, cell, {"sha256:abc": [tags.candidate(cell, ctx.content_hash)]}
 
