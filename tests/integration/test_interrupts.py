@@ -25,7 +25,7 @@ from pathlib import Path
 import docker
 import pytest
 
-from imagefactory import matrix, render, tags
+from imagefactory import build, matrix, render, tags
 from tests.integration.conftest import (BASE_REGISTRY, TEST_PASSWORD, TEST_REGISTRY, TEST_USER, Build, Registry,
                                         matrix_text, registry_tags)
 
@@ -134,7 +134,7 @@ def test_sigint_during_a_build(tmp_path, engine, base_registry, test_registry, o
 def fake_cell_image(engine, tmp_path: Path, m, created_images) -> tuple[str, str]:
     """An image that find_built takes for the matrix's first cell (its content-hash label and
     candidate name) and whose `python` never returns: the probe hangs until it is stopped."""
-    ctx = render.render(m, tmp_path / "contexts")[0]
+    ctx = build.render_pinned(m, list(m.cells), tmp_path, engine, "missing")[0]  # as `imagefactory test` finds it
     context = tmp_path / "fake-image"
     context.mkdir()
     (context / "Dockerfile").write_text(

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from imagefactory import lockfile, matrix, render, smoke
+from imagefactory import build, lockfile, matrix, render, smoke
 from tests.integration.conftest import TEST_REGISTRY, matrix_text, run_cli
 
 CELL = "py3.11-cpu-openblas-pip"
@@ -24,7 +24,7 @@ CELL = "py3.11-cpu-openblas-pip"
 def _remove_built(engine, matrix_path: Path, scratch: Path) -> None:
     """A real build, not a leftover: remove images an earlier run made from the same content."""
     m = matrix.load(matrix_path)
-    for ctx in render.render(m, scratch):
+    for ctx in build.render_pinned(m, list(m.cells), scratch, engine, "missing"):  # hashes as the build has them
         for image in engine.client.images.list(filters={"label": f"{render.HASH_LABEL}={ctx.content_hash}"}):
             engine.client.images.remove(image.id, force=True)
     shutil.rmtree(scratch, ignore_errors=True)
