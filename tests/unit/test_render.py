@@ -181,3 +181,18 @@ def test_hadolint_can_fail(tmp_path):
     bad.write_text("FROM debian\nRUN apt-get install curl\n")
     code, out = _hadolint(bad)
     assert code != 0 and "DL3006" in out
+
+
+def test_threads_auto_bakes_no_thread_count_and_no_empty_env(tmp_path):
+    # threads: auto on an openblas CPU cell without env leaves nothing for the runtime ENV:
+    # an `ENV` with no argument is a Dockerfile parse error (found by a real build).
+    text = (GOLDEN / "matrix.yaml").read_text().replace("threads: 8\n", "threads: auto\n").replace(
+        "env: {HF_HOME: /data/hf}\n", "")
+    (tmp_path / "matrix.yaml").write_text(text)
+    shutil.copytree(GOLDEN / "certs", tmp_path / "certs")
+    shutil.copytree(GOLDEN / "wheels", tmp_path / "wheels")
+    ctx = {c.cell.id: c for c in render.render(matrix.load(tmp_path / "matrix.yaml"), tmp_path / "out")}
+    dockerfile = ctx["py3.11-cpu-openblas-pip"].dockerfile.read_text()
+    assert "OMP_NUM_THREADS" not in dockerfile and 'io.imagefactory.threads="auto"' in dockerfile
+    assert all("=" in line for line in dockerfile.splitlines() if line.startswith("ENV"))
+    assert "threads: auto" in (ctx["py3.11-cpu-openblas-pip"].path / "entrypoint.sh").read_text()
