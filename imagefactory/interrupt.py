@@ -76,11 +76,13 @@ class Interrupt:
             wake.set()
 
         def stopper() -> None:
-            while not done.is_set():
-                if wake.wait(0.2):
-                    wake.clear()
-                    self.cancel(self.signum or signal.SIGINT)
-                    # a container or stream registered a moment later is stopped at registration
+            while True:
+                wake.wait()
+                if done.is_set():
+                    return
+                wake.clear()
+                self.cancel(self.signum or signal.SIGINT)
+                # a container or stream registered a moment later is stopped at registration
 
         thread = threading.Thread(target=stopper, name="imagefactory-interrupt", daemon=True)
         thread.start()
@@ -90,8 +92,10 @@ class Interrupt:
         finally:
             for s, h in previous.items():
                 signal.signal(s, h)
+            pending = wake.is_set()  # a signal the stopper has not acted on yet
             done.set()
-            if wake.is_set():
+            wake.set()  # the stopper returns at once: no polling interval to wait out
+            if pending:
                 self.cancel(self.signum or signal.SIGINT)
             thread.join(timeout=5)
 

@@ -48,15 +48,18 @@ def parse_probe_output(stdout: str) -> dict | None:
 
 
 def run_probe(engine: ContainerEngine, image: str, *, timeout: float = DEFAULT_TIMEOUT,
-              gpus: bool = False) -> RunResult:
-    return engine.run(image, ["python", "-c", probe_source()], timeout=timeout, gpus=gpus)
+              gpus: bool = False, compile_check: bool = True) -> RunResult:
+    """Run the probe in `image`. Without `compile_check` the probe leaves out its
+    torch.compile child (a cell built without a compiler: the check is skipped)."""
+    args = [] if compile_check else ["--no-compile"]
+    return engine.run(image, ["python", "-c", probe_source(), *args], timeout=timeout, gpus=gpus)
 
 
 def test_image(engine: ContainerEngine, cell: Cell, image: str, *, gpus: bool, timeout: float = DEFAULT_TIMEOUT) -> SmokeResult:
     """Run the probe in `image` and judge it against `cell`. A probe that could not run
     (timeout, crash, no JSON) is itself a failing check, never an exception."""
     try:
-        result = run_probe(engine, image, timeout=timeout, gpus=gpus)
+        result = run_probe(engine, image, timeout=timeout, gpus=gpus, compile_check=cell.compiler)
     except EngineError as e:  # e.g. no `python` in the image, or GPUs asked of a host without any
         failed = checks.Check("probe.ran", "probe JSON on stdout", e.message, checks.FAIL, e.message)
         return SmokeResult([failed], None, "", e.message)

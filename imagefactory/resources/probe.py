@@ -11,8 +11,14 @@ it is numpy's BLAS we see and not one torch drags in; threadpool_info() is taken
 after torch to list every OpenMP runtime (by its real path: one runtime can be loaded
 under several names) and MKL's threading layer as loaded in the process.
 
-Work that could crash or hang the probe (a BLAS call, torch.compile) and the fresh-process
-import timing run in child processes; the children run concurrently.
+Work that could crash or hang the probe (a BLAS call, torch.compile) runs in three child
+processes, started first and run concurrently with the rest. The probe's own imports of
+NumPy and torch are timed (information; the children run meanwhile).
+
+    python probe.py [--no-compile]
+
+--no-compile leaves out the torch.compile child (for an image built without a compiler,
+whose check is skipped anyway: the child would only cost time).
 """
 
 import contextlib
@@ -24,9 +30,9 @@ import platform
 import re
 import subprocess
 import sys
-import threading
+import time
 
-PROBE_VERSION = 2
+PROBE_VERSION = 3
 ENV_VARS = (
     "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_THREADING_LAYER",
     "MKL_INTERFACE_LAYER", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "CXX", "CC",
@@ -111,7 +117,9 @@ def probe_cpus():
 def probe_numpy():
     out = {"error": None, "version": None, "blas": None}
     try:
+        started = time.perf_counter()
         import numpy
+        out["import_seconds"] = round(time.perf_counter() - started, 3)
         out["version"] = numpy.__version__
         import threadpoolctl
         info = _quiet(threadpoolctl.threadpool_info)
@@ -142,14 +150,23 @@ def gpu_matmul(torch):
     return out
 
 
-def probe_torch():
+def import_torch():
+    """(torch module or None, the probe's "torch" section so far)."""
     out = {"error": None, "version": None, "cuda": None, "cudnn": None, "cuda_available": False,
            "device_count": 0, "devices": [], "blas_info": None, "mkl_available": None,
            "num_threads": None, "gpu_matmul": None}
     try:
+        started = time.perf_counter()
         torch = _quiet(__import__, "torch")
+        out["import_seconds"] = round(time.perf_counter() - started, 3)
     except Exception as exc:
         out["error"] = _err(exc)
+        return None, out
+    return torch, out
+
+
+def probe_torch(torch, out):
+    if torch is None:
         return out
     steps = (
         ("version", lambda: str(torch.__version__)),
@@ -178,10 +195,27 @@ def _blas_info(torch):
     return m.group(1) if m else None
 
 
-# Each runs in a child process: a BLAS that aborts (MKL's GNU threading layer without
-# libgomp loaded dies with "undefined symbol: omp_get_num_procs") must not take the
-# probe down with it. A child prints one JSON object on its last stdout line.
-_REPORT = "import json\ndef report(**kw):\n    print(json.dumps(dict(ok=True, **kw)))\n"
+# The compute work runs in child processes, concurrently with the rest of the probe: a BLAS
+# that aborts (MKL's GNU threading layer without libgomp loaded dies with "undefined
+# symbol: omp_get_num_procs") or hangs must not take the probe down with it. Each child runs
+# its SECTIONS in order, each in its own try block, and writes one JSON line per finished
+# section; a section that a crash or a timeout cut short reports the child's exit status
+# and the tail of its stderr.
+#
+# The NumPy and torch children are forked from the probe itself, right after it imported
+# NumPy (before torch: NumPy's BLAS is exercised in a process where torch never loaded)
+# and right after it imported torch (before CUDA is touched). A fork inherits the imported
+# libraries in the state the probe judges, and costs milliseconds where a fresh process
+# would import torch again (seconds). torch.compile runs in a fresh interpreter: Inductor's
+# settings are read from the environment when it is first imported.
+_REPORT = (
+    "import json, sys\n"
+    "def report(**kw):\n"
+    "    print(json.dumps(dict(ok=True, section=SECTION, info=kw)), flush=True)\n"
+    "def failed(exc):\n"
+    "    msg = '%s: %s' % (type(exc).__name__, exc)\n"
+    "    print(json.dumps(dict(ok=False, section=SECTION, error=msg)), flush=True)\n"
+)
 # Complex values whose real and imaginary parts are small integers: every product and sum
 # is exact in float64, so a result must equal the pure-Python reference exactly.
 _COMPLEX_DATA = (
@@ -196,8 +230,8 @@ _COMPLEX_DATA = (
     "def same(got, want, what):\n"
     "    assert complex(got) == want, '%s: got %r, want %r' % (what, complex(got), want)\n"
 )
-COMPUTE = {
-    "numpy_matmul": _REPORT + (
+SECTIONS = {
+    "numpy_matmul": (
         "import numpy as np\n"
         "a = np.arange(96 * 96, dtype=np.float64).reshape(96, 96) % 7\n"
         "c = a @ a.T\n"
@@ -205,17 +239,9 @@ COMPUTE = {
         "assert all(abs(c[i, j] - x) < 1e-9 for (i, j), x in zip(((0, 0), (5, 90), (95, 3)), r)), c\n"
         "report()\n"
     ),
-    "torch_matmul": _REPORT + (
-        "import numpy, torch\n"
-        "a = torch.arange(96 * 96, dtype=torch.float64).reshape(96, 96) % 7\n"
-        "c = a @ a.T\n"
-        "x = float(sum(a[5, k] * a[90, k] for k in range(96)))\n"
-        "assert abs(float(c[5, 90]) - x) < 1e-9, (float(c[5, 90]), x)\n"
-        "report()\n"
-    ),
     # zdotc/zdotu return a complex value, and how depends on the Fortran ABI: MKL without
     # MKL_INTERFACE_LAYER=GNU under gfortran-built NumPy/SciPy gets it wrong.
-    "numpy_complex": _REPORT + _COMPLEX_DATA + (
+    "numpy_complex": _COMPLEX_DATA + (
         "import numpy as np\n"
         "xv, yv = np.array(x, dtype=np.complex128), np.array(y, dtype=np.complex128)\n"
         "same(np.vdot(xv, yv), ref_dot(x, y, True), 'numpy.vdot (zdotc)')\n"
@@ -234,7 +260,15 @@ COMPUTE = {
         "    import scipy\n"
         "    report(scipy=scipy.__version__)\n"
     ),
-    "torch_complex": _REPORT + _COMPLEX_DATA + (
+    "torch_matmul": (
+        "import numpy, torch\n"
+        "a = torch.arange(96 * 96, dtype=torch.float64).reshape(96, 96) % 7\n"
+        "c = a @ a.T\n"
+        "x = float(sum(a[5, k] * a[90, k] for k in range(96)))\n"
+        "assert abs(float(c[5, 90]) - x) < 1e-9, (float(c[5, 90]), x)\n"
+        "report()\n"
+    ),
+    "torch_complex": _COMPLEX_DATA + (
         "import numpy, torch\n"
         "xt, yt = torch.tensor(x, dtype=torch.complex128), torch.tensor(y, dtype=torch.complex128)\n"
         "same(torch.dot(xt, yt), ref_dot(x, y, False), 'torch.dot')\n"
@@ -246,80 +280,192 @@ COMPUTE = {
         "report()\n"
     ),
     # torch.compile's Inductor backend writes and compiles C++ (CPU) or Triton kernels (GPU,
-    # with a C launcher built against Python's headers): it needs a working compiler. Scalar
-    # kernels and no compile-worker pool: the check is about the toolchain, and this way it
-    # costs one compiler run instead of one per vector ISA probed plus a pool of workers.
-    "torch_compile": _REPORT + (
-        "import os, shutil, time\n"
+    # with a C launcher built against Python's headers): it needs a working compiler. The
+    # check is about the toolchain, so it buys the cheapest real compile: scalar kernels,
+    # no compile-worker pool, no precompiled header (building one costs more than the one
+    # kernel it would serve), and an empty cache of its own so nothing compiled earlier on
+    # this machine can stand in for the compiler.
+    "torch_compile": (
+        "import os, shutil, tempfile, time\n"
         "os.environ.setdefault('TORCHINDUCTOR_VEC_ISA_OK', '0')\n"
         "os.environ.setdefault('TORCHINDUCTOR_COMPILE_THREADS', '1')\n"
-        "import numpy, torch\n"
-        "def f(x, w):\n"
-        "    return torch.relu(x @ w).sum(dim=1) * 0.5 + torch.tanh(x).mean()\n"
-        "g = torch.Generator().manual_seed(0)\n"
-        "x, w = torch.randn(32, 16, generator=g), torch.randn(16, 8, generator=g)\n"
-        "devices = ['cpu'] + (['cuda'] if torch.cuda.is_available() else [])\n"
-        "cxx = os.environ.get('CXX') or 'g++'\n"
-        "t = time.perf_counter()\n"
-        "for dev in devices:\n"
-        "    torch._dynamo.reset()\n"
-        "    xd, wd = x.to(dev), w.to(dev)\n"
-        "    got = torch.compile(f, backend='inductor', fullgraph=True)(xd, wd)\n"
-        "    torch.testing.assert_close(got, f(xd, wd), rtol=1e-4, atol=1e-4)\n"
-        "report(devices=devices, seconds=round(time.perf_counter() - t, 2), cxx=shutil.which(cxx))\n"
-    ),
-    # Wall time of `import torch` in a fresh process (information, not a verdict).
-    "import_time": _REPORT + (
-        "import time\n"
-        "t = time.perf_counter()\n"
-        "import torch\n"
-        "report(seconds=round(time.perf_counter() - t, 3))\n"
+        "os.environ.setdefault('TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS', '0')\n"
+        "cache = tempfile.mkdtemp(prefix='probe-inductor-')\n"
+        "os.environ['TORCHINDUCTOR_CACHE_DIR'] = cache\n"
+        "os.environ['TRITON_CACHE_DIR'] = os.path.join(cache, 'triton')\n"
+        "try:\n"
+        "    import numpy, torch\n"
+        "    def f(x, w):\n"
+        "        return torch.relu(x @ w).sum(dim=1) * 0.5 + torch.tanh(x).mean()\n"
+        "    g = torch.Generator().manual_seed(0)\n"
+        "    x, w = torch.randn(32, 16, generator=g), torch.randn(16, 8, generator=g)\n"
+        "    devices = ['cpu'] + (['cuda'] if torch.cuda.is_available() else [])\n"
+        "    cxx = os.environ.get('CXX') or 'g++'\n"
+        "    t = time.perf_counter()\n"
+        "    for dev in devices:\n"
+        "        torch._dynamo.reset()\n"
+        "        xd, wd = x.to(dev), w.to(dev)\n"
+        "        got = torch.compile(f, backend='inductor', fullgraph=True)(xd, wd)\n"
+        "        torch.testing.assert_close(got, f(xd, wd), rtol=1e-4, atol=1e-4)\n"
+        "    report(devices=devices, seconds=round(time.perf_counter() - t, 2), cxx=shutil.which(cxx))\n"
+        "finally:\n"
+        "    shutil.rmtree(cache, ignore_errors=True)\n"
     ),
 }
-COMPUTE_TIMEOUT = {"torch_compile": 240}
+# Which child runs which sections, in order.
+CHILDREN = {
+    "numpy": ("numpy_matmul", "numpy_complex"),
+    "torch": ("torch_matmul", "torch_complex"),
+    "compile": ("torch_compile",),
+}
+CHILD_TIMEOUT = {"numpy": 120, "torch": 120, "compile": 240}
 
 
-def _run_child(code, timeout):
-    """Run one COMPUTE child: {"ok", "returncode", "error", "info"}."""
-    try:
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"ok": False, "returncode": None, "error": "timed out after %d s" % timeout, "info": None}
-    except Exception as exc:  # fork failure
-        return {"ok": False, "returncode": None, "error": _err(exc), "info": None}
-    lines = [line for line in r.stdout.splitlines() if line.strip()]
-    info = None
-    try:
-        info = json.loads(lines[-1]) if lines else None
-    except ValueError:
-        pass
-    ok = r.returncode == 0 and isinstance(info, dict) and info.get("ok") is True
-    errors = [line for line in r.stderr.strip().splitlines() if "Error" in line or "error" in line]
-    tail = " | ".join((errors or r.stderr.strip().splitlines())[-3:])
-    return {"ok": ok, "returncode": r.returncode, "info": info if isinstance(info, dict) else None,
-            "error": None if ok else (tail or "exit %d, no result" % r.returncode)}
+def child_code(sections):
+    """A fresh interpreter's program: every section in its own try block, in order."""
+    parts = [_REPORT]
+    for name in sections:
+        body = "".join("    " + line + "\n" for line in SECTIONS[name].splitlines())
+        parts.append("SECTION = %r\ntry:\n%sexcept BaseException as exc:\n    failed(exc)\n" % (name, body))
+    return "".join(parts)
 
 
-def start_compute():
-    """Start every COMPUTE child at once (import timing first and alone); returns a function
-    that waits for them and gives {name: result}."""
-    out = {"import_time": _run_child(COMPUTE["import_time"], 120)}
-    threads = []
-    for name, code in COMPUTE.items():
-        if name in out:
-            continue
+class Child(object):
+    """One child process running sections; its stdout and stderr go to unnamed temporary
+    files (no pipe to fill up, no thread to drain it)."""
 
-        def work(name=name, code=code):
-            out[name] = _run_child(code, COMPUTE_TIMEOUT.get(name, 120))
-        th = threading.Thread(target=work, daemon=True)
-        th.start()
-        threads.append(th)
+    def __init__(self, sections, timeout):
+        import tempfile
+        self.sections, self.timeout = tuple(sections), timeout
+        self.out, self.err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+        self.deadline = time.monotonic() + timeout
+        self.pid, self.popen, self.returncode, self.why = None, None, None, None
 
-    def wait():
-        for th in threads:
-            th.join()
+    @classmethod
+    def spawn(cls, sections, timeout):
+        """A fresh interpreter (`python -c`)."""
+        child = cls(sections, timeout)
+        try:
+            child.popen = subprocess.Popen([sys.executable, "-c", child_code(sections)], stdin=subprocess.DEVNULL,
+                                           stdout=child.out, stderr=child.err)
+        except Exception as exc:
+            child.why = _err(exc)
+        return child
+
+    @classmethod
+    def fork(cls, sections, timeout):
+        """A fork of this process: the sections run with what the probe has imported so far."""
+        child = cls(sections, timeout)
+        if not hasattr(os, "fork"):
+            return cls.spawn(sections, timeout)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            pid = os.fork()
+        except Exception as exc:
+            child.why = _err(exc)
+            return child
+        if pid == 0:  # the child: run the sections, never return into the probe
+            try:
+                os.dup2(child.err.fileno(), 2)
+                os.dup2(child.err.fileno(), 1)
+                sys.stdout = sys.stderr = open(2, "w", buffering=1, closefd=False)  # whatever they were
+                _run_sections(sections, child.out.fileno())
+            finally:
+                os._exit(0)
+        child.pid = pid
+        return child
+
+    def poll(self):
+        """True once the child has ended (or could not start)."""
+        if self.why is not None or self.returncode is not None:
+            return True
+        if self.popen is not None:
+            code = self.popen.poll()
+        else:
+            done, status = os.waitpid(self.pid, os.WNOHANG)
+            code = None if done == 0 else (-os.WTERMSIG(status) if os.WIFSIGNALED(status)
+                                           else os.WEXITSTATUS(status))
+        if code is not None:
+            self.returncode = code
+            return True
+        if time.monotonic() > self.deadline:
+            self.kill()
+            self.why = "timed out after %d s" % self.timeout
+            return True
+        return False
+
+    def kill(self):
+        try:
+            if self.popen is not None:
+                self.popen.kill()
+                self.popen.wait()
+            elif self.pid is not None:
+                os.kill(self.pid, 9)
+                os.waitpid(self.pid, 0)
+        except Exception:
+            pass
+
+    def results(self):
+        """{section: {"ok", "returncode", "error", "info"}} for every section."""
+        reported = {}
+        for line in _read_file(self.out).splitlines():
+            try:
+                doc = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(doc, dict) and doc.get("section") in self.sections:
+                reported[doc["section"]] = doc
+        stderr = _read_file(self.err).strip()
+        errors = [line for line in stderr.splitlines() if "Error" in line or "error" in line]
+        tail = " | ".join((errors or stderr.splitlines())[-3:])
+        out = {}
+        for name in self.sections:
+            doc = reported.get(name)
+            if doc is None:
+                cut = self.why or ("exit %s" % self.returncode)
+                out[name] = {"ok": False, "returncode": self.returncode, "info": None,
+                             "error": "%s before this section finished%s" % (cut, ": " + tail if tail else "")}
+                continue
+            ok = doc.get("ok") is True and isinstance(doc.get("info"), dict)
+            out[name] = {"ok": ok, "returncode": self.returncode, "info": doc.get("info") if ok else None,
+                         "error": None if ok else (doc.get("error") or "no result")}
         return out
-    return wait
+
+
+def _read_file(f):
+    try:
+        f.seek(0)
+        return f.read().decode("utf-8", "replace")
+    except Exception:
+        return ""
+
+
+def _run_sections(sections, fd):
+    """In a forked child: each section's code in a fresh namespace, one JSON line each."""
+    def write(doc):
+        data = (json.dumps(doc) + "\n").encode("utf-8")
+        while data:
+            data = data[os.write(fd, data):]
+    for name in sections:
+        def report(name=name, **kw):
+            write(dict(ok=True, section=name, info=kw))
+        try:
+            exec(compile(SECTIONS[name], "<probe section %s>" % name, "exec"), {"report": report})
+        except BaseException as exc:
+            write(dict(ok=False, section=name, error=_err(exc)))
+        finally:
+            sys.stderr.flush()
+
+
+def collect(children):
+    """Wait for every child (each until its own deadline) and merge their sections."""
+    while not all([c.poll() for c in children]):
+        time.sleep(0.02)
+    out = {}
+    for child in children:
+        out.update(child.results())
+    return out
 
 
 def _realpath(path):
@@ -442,28 +588,39 @@ def probe_compiler():
     return {n: shutil.which(n) for n in names if n}
 
 
-def run():
-    result = {"probe_version": PROBE_VERSION}
-    wait = None
-    try:
-        wait = start_compute()
-    except Exception as exc:
-        result["compute"] = {"error": _err(exc)}
-    for key, fn in (("python", probe_python), ("user", probe_user), ("cpus", probe_cpus),
-                    ("env", lambda: {k: os.environ.get(k) for k in ENV_VARS}),
-                    ("numpy", probe_numpy),  # before torch, see module docstring
-                    ("torch", probe_torch),
-                    ("bytecode", probe_bytecode),  # after the imports it inspects
-                    ("activation", probe_activation),
-                    ("compiler", probe_compiler),
-                    ("packages", probe_packages)):
+def _sections(result, steps):
+    for key, fn in steps:  # one failing section must not hide the others
         try:
             result[key] = fn()
         except Exception as exc:
             result[key] = {"error": _err(exc)}
+
+
+def _start(children, result, how, name):
+    try:
+        children.append(how(CHILDREN[name], CHILD_TIMEOUT[name]))
+    except Exception as exc:
+        result.setdefault("compute_errors", []).append("%s: %s" % (name, _err(exc)))
+
+
+def run(argv=()):
+    result = {"probe_version": PROBE_VERSION}
+    children = []
+    if "--no-compile" not in argv:  # the longest child starts first
+        _start(children, result, Child.spawn, "compile")
+    _sections(result, (("python", probe_python), ("user", probe_user), ("cpus", probe_cpus),
+                       ("env", lambda: {k: os.environ.get(k) for k in ENV_VARS}),
+                       ("numpy", probe_numpy)))  # before torch, see module docstring
+    _start(children, result, Child.fork, "numpy")  # NumPy is loaded, torch is not
+    torch, result["torch"] = import_torch()
+    _start(children, result, Child.fork, "torch")  # torch is loaded, CUDA untouched
+    _sections(result, (("torch", lambda: probe_torch(torch, result["torch"])),
+                       ("bytecode", probe_bytecode),  # after the imports it inspects
+                       ("activation", probe_activation),
+                       ("compiler", probe_compiler),
+                       ("packages", probe_packages)))
     result["openmp"], result["mkl"], result["threadpool_info"], result["threadpool_error"] = probe_threadpools()
-    if wait is not None:
-        result["compute"] = wait()
+    result["compute"] = collect(children)
     return result
 
 
@@ -477,7 +634,7 @@ def main():
         pass
     try:
         with contextlib.redirect_stdout(sys.stderr):
-            result = run()
+            result = run(sys.argv[1:])
     except BaseException as exc:  # last resort: still one JSON document
         result = {"probe_version": PROBE_VERSION, "error": _err(exc)}
     text = json.dumps(result, default=str, sort_keys=True) + "\n"

@@ -43,18 +43,18 @@ def good_probe(cell: Cell, *, gpu: bool = False, cpus: int = 8) -> dict:
                   "exported": {"MKL_INTERFACE_LAYER": "LP64,GNU"}, "missing": [], "different": [],
                   "error": None} if cell.blas == "mkl" and conda else \
         {"prefix": "/opt/venv", "scripts": [], "exported": {}, "missing": [], "different": [], "error": None}
-    ok = {"ok": True, "returncode": 0, "error": None, "info": {"ok": True}}
+    ok = {"ok": True, "returncode": 0, "error": None, "info": {}}
     local = "+cpu" if cell.cuda is None else "+cu" + cell.cuda.replace(".", "")
     return {
-        "probe_version": 2,
+        "probe_version": 3,
         "python": {"version": cell.python + ".7", "executable": "/opt/venv/bin/python"},
         "user": {"uid": 1000, "gid": 1000, "name": "trainer"},
         "cpus": {"os_cpu_count": cpus, "affinity": cpus, "cgroup_quota": None, "physical_cores": cpus},
         "env": {"OMP_NUM_THREADS": t, "MKL_NUM_THREADS": t, "OPENBLAS_NUM_THREADS": t,
                 "MKL_THREADING_LAYER": layer.upper() if cell.blas == "mkl" else None,
                 "NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "compute,utility"},
-        "numpy": {"error": None, "version": "2.2.1", "blas": [blas]},
-        "torch": {"error": None, "version": cell.torch + local, "cuda": cell.cuda,
+        "numpy": {"error": None, "version": "2.2.1", "blas": [blas], "import_seconds": 0.21},
+        "torch": {"error": None, "version": cell.torch + local, "cuda": cell.cuda, "import_seconds": 1.83,
                   "cudnn": None if cell.cuda is None else 92400, "cuda_available": gpu,
                   "device_count": int(gpu), "devices": ["NVIDIA H200"] if gpu else [],
                   "blas_info": "mkl", "mkl_available": True, "num_threads": cell.threads,
@@ -65,10 +65,9 @@ def good_probe(cell: Cell, *, gpu: bool = False, cpus: int = 8) -> dict:
                             *(dict(e, user_api="openmp") for e in openmp)],
         "bytecode": {"checked": 812, "missing": 0, "stale": 0, "examples": [], "dont_write": False},
         "activation": activation,
-        "compute": {"numpy_matmul": ok, "torch_matmul": ok, "numpy_complex": dict(ok, info={"ok": True, "scipy": None}),
+        "compute": {"numpy_matmul": ok, "torch_matmul": ok, "numpy_complex": dict(ok, info={"scipy": None}),
                     "torch_complex": ok,
-                    "torch_compile": dict(ok, info={"ok": True, "devices": ["cpu"], "seconds": 9.1, "cxx": "/usr/bin/g++"}),
-                    "import_time": dict(ok, info={"ok": True, "seconds": 2.04})},
+                    "torch_compile": dict(ok, info={"devices": ["cpu"], "seconds": 9.1, "cxx": "/usr/bin/g++"})},
     }
 
 
@@ -304,13 +303,28 @@ def test_torch_compile_fails_without_a_compiler_unless_declared_absent():
     assert "compiler: false" in checks["torch.compile"].expected
 
 
-def test_import_time_is_information_only():
+@pytest.mark.parametrize("numpy_s, torch_s, actual", [
+    (0.21, 1.83, "2.04 s (numpy 0.21 s, torch 1.83 s)"),
+    (0.21, None, "not measured (only numpy: 0.21 s)"),
+    ("1", True, "not measured"),
+    (float("nan"), -1, "not measured"),
+])
+def test_import_time_is_information_only(numpy_s, torch_s, actual):
     p = good_probe(CPU_OPENBLAS)
-    p["compute"]["import_time"] = {"ok": False, "returncode": 1, "info": None, "error": "boom"}
+    p["numpy"]["import_seconds"], p["torch"]["import_seconds"] = numpy_s, torch_s
     checks = by_name(judge(CPU_OPENBLAS, p, gpu_required=False))
     assert checks["probe.import_time"].verdict == "info" and passed(checks.values())
-    assert by_name(judge(CPU_OPENBLAS, good_probe(CPU_OPENBLAS), gpu_required=False))[
-        "probe.import_time"].actual == "2.04 s"
+    assert checks["probe.import_time"].actual == actual
+
+
+def test_compile_skipped_when_the_probe_did_not_run_it():
+    p = good_probe(CPU_OPENBLAS)
+    del p["compute"]["torch_compile"]  # what `probe.py --no-compile` leaves out
+    checks = by_name(judge(replace(CPU_OPENBLAS, compiler=False), p, gpu_required=False))
+    assert checks["torch.compile"].verdict == "skip" and checks["torch.compile"].actual == "not run"
+    assert passed(checks.values())
+    fails = by_name(judge(CPU_OPENBLAS, p, gpu_required=False))["torch.compile"]
+    assert fails.verdict == "fail" and fails.actual == "not reported"  # a compiler cell must run it
 
 
 AUTO_CELL = replace(CPU_OPENBLAS, threads="auto")

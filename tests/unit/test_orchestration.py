@@ -541,3 +541,21 @@ def test_env_cannot_override_what_the_cell_bakes(tmp_path, where):
 def test_mypy_passes():
     r = subprocess.run([sys.executable, "-m", "mypy"], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_signal_scope_ends_at_once_and_still_turns_a_signal_into_a_cancel():
+    """Leaving the scope does not wait out a polling interval (every CLI run pays it), and
+    a signal that arrived inside it cancels the run."""
+    quiet = Interrupt()
+    started = time.perf_counter()
+    with quiet.signals():
+        pass
+    assert time.perf_counter() - started < 0.1
+    assert not quiet.is_set()
+    hit = Interrupt()
+    with hit.signals():
+        os.kill(os.getpid(), signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        while not hit.is_set() and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert hit.is_set() and hit.signum == signal.SIGTERM
