@@ -11,8 +11,6 @@ from pathlib import Path
 from typing import Any, Callable, List, Optional
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from imagefactory import build as build_mod
 from imagefactory import lock as lock_mod
@@ -90,6 +88,9 @@ def list_cells(
     elif format is ListFormat.github:
         print(json.dumps({"include": [{"cell": r["id"], **r} for r in rows]}, separators=(",", ":")))
     else:
+        from rich.console import Console
+        from rich.table import Table
+
         table = Table(show_header=True, header_style="bold", box=None)
         for col in ("id", "torch", "threads", "base_image", "tag"):
             table.add_column(col)

@@ -6,12 +6,14 @@ from __future__ import annotations
 import sys
 import threading
 import time
-
-from rich.console import Console
-from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
+from typing import TYPE_CHECKING
 
 from imagefactory.engine import BuildProgress
 from imagefactory.report import BUILD_FAILED, BUILT, CACHED, PASSED, CellReport
+
+if TYPE_CHECKING:  # rich is imported only for the live display: start-up counts on CI
+    from rich.console import Console
+    from rich.progress import TaskID
 
 
 class Plain:
@@ -55,6 +57,9 @@ class Live:
     """A rich live display: one row per cell with its step N of M and elapsed time."""
 
     def __init__(self, console: Console | None = None):
+        from rich.console import Console
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
         self.console = console or Console(stderr=True)
         self.progress = Progress(
             SpinnerColumn(), TextColumn("[bold]{task.description}"), TextColumn("{task.fields[state]}"),
