@@ -35,12 +35,23 @@ ENV SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \
 # torch.compile: Inductor compiles C++ at run time and Triton builds a C launcher against the
 # Python headers; neither PyPI torch nor conda-forge's triton brings a compiler (`compiler: false`
 # leaves this layer out).
+# Size: like Debian's official slim images, dpkg installs no docs, man pages or translations
+# (path-exclude rules in /etc/dpkg/dpkg.cfg.d/, kept so later installs stay slim; copyright
+# files are kept). The same RUN removes the static libpython (Inductor and Triton compile against
+# Python.h and link no libpython) and GCC's lto-dump (a debugging tool), and cleans apt's cache:
+# a debootstrapped base has no docker-clean apt config, so the .debs would stay in the layer.
 # The base image's Python has its headers already (python:*) or gets them here (Debian's python3).
-RUN apt-get update \
+RUN printf '%s\n' 'path-exclude=/usr/share/doc/*' 'path-include=/usr/share/doc/*/copyright' \
+      'path-exclude=/usr/share/man/*' 'path-exclude=/usr/share/groff/*' 'path-exclude=/usr/share/info/*' \
+      'path-exclude=/usr/share/lintian/overrides/*' 'path-exclude=/usr/share/locale/*' \
+      'path-include=/usr/share/locale/locale.alias' > /etc/dpkg/dpkg.cfg.d/imagefactory-slim \
+ && apt-get update \
  && headers="$(python3.11 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')/Python.h" \
  && dev="" \
  && { [ -e "$headers" ] || dev=python3.11-dev; } \
  && apt-get install -y --no-install-recommends g++ libc6-dev ${dev:+"$dev"} \
+ && rm -f /usr/lib/python3*/config-3*/libpython3*.a /usr/lib/*-linux-gnu/libpython3*.a /usr/bin/*lto-dump* \
+ && apt-get clean \
  && rm -rf /var/lib/apt/lists/*
 
 # The default user is not root; the environment stays root-owned so a job cannot change it.
@@ -72,7 +83,7 @@ LABEL com.example.team="ml-platform" \
       io.imagefactory.blas="openblas" \
       io.imagefactory.cell="py3.11-cu13.0-openblas-pip" \
       io.imagefactory.compiler="true" \
-      io.imagefactory.content-hash="43ffc091d8e0fa6ff30c2158e236b0724c1780786d965cbd9b410514ebd13a7e" \
+      io.imagefactory.content-hash="67f6546ea2392878ed1aa2b4b32cd5ea7e971f1e3ecc3a163d0c2ad95d10589b" \
       io.imagefactory.cuda="13.0" \
       io.imagefactory.installer="pip" \
       io.imagefactory.python="3.11" \
