@@ -17,9 +17,17 @@ ENV SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \
 COPY wheelhouse/ /tmp/wheelhouse/
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
+# torch's wheel carries PyTorch's own C++ test programs and their data (torch/test/, and in
+# torch/bin/ test_api, test_jit, *Test, protoc, *.pt[l] ...): about 130 MB that run only inside
+# PyTorch's build tree. They go here, so they never reach a layer of the image; torch_shm_manager
+# (DataLoader's shared memory) stays. pip still uninstalls torch (it skips files already gone).
 RUN python3.11 -m venv /opt/venv \
  && /opt/venv/bin/pip install --no-cache-dir --index-url https://pypi-mirror.example.com/simple --find-links /tmp/wheelhouse torch==2.13.0+cpu \
- && /opt/venv/bin/pip install --no-cache-dir --index-url https://pypi-mirror.example.com/simple --find-links /tmp/wheelhouse numpy 'threadpoolctl>=3.1' 'scipy>=1.11'
+ && /opt/venv/bin/pip install --no-cache-dir --index-url https://pypi-mirror.example.com/simple --find-links /tmp/wheelhouse numpy 'threadpoolctl>=3.1' 'scipy>=1.11' \
+ && torch=/opt/venv/lib/python3.11/site-packages/torch \
+ && rm -rf "$torch/test" "$torch"/bin/test_* "$torch"/bin/*Test "$torch"/bin/*_test "$torch"/bin/protoc \
+      "$torch"/bin/protoc-* "$torch"/bin/*.pt "$torch"/bin/*.ptl "$torch/bin/upgrader_models"
+
 # Final stage: the same base, the environment copied in.
 FROM mirror.example.com/hub/library/python:3.11-slim-bookworm
 
@@ -81,7 +89,7 @@ LABEL com.example.team="ml-platform" \
       io.imagefactory.blas="openblas" \
       io.imagefactory.cell="py3.11-cpu-openblas-pip" \
       io.imagefactory.compiler="true" \
-      io.imagefactory.content-hash="2bc5a018e5d50014dc3d76bf0f69eefad48b11a0526915661a0ec99d1ec93246" \
+      io.imagefactory.content-hash="126ad772941b4bdbb4889d0e4ab053cc6775cdf361cc7f81b442b5700fcbb55e" \
       io.imagefactory.cuda="none" \
       io.imagefactory.installer="pip" \
       io.imagefactory.python="3.11" \

@@ -243,3 +243,24 @@ def test_toolchain_layer_is_slim(golden_contexts, cell_id):
     assert run.index("/etc/dpkg/dpkg.cfg.d/") < run.index("apt-get install")
     assert "rm -f /usr/lib/python3*/config-3*/libpython3*.a /usr/lib/*-linux-gnu/libpython3*.a /usr/bin/*lto-dump*" in run
     assert run.index("apt-get install") < run.index("libpython3*.a")
+
+
+@pytest.mark.parametrize("cell_id", ["py3.11-cpu-openblas-pip", "py3.11-cu13.0-openblas-pip"])
+def test_torch_test_programs_are_removed_in_the_venv_stage(golden_contexts, cell_id):
+    """torch's C++ test programs go in the RUN that installs torch, in stage 0 (the venv stage),
+    so they never reach a layer of the image; torch_shm_manager stays."""
+    runs = _runs(golden_contexts[cell_id].dockerfile.read_text())
+    (run,) = [r for r in runs if "rm -rf \"$torch/test\"" in r]
+    assert run.startswith("0: ") and "pip install" in run
+    assert run.index("pip install") < run.index("rm -rf \"$torch/test\"")
+    assert "torch=/opt/venv/lib/python3.11/site-packages/torch" in run
+    for pattern in ('"$torch"/bin/test_*', '"$torch"/bin/*Test', '"$torch"/bin/protoc'):
+        assert pattern in run
+    assert "torch_shm_manager" not in run
+
+
+def test_locked_pip_render_removes_torch_test_programs_too(tmp_path):
+    fixture = REPO / "tests" / "fixtures" / "locks" / "matrix.yaml"
+    ctx = {c.cell.id: c for c in render.render(matrix.load(fixture), tmp_path)}
+    (run,) = [r for r in _runs(ctx["py3.11-cpu-openblas-pip"].dockerfile.read_text()) if "--require-hashes" in r]
+    assert run.startswith("0: ") and 'rm -rf "$torch/test"' in run
