@@ -18,7 +18,7 @@ COPY wheelhouse/ /tmp/wheelhouse/
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 # torch's wheel carries PyTorch's own C++ test programs and their data (torch/test/, and in
-# torch/bin/ test_api, test_jit, *Test, protoc, *.pt[l] ...): about 130 MB that run only inside
+# torch/bin/ test_api, test_jit, *Test, protoc, *.pt[l] ...): about 135 MB that run only inside
 # PyTorch's build tree. They go here, so they never reach a layer of the image; torch_shm_manager
 # (DataLoader's shared memory) stays. pip still uninstalls torch (it skips files already gone).
 RUN python3.11 -m venv /opt/venv \
@@ -89,7 +89,7 @@ LABEL com.example.team="ml-platform" \
       io.imagefactory.blas="openblas" \
       io.imagefactory.cell="py3.11-cpu-openblas-pip" \
       io.imagefactory.compiler="true" \
-      io.imagefactory.content-hash="126ad772941b4bdbb4889d0e4ab053cc6775cdf361cc7f81b442b5700fcbb55e" \
+      io.imagefactory.content-hash="d4ab52fd91e6c5f001cbc4862e44a739257f13c7ff26020351cbf4f50464a2a9" \
       io.imagefactory.cuda="none" \
       io.imagefactory.installer="pip" \
       io.imagefactory.python="3.11" \

@@ -18,7 +18,7 @@ COPY wheelhouse/ /tmp/wheelhouse/
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 # torch's wheel carries PyTorch's own C++ test programs and their data (torch/test/, and in
-# torch/bin/ test_api, test_jit, *Test, protoc, *.pt[l] ...): about 130 MB that run only inside
+# torch/bin/ test_api, test_jit, *Test, protoc, *.pt[l] ...): about 135 MB that run only inside
 # PyTorch's build tree. They go here, so they never reach a layer of the image; torch_shm_manager
 # (DataLoader's shared memory) stays. pip still uninstalls torch (it skips files already gone).
 RUN python3.11 -m venv /opt/venv \
@@ -91,7 +91,7 @@ LABEL com.example.team="ml-platform" \
       io.imagefactory.blas="openblas" \
       io.imagefactory.cell="py3.11-cu13.0-openblas-pip" \
       io.imagefactory.compiler="true" \
-      io.imagefactory.content-hash="e8daf2e1aac2721c8dc54a464c724cb07065bd84021f6448c3be88a770fd2604" \
+      io.imagefactory.content-hash="26f030ab559a8e798dcf7d15c837e5eafa3f11e8c84faffa1f2572d4f318cb6a" \
       io.imagefactory.cuda="13.0" \
       io.imagefactory.installer="pip" \
       io.imagefactory.python="3.11" \
