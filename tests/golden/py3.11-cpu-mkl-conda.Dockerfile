@@ -9,6 +9,7 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # OS packages the installer needs (shared by every conda cell on this base).
 RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates curl bzip2 \
+ && apt-get clean \
  && rm -rf /var/lib/apt/lists/*
 
 # Extra CA certificates (a TLS-intercepting proxy, a private mirror): trusted by apt, pip and conda.
@@ -33,9 +34,20 @@ COPY condarc /opt/conda/.condarc
 # torch.compile: Inductor compiles C++ at run time and Triton builds a C launcher against the
 # Python headers; neither PyPI torch nor conda-forge's triton brings a compiler (`compiler: false`
 # leaves this layer out).
+# Size: like Debian's official slim images, dpkg installs no docs, man pages or translations
+# (path-exclude rules in /etc/dpkg/dpkg.cfg.d/, kept so later installs stay slim; copyright
+# files are kept). The same RUN removes the static libpython (Inductor and Triton compile against
+# Python.h and link no libpython) and GCC's lto-dump (a debugging tool), and cleans apt's cache:
+# a debootstrapped base has no docker-clean apt config, so the .debs would stay in the layer.
 # The Python headers come with the environment's python (conda-forge ships them).
-RUN apt-get update \
+RUN printf '%s\n' 'path-exclude=/usr/share/doc/*' 'path-include=/usr/share/doc/*/copyright' \
+      'path-exclude=/usr/share/man/*' 'path-exclude=/usr/share/groff/*' 'path-exclude=/usr/share/info/*' \
+      'path-exclude=/usr/share/lintian/overrides/*' 'path-exclude=/usr/share/locale/*' \
+      'path-include=/usr/share/locale/locale.alias' > /etc/dpkg/dpkg.cfg.d/imagefactory-slim \
+ && apt-get update \
  && apt-get install -y --no-install-recommends g++ libc6-dev \
+ && rm -f /usr/lib/python3*/config-3*/libpython3*.a /usr/lib/*-linux-gnu/libpython3*.a /usr/bin/*lto-dump* \
+ && apt-get clean \
  && rm -rf /var/lib/apt/lists/*
 
 # The default user is not root; the environment stays root-owned so a job cannot change it.
@@ -72,7 +84,7 @@ LABEL com.example.team="ml-platform" \
       io.imagefactory.blas="mkl" \
       io.imagefactory.cell="py3.11-cpu-mkl-conda" \
       io.imagefactory.compiler="true" \
-      io.imagefactory.content-hash="a86da6ac163e4dbdc27673eaf665c77d58eeede7860268ce6e970f5e9c8910b5" \
+      io.imagefactory.content-hash="5f4e01d021f87ce854326a7d1c2836247b4c6893c8451774f6c99d846592f680" \
       io.imagefactory.cuda="none" \
       io.imagefactory.installer="conda" \
       io.imagefactory.python="3.11" \

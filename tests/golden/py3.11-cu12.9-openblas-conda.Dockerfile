@@ -9,6 +9,7 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # OS packages the installer needs (shared by every conda cell on this base).
 RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates curl bzip2 \
+ && apt-get clean \
  && rm -rf /var/lib/apt/lists/*
 
 # Extra CA certificates (a TLS-intercepting proxy, a private mirror): trusted by apt, pip and conda.
@@ -33,9 +34,20 @@ COPY condarc /opt/conda/.condarc
 # torch.compile: Inductor compiles C++ at run time and Triton builds a C launcher against the
 # Python headers; neither PyPI torch nor conda-forge's triton brings a compiler (`compiler: false`
 # leaves this layer out).
+# Size: like Debian's official slim images, dpkg installs no docs, man pages or translations
+# (path-exclude rules in /etc/dpkg/dpkg.cfg.d/, kept so later installs stay slim; copyright
+# files are kept). The same RUN removes the static libpython (Inductor and Triton compile against
+# Python.h and link no libpython) and GCC's lto-dump (a debugging tool), and cleans apt's cache:
+# a debootstrapped base has no docker-clean apt config, so the .debs would stay in the layer.
 # The Python headers come with the environment's python (conda-forge ships them).
-RUN apt-get update \
+RUN printf '%s\n' 'path-exclude=/usr/share/doc/*' 'path-include=/usr/share/doc/*/copyright' \
+      'path-exclude=/usr/share/man/*' 'path-exclude=/usr/share/groff/*' 'path-exclude=/usr/share/info/*' \
+      'path-exclude=/usr/share/lintian/overrides/*' 'path-exclude=/usr/share/locale/*' \
+      'path-include=/usr/share/locale/locale.alias' > /etc/dpkg/dpkg.cfg.d/imagefactory-slim \
+ && apt-get update \
  && apt-get install -y --no-install-recommends g++ libc6-dev \
+ && rm -f /usr/lib/python3*/config-3*/libpython3*.a /usr/lib/*-linux-gnu/libpython3*.a /usr/bin/*lto-dump* \
+ && apt-get clean \
  && rm -rf /var/lib/apt/lists/*
 
 # The default user is not root; the environment stays root-owned so a job cannot change it.
@@ -75,7 +87,7 @@ LABEL com.example.team="ml-platform" \
       io.imagefactory.blas="openblas" \
       io.imagefactory.cell="py3.11-cu12.9-openblas-conda" \
       io.imagefactory.compiler="true" \
-      io.imagefactory.content-hash="284231f533b4b7005d2a9f9020bfdac52eff8d945dabfa2454e83446f7a4f6ac" \
+      io.imagefactory.content-hash="6d6d5181be9e52a03aff11e799372867b845882a0c041ee76a68961d16ed14fc" \
       io.imagefactory.cuda="12.9" \
       io.imagefactory.installer="conda" \
       io.imagefactory.python="3.11" \

@@ -17,9 +17,17 @@ ENV SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \
 COPY wheelhouse/ /tmp/wheelhouse/
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
+# torch's wheel carries PyTorch's own C++ test programs and their data (torch/test/, and in
+# torch/bin/ test_api, test_jit, *Test, protoc, *.pt[l] ...): about 135 MB that run only inside
+# PyTorch's build tree. They go here, so they never reach a layer of the image; torch_shm_manager
+# (DataLoader's shared memory) stays. pip still uninstalls torch (it skips files already gone).
 RUN python3.11 -m venv /opt/venv \
  && /opt/venv/bin/pip install --no-cache-dir --index-url https://pypi-mirror.example.com/simple --find-links /tmp/wheelhouse torch==2.13.0 \
- && /opt/venv/bin/pip install --no-cache-dir --index-url https://pypi-mirror.example.com/simple --find-links /tmp/wheelhouse numpy 'threadpoolctl>=3.1' 'scipy>=1.11'
+ && /opt/venv/bin/pip install --no-cache-dir --index-url https://pypi-mirror.example.com/simple --find-links /tmp/wheelhouse numpy 'threadpoolctl>=3.1' 'scipy>=1.11' \
+ && torch=/opt/venv/lib/python3.11/site-packages/torch \
+ && rm -rf "$torch/test" "$torch"/bin/test_* "$torch"/bin/*Test "$torch"/bin/*_test "$torch"/bin/protoc \
+      "$torch"/bin/protoc-* "$torch"/bin/*.pt "$torch"/bin/*.ptl "$torch/bin/upgrader_models"
+
 # Final stage: the same base, the environment copied in.
 FROM mirror.example.com/hub/library/python:3.11-slim-bookworm
 
@@ -35,12 +43,23 @@ ENV SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \
 # torch.compile: Inductor compiles C++ at run time and Triton builds a C launcher against the
 # Python headers; neither PyPI torch nor conda-forge's triton brings a compiler (`compiler: false`
 # leaves this layer out).
+# Size: like Debian's official slim images, dpkg installs no docs, man pages or translations
+# (path-exclude rules in /etc/dpkg/dpkg.cfg.d/, kept so later installs stay slim; copyright
+# files are kept). The same RUN removes the static libpython (Inductor and Triton compile against
+# Python.h and link no libpython) and GCC's lto-dump (a debugging tool), and cleans apt's cache:
+# a debootstrapped base has no docker-clean apt config, so the .debs would stay in the layer.
 # The base image's Python has its headers already (python:*) or gets them here (Debian's python3).
-RUN apt-get update \
+RUN printf '%s\n' 'path-exclude=/usr/share/doc/*' 'path-include=/usr/share/doc/*/copyright' \
+      'path-exclude=/usr/share/man/*' 'path-exclude=/usr/share/groff/*' 'path-exclude=/usr/share/info/*' \
+      'path-exclude=/usr/share/lintian/overrides/*' 'path-exclude=/usr/share/locale/*' \
+      'path-include=/usr/share/locale/locale.alias' > /etc/dpkg/dpkg.cfg.d/imagefactory-slim \
+ && apt-get update \
  && headers="$(python3.11 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')/Python.h" \
  && dev="" \
  && { [ -e "$headers" ] || dev=python3.11-dev; } \
  && apt-get install -y --no-install-recommends g++ libc6-dev ${dev:+"$dev"} \
+ && rm -f /usr/lib/python3*/config-3*/libpython3*.a /usr/lib/*-linux-gnu/libpython3*.a /usr/bin/*lto-dump* \
+ && apt-get clean \
  && rm -rf /var/lib/apt/lists/*
 
 # The default user is not root; the environment stays root-owned so a job cannot change it.
@@ -72,7 +91,7 @@ LABEL com.example.team="ml-platform" \
       io.imagefactory.blas="openblas" \
       io.imagefactory.cell="py3.11-cu13.0-openblas-pip" \
       io.imagefactory.compiler="true" \
-      io.imagefactory.content-hash="43ffc091d8e0fa6ff30c2158e236b0724c1780786d965cbd9b410514ebd13a7e" \
+      io.imagefactory.content-hash="26f030ab559a8e798dcf7d15c837e5eafa3f11e8c84faffa1f2572d4f318cb6a" \
       io.imagefactory.cuda="13.0" \
       io.imagefactory.installer="pip" \
       io.imagefactory.python="3.11" \

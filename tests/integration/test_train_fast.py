@@ -1,6 +1,7 @@
 """issue: images that train fast -- torch.compile works, bytecode is kept, activation is in
 effect without `conda activate`, MKL's layer matches the loaded OpenMP runtime -- and
-`threads: auto`, on real images built here (pip route).
+`threads: auto`, on real images built here (pip route); and what the image leaves out to stay
+small (apt's cache, docs, torch's test programs) without losing what those need.
 
 The cells built here differ from the shared cpu_build's good cell only in their runtime
 section (threads: auto) or in the compiler layer, so their heavy layers come from the cache.
@@ -104,6 +105,44 @@ def test_compiler_false_image_fails_the_check_when_judged_as_a_compiler_cell(eng
     assert declared == replace(cell, compiler=False, tags=declared.tags)
     result = smoke.test_image(engine, cell, report["candidate"], gpus=False)
     assert set(failing(result)) == {"torch.compile"}, failing(result)
+
+
+# -- image size (README, "Image size") -----------------------------------------------------
+
+SIZE_SCRIPT = r"""
+t=/opt/venv/lib/python3.11/site-packages/torch
+echo "apt-cache: $(ls /var/cache/apt/archives/*.deb /var/cache/apt/*.bin 2>/dev/null | wc -l)"
+echo "apt-lists: $(find /var/lib/apt/lists -type f ! -name lock | wc -l)"
+echo "docs: $(find /usr/share/doc/libc6-dev /usr/share/doc/binutils -type f ! -name copyright | wc -l)"
+echo "copyright: $(ls /usr/share/doc/libc6-dev/copyright /usr/share/doc/binutils/copyright | wc -l)"
+echo "man: $(find /usr/share/man \( -name 'g++*' -o -name 'as.1*' -o -name 'ld.1*' \) | wc -l)"
+echo "locale: $(find /usr/share/locale \( -name 'gcc*.mo' -o -name 'cpp*.mo' -o -name 'ld.mo' \) | wc -l)"
+echo "static-libpython: $(find / -xdev -name 'libpython3*.a' | wc -l)"
+echo "lto-dump: $(ls /usr/bin/*lto-dump* 2>/dev/null | wc -l)"
+echo "cc1plus: $(test -x "$(g++ -print-prog-name=cc1plus)" && echo yes)"
+echo "python-h: $(test -e "$(python3.11 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')/Python.h" && echo yes)"
+echo "torch-test: $(test -e $t/test && echo present)"
+echo "torch-bin: $(ls $t/bin | tr '\n' ' ')"
+echo "pip-check: $(pip check 2>&1 | tr '\n' ' ')"
+pip uninstall -y -q torch >/dev/null 2>&1 && echo "uninstall: ok"
+echo "after-uninstall: $(python -c 'import torch' 2>&1 | tail -n 1) $(ls -d /opt/venv/lib/python3.11/site-packages/torch-* 2>/dev/null | wc -l)"
+"""
+
+
+def test_image_leaves_out_apt_cache_docs_static_libpython_and_torch_test_programs(engine, cpu_build):
+    """What the toolchain and venv layers leave out, what must stay (the compiler, Python.h,
+    torch_shm_manager), and that pip still manages torch. As root, in a throwaway container."""
+    _, image = good(cpu_build)
+    out = engine.client.containers.run(image, ["bash", "-c", SIZE_SCRIPT], user="0", network_mode="none",
+                                       remove=True).decode()
+    got = dict(line.split(": ", 1) for line in out.strip().splitlines())
+    assert got == {
+        "apt-cache": "0", "apt-lists": "0", "docs": "0", "copyright": "2", "man": "0", "locale": "0",
+        "static-libpython": "0", "lto-dump": "0", "cc1plus": "yes", "python-h": "yes",
+        "torch-test": "", "torch-bin": "torch_shm_manager ",
+        "pip-check": "No broken requirements found. ",
+        "uninstall": "ok", "after-uninstall": "ModuleNotFoundError: No module named 'torch' 0",
+    }, out
 
 
 # -- bytecode ------------------------------------------------------------------------------

@@ -196,3 +196,71 @@ def test_threads_auto_bakes_no_thread_count_and_no_empty_env(tmp_path):
     assert "OMP_NUM_THREADS" not in dockerfile and 'io.imagefactory.threads="auto"' in dockerfile
     assert all("=" in line for line in dockerfile.splitlines() if line.startswith("ENV"))
     assert "threads: auto" in (ctx["py3.11-cpu-openblas-pip"].path / "entrypoint.sh").read_text()
+
+
+def _runs(dockerfile: str) -> list[str]:
+    """The RUN instructions of a rendered Dockerfile, continuation lines joined, comments dropped,
+    each prefixed with the number of the stage it belongs to ("0: RUN ...")."""
+    runs: list[str] = []
+    stage, current = -1, None
+    for line in dockerfile.splitlines():
+        if line.lstrip().startswith("#"):
+            continue
+        if current is None:
+            if line.startswith("FROM "):
+                stage += 1
+            if not line.startswith("RUN "):
+                continue
+            current = f"{stage}: "
+        current += line.rstrip("\\").strip() + " "
+        if not line.endswith("\\"):
+            runs.append(current)
+            current = None
+    return runs
+
+
+@pytest.mark.parametrize("cell_id", [
+    "py3.11-cpu-mkl-conda", "py3.11-cpu-openblas-conda", "py3.11-cu12.9-openblas-conda",
+    "py3.11-cpu-openblas-pip", "py3.11-cu13.0-openblas-pip",
+])
+def test_every_apt_install_cleans_apt_in_the_same_run(golden_contexts, cell_id):
+    """A debootstrapped base has no docker-clean apt config: without `apt-get clean` the .debs
+    and apt's pkgcache.bin (144 MB for the toolchain) stay in the layer."""
+    runs = [r for r in _runs(golden_contexts[cell_id].dockerfile.read_text()) if "apt-get install" in r]
+    assert runs  # every golden cell has the compiler layer
+    for run in runs:
+        assert "apt-get clean" in run and "rm -rf /var/lib/apt/lists/*" in run, run
+
+
+@pytest.mark.parametrize("cell_id", ["py3.11-cpu-mkl-conda", "py3.11-cpu-openblas-pip"])
+def test_toolchain_layer_is_slim(golden_contexts, cell_id):
+    """No docs, man pages or translations (dpkg path-exclude, as in Debian's slim images), no
+    static libpython and no lto-dump, all in the RUN that installs the compiler."""
+    (run,) = [r for r in _runs(golden_contexts[cell_id].dockerfile.read_text()) if "g++" in r]
+    for rule in ("path-exclude=/usr/share/doc/*", "path-include=/usr/share/doc/*/copyright",
+                 "path-exclude=/usr/share/man/*", "path-exclude=/usr/share/locale/*"):
+        assert rule in run
+    assert run.index("/etc/dpkg/dpkg.cfg.d/") < run.index("apt-get install")
+    assert "rm -f /usr/lib/python3*/config-3*/libpython3*.a /usr/lib/*-linux-gnu/libpython3*.a /usr/bin/*lto-dump*" in run
+    assert run.index("apt-get install") < run.index("libpython3*.a")
+
+
+@pytest.mark.parametrize("cell_id", ["py3.11-cpu-openblas-pip", "py3.11-cu13.0-openblas-pip"])
+def test_torch_test_programs_are_removed_in_the_venv_stage(golden_contexts, cell_id):
+    """torch's C++ test programs go in the RUN that installs torch, in stage 0 (the venv stage),
+    so they never reach a layer of the image; torch_shm_manager stays."""
+    runs = _runs(golden_contexts[cell_id].dockerfile.read_text())
+    (run,) = [r for r in runs if "rm -rf \"$torch/test\"" in r]
+    assert run.startswith("0: ") and "pip install" in run
+    assert run.index("pip install") < run.index("rm -rf \"$torch/test\"")
+    assert "torch=/opt/venv/lib/python3.11/site-packages/torch" in run
+    for pattern in ('"$torch"/bin/test_*', '"$torch"/bin/*Test', '"$torch"/bin/protoc'):
+        assert pattern in run
+    assert "torch_shm_manager" not in run
+
+
+def test_locked_pip_render_removes_torch_test_programs_too(tmp_path):
+    fixture = REPO / "tests" / "fixtures" / "locks" / "matrix.yaml"
+    ctx = {c.cell.id: c for c in render.render(matrix.load(fixture), tmp_path)}
+    (run,) = [r for r in _runs(ctx["py3.11-cpu-openblas-pip"].dockerfile.read_text()) if "--require-hashes" in r]
+    assert run.startswith("0: ") and 'rm -rf "$torch/test"' in run
