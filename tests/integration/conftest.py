@@ -99,6 +99,18 @@ def session_id() -> str:
 
 
 @pytest.fixture(scope="session")
+def mkl_numpy(engine, base_registry, session_id, created_images) -> str:
+    """tests/fixtures/mkl-numpy (Debian's NumPy on MKL), built once per session: its apt
+    download is the slow part, and two modules judge it."""
+    tag = f"imagefactory-test/mkl-numpy:{session_id}"
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "mkl-numpy"
+    engine.client.images.build(path=str(fixture), tag=tag, rm=True, network_mode="host",
+                               buildargs={"BASE": f"{base_registry}/library/python:3.11-slim-bookworm"})
+    created_images.append(tag)
+    return tag
+
+
+@pytest.fixture(scope="session")
 def created_images(engine):
     """Image references tests register for removal at the end of the session."""
     refs: list[str] = []

@@ -159,13 +159,9 @@ def test_probe_that_cannot_run_is_a_failing_check(engine, base_registry):
     assert [c.name for c in result.checks] == ["probe.ran"] and not result.passed
 
 
-def test_numpy_on_real_mkl_is_recognised(engine, cpu_build, base_registry, created_images):
-    tag = "imagefactory-test/mkl-numpy:dev"
-    engine.client.images.build(path=str(FIXTURES / "mkl-numpy"), tag=tag, rm=True, network_mode="host",
-                               buildargs={"BASE": f"{base_registry}/library/python:3.11-slim-bookworm"})
-    created_images.append(tag)
+def test_numpy_on_real_mkl_is_recognised(engine, cpu_build, mkl_numpy):
     cell = replace(good_cell(cpu_build), blas="mkl")
-    result = smoke.test_image(engine, cell, tag, gpus=False)
+    result = smoke.test_image(engine, cell, mkl_numpy, gpus=False)
     by = {c.name: c for c in result.checks}
     assert by["numpy.blas"].verdict == "pass" and by["numpy.blas"].actual == "mkl", result.checks
     assert by["mkl.threading_layer"].verdict == "pass"

@@ -209,10 +209,10 @@ def test_entrypoint_passes_exit_codes_and_signals(engine, cpu_build):
 
 # -- MKL threading layer -------------------------------------------------------------------
 
-def test_wrong_mkl_layer_beside_libgomp_is_caught(engine, cpu_build, base_registry, derive):
+def test_wrong_mkl_layer_beside_libgomp_is_caught(engine, cpu_build, mkl_numpy, derive):
     cell, _ = good(cpu_build)
     mkl_cell = replace(cell, blas="mkl")
-    base = derive("mkl-numpy", f"{base_registry}/library/python:3.11-slim-bookworm")
+    base = mkl_numpy
     right = smoke.test_image(engine, mkl_cell, base, gpus=False)
     layer = by_name(right)["mkl.threading_layer"]
     assert layer.verdict == "pass" and layer.actual.startswith("gnu (threadpoolctl)"), layer
