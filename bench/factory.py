@@ -15,7 +15,8 @@ Figures:
   measured parts: the CLI's fixed cost (`imagefactory list`, every import plus the
   matrix) and the measured per-cell remainder, against 3x the docker-build loop. It says
   "projected" in the table.
-- `imagefactory test` (verdicts cached, and --retest: the probe) vs
+- `imagefactory test` (verdicts cached, and --retest: the probe; for the cell as built and
+  for the same cell with `compiler: false`, whose probe runs no torch.compile child) vs
   `docker run --rm --network none IMAGE python -c 'import torch, numpy'`.
 - -j 2 vs -j 1, cold, on a two-cell matrix (the openblas cell and an mkl cell whose NumPy
   comes from PyPI: its build is real work, its BLAS check fails, which does not matter
@@ -172,8 +173,9 @@ pip:
         self.engine.push(self.base_ref)
         self.images.append(self.engine.image_id(self.base_ref) or self.base_ref)
 
-    def cli(self, *args: str, work: str = "work", only: str | None = GOOD, check: bool = True) -> float:
-        cmd = [sys.executable, "-m", "imagefactory", *args, "--matrix", str(self.matrix), "--plain",
+    def cli(self, *args: str, work: str = "work", only: str | None = GOOD, check: bool = True,
+            matrix: Path | None = None) -> float:
+        cmd = [sys.executable, "-m", "imagefactory", *args, "--matrix", str(matrix or self.matrix), "--plain",
                "--work-dir", str(self.root / work), "--report", str(self.root / work / "report.json")]
         return timed(cmd + (["--only", only] if only else []), self.env, check)
 
@@ -216,7 +218,7 @@ pip:
                     note=f"projected: fixed CLI cost {statistics.median(fixed):.2f} s measured by `imagefactory list`")
         return one, three
 
-    def test(self, n: int) -> tuple[Row, Row]:
+    def test(self, n: int) -> list[Row]:
         image = self.report()[GOOD]["candidate"]
         run = ["docker", "run", "--rm", "--network", "none", image, "python", "-c", "import torch, numpy"]
         say("imagefactory test vs docker run")
@@ -224,9 +226,29 @@ pip:
         cached = Row("`imagefactory test`, verdicts cached", "`imagefactory test`", "`docker run … import torch, numpy`",
                      a, b, "≤ 1.5x")
         a, b = pairs(n, lambda: self.cli("test", "--retest"), lambda: timed(run))
-        probed = Row("`imagefactory test --retest` (the probe)", "`test --retest`", "`docker run … import torch, numpy`",
-                     a, b, "≤ 1.5x")
-        return cached, probed
+        seconds = self.compile_seconds()
+        probed = Row("`imagefactory test --retest` (the probe, with torch.compile)", "`test --retest`",
+                     "`docker run … import torch, numpy`", a, b, "≤ 1.5x",
+                     note=f"the torch.compile check alone took {seconds} in the last probe")
+        return [cached, probed, self.test_without_compiler(n)]
+
+    def compile_seconds(self, work: str = "work") -> str:
+        checks = {c["name"]: c for c in self.report(work)[GOOD]["checks"]}
+        actual = checks.get("torch.compile", {}).get("actual", "")
+        return actual.rsplit(" in ", 1)[-1] if " in " in actual else f"? ({actual})"
+
+    def test_without_compiler(self, n: int) -> Row:
+        """The same cell with `compiler: false`: the probe leaves torch.compile out."""
+        nocc = self.root / "matrix-nocc.yaml"
+        nocc.write_text(self.matrix.read_text() + "compiler: false\n")
+        say("building the compiler: false variant (the venv stage is cached)")
+        self.cli("build", matrix=nocc, work="nocc")
+        image = self.report("nocc")[GOOD]["candidate"]
+        run = ["docker", "run", "--rm", "--network", "none", image, "python", "-c", "import torch, numpy"]
+        a, b = pairs(n, lambda: self.cli("test", "--retest", matrix=nocc, work="nocc"), lambda: timed(run))
+        return Row("`imagefactory test --retest`, `compiler: false` cell", "`test --retest`",
+                   "`docker run … import torch, numpy`", a, b, "≤ 1.5x",
+                   note="no torch.compile child: the check is `skip` in such a cell")
 
     def sizes(self) -> tuple[Row, Row]:
         from imagefactory import matrix
@@ -331,9 +353,9 @@ def main() -> None:
         rows.extend(bench.test(args.pairs))
         rows.extend(bench.sizes())
     finally:
+        cold = " --skip-cold" if args.skip_cold else f" --cold-pairs {args.cold_pairs}"
         print(f"\n{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cores, "
-              f"load {os.getloadavg()[0]:.1f}; `python bench/factory.py --pairs {args.pairs}"
-              f" --cold-pairs {args.cold_pairs}`\n")
+              f"load {os.getloadavg()[0]:.1f}; `python bench/factory.py --pairs {args.pairs}{cold}`\n")
         print("| figure | A | B | A/B (median) | goal | runs |")
         print("|---|---|---|---|---|---|")
         for row in rows:
