@@ -29,6 +29,12 @@ def good_cell(build: Build):
     return matrix.load(build.matrix).cell(Build.GOOD)
 
 
+def judged(cell):
+    """The cell as these tests judge it: without the torch.compile child (about 10 s per
+    probe here). They are about other checks; test_train_fast covers torch.compile."""
+    return replace(cell, compiler=False)
+
+
 def good_image(build: Build) -> str:
     return build.first_report[Build.GOOD]["candidate"]
 
@@ -88,7 +94,7 @@ def test_test_command_retests_built_images_and_names_unbuilt_ones(cpu_build):
 
 
 def test_mkl_expected_but_openblas_loaded_is_caught(engine, cpu_build):
-    cell = replace(good_cell(cpu_build), blas="mkl")
+    cell = replace(judged(good_cell(cpu_build)), blas="mkl")
     result = smoke.test_image(engine, cell, good_image(cpu_build), gpus=False)
     by = {c.name: c for c in result.checks}
     assert by["numpy.blas"].verdict == "fail" and by["numpy.blas"].actual == "openblas"
@@ -98,7 +104,7 @@ def test_mkl_expected_but_openblas_loaded_is_caught(engine, cpu_build):
 
 
 def test_cuda_cell_whose_torch_is_cpu_only_is_caught(engine, cpu_build):
-    cell = replace(good_cell(cpu_build), cuda="13.0")
+    cell = replace(judged(good_cell(cpu_build)), cuda="13.0")
     result = smoke.test_image(engine, cell, good_image(cpu_build), gpus=False)
     by = {c.name: c for c in result.checks}
     assert by["torch.cuda_build"].verdict == "fail"
@@ -107,7 +113,7 @@ def test_cuda_cell_whose_torch_is_cpu_only_is_caught(engine, cpu_build):
 
 
 def test_gpu_required_but_absent_is_caught(engine, cpu_build):
-    cell = replace(good_cell(cpu_build), cuda="13.0")
+    cell = replace(judged(good_cell(cpu_build)), cuda="13.0")
     result = smoke.test_image(engine, cell, good_image(cpu_build), gpus=False)
     assert verdicts(result.checks)["torch.gpu_available"] == "skip"
     # --gpus all on a host without GPUs: the engine refuses the device request, the cell fails.
@@ -138,7 +144,7 @@ def derived(engine, cpu_build, created_images):
 ])
 def test_thread_variable_missing_or_wrong_is_caught(engine, cpu_build, derived, variable, value, failing):
     image = derived(f"{variable.lower()}-{value or 'empty'}", **{"SET_" + variable: value})
-    result = smoke.test_image(engine, good_cell(cpu_build), image, gpus=False)
+    result = smoke.test_image(engine, judged(good_cell(cpu_build)), image, gpus=False)
     failed = {c.name for c in result.checks if c.verdict == "fail"}
     assert failing <= failed, result.checks
     # MKL and OpenBLAS cap their pools at the CPU count, so on a small machine the runtime
@@ -148,7 +154,7 @@ def test_thread_variable_missing_or_wrong_is_caught(engine, cpu_build, derived, 
 
 def test_root_user_is_caught(engine, cpu_build, derived):
     image = derived("root", SET_USER="0")
-    result = smoke.test_image(engine, good_cell(cpu_build), image, gpus=False)
+    result = smoke.test_image(engine, judged(good_cell(cpu_build)), image, gpus=False)
     assert {c.name for c in result.checks if c.verdict == "fail"} == {"user.non_root"}
 
 

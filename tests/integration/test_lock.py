@@ -31,7 +31,7 @@ def _remove_built(engine, matrix_path: Path, scratch: Path) -> None:
 
 
 def _installed(engine, image: str) -> dict[str, str]:
-    result = smoke.run_probe(engine, image, timeout=300)
+    result = smoke.run_probe(engine, image, timeout=300, compile_check=False)  # only its package list is read
     probe = smoke.parse_probe_output(result.stdout)
     assert probe is not None, result.stderr[-2000:]
     return probe["packages"]["python"]

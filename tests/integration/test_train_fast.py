@@ -81,6 +81,12 @@ def good(cpu_build: Build) -> tuple:
     return matrix.load(cpu_build.matrix).cell(Build.GOOD), cpu_build.first_report[Build.GOOD]["candidate"]
 
 
+def judged(cell):
+    """For tests about other checks: no torch.compile child (about 10 s per probe here).
+    The torch.compile tests below judge the cell as built."""
+    return replace(cell, compiler=False)
+
+
 # -- torch.compile -------------------------------------------------------------------------
 
 def test_torch_compile_runs_and_matches_eager_in_a_built_image(cpu_build):
@@ -168,7 +174,7 @@ def test_activation_scripts_take_effect_without_conda_activate(engine, cpu_build
                     ["bash", "-c", "echo $MKL_INTERFACE_LAYER"]):
         out = engine.client.containers.run(activated, command, network_mode="none", remove=True)
         assert out.decode().strip() == "LP64,GNU", command
-    result = smoke.test_image(engine, cell, activated, gpus=False)
+    result = smoke.test_image(engine, judged(cell), activated, gpus=False)
     assert result.passed, failing(result)
     assert by_name(result)["env.activation"].verdict == "pass"
 
@@ -176,7 +182,7 @@ def test_activation_scripts_take_effect_without_conda_activate(engine, cpu_build
 def test_missing_activation_variable_is_caught_and_named(engine, cpu_build, derive):
     cell, image = good(cpu_build)
     bare = derive("no-entrypoint", derive("activation", image))
-    result = smoke.test_image(engine, cell, bare, gpus=False)
+    result = smoke.test_image(engine, judged(cell), bare, gpus=False)
     assert set(failing(result)) == {"env.activation"}, failing(result)
     text = failing(result)["env.activation"]
     assert "MKL_INTERFACE_LAYER" in text and "IMAGEFACTORY_TEST_ACTIVATED" in text
@@ -224,7 +230,7 @@ def test_wrong_mkl_layer_beside_libgomp_is_caught(engine, cpu_build, mkl_numpy, 
 
 def test_pip_image_judged_as_mkl_cell_fails_the_layer_check(engine, cpu_build):
     cell, image = good(cpu_build)  # PyPI torch runs libgomp; nothing asks MKL for GNU's layer here
-    result = smoke.test_image(engine, replace(cell, blas="mkl"), image, gpus=False)
+    result = smoke.test_image(engine, replace(judged(cell), blas="mkl"), image, gpus=False)
     assert by_name(result)["mkl.threading_layer"].verdict == "fail"
 
 
