@@ -98,6 +98,14 @@ def session_id() -> str:
     return uuid.uuid4().hex[:8]
 
 
+def judged(cell):
+    """A cell as tests about other checks judge it: without the torch.compile child (about
+    10 s per probe here). test_train_fast's torch.compile tests judge cells as built."""
+    from dataclasses import replace
+
+    return replace(cell, compiler=False)
+
+
 @pytest.fixture(scope="session")
 def mkl_numpy(engine, base_registry, session_id, created_images) -> str:
     """tests/fixtures/mkl-numpy (Debian's NumPy on MKL), built once per session: its apt

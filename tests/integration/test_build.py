@@ -13,7 +13,7 @@ import pytest
 
 from imagefactory import matrix, smoke
 from tests.conftest import REPO
-from tests.integration.conftest import TEST_REGISTRY, Build, matrix_text, run_cli
+from tests.integration.conftest import TEST_REGISTRY, Build, judged, matrix_text, run_cli
 
 pytestmark = pytest.mark.docker
 
@@ -27,12 +27,6 @@ def verdicts(checks) -> dict[str, str]:
 
 def good_cell(build: Build):
     return matrix.load(build.matrix).cell(Build.GOOD)
-
-
-def judged(cell):
-    """The cell as these tests judge it: without the torch.compile child (about 10 s per
-    probe here). They are about other checks; test_train_fast covers torch.compile."""
-    return replace(cell, compiler=False)
 
 
 def good_image(build: Build) -> str:

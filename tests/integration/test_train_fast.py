@@ -19,7 +19,7 @@ import pytest
 
 from imagefactory import matrix, smoke
 from tests.conftest import REPO
-from tests.integration.conftest import TEST_REGISTRY, Build, matrix_text, run_cli
+from tests.integration.conftest import TEST_REGISTRY, Build, judged, matrix_text, run_cli
 
 pytestmark = pytest.mark.docker
 
@@ -79,12 +79,6 @@ def derive(engine, created_images):
 
 def good(cpu_build: Build) -> tuple:
     return matrix.load(cpu_build.matrix).cell(Build.GOOD), cpu_build.first_report[Build.GOOD]["candidate"]
-
-
-def judged(cell):
-    """For tests about other checks: no torch.compile child (about 10 s per probe here).
-    The torch.compile tests below judge the cell as built."""
-    return replace(cell, compiler=False)
 
 
 # -- torch.compile -------------------------------------------------------------------------

@@ -235,3 +235,26 @@ def test_forked_child_sees_what_the_probe_imported(monkeypatch):
 def test_no_compile_leaves_the_compile_child_out(tmp_path):
     report, _, _ = run_probe(str(PROBE), "--no-compile", cwd=tmp_path)
     assert set(report["compute"]) == {"numpy_matmul", "torch_matmul", "numpy_complex", "torch_complex"}
+
+
+def test_smoke_runs_the_probe_without_the_compile_child_only_for_compiler_false_cells():
+    """The wiring from the cell to `probe.py --no-compile`: judging alone would skip the
+    check either way, so only the command shows whether the compile child was spared."""
+    from dataclasses import replace
+
+    from imagefactory import smoke
+    from imagefactory.engine import RunResult
+    from tests.unit.test_checks import CPU_OPENBLAS
+
+    commands: list[list[str]] = []
+
+    class Recorder:
+        def run(self, image, command, *, timeout, gpus=False, environment=None):
+            commands.append(command)
+            return RunResult(0, "", "")
+
+    for cell in (CPU_OPENBLAS, replace(CPU_OPENBLAS, compiler=False)):
+        smoke.test_image(Recorder(), cell, "image", gpus=False)  # type: ignore[arg-type]
+    with_compiler, without = commands
+    assert with_compiler[:2] == ["python", "-c"] and with_compiler[3:] == []
+    assert without[3:] == ["--no-compile"]
