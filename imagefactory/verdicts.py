@@ -26,11 +26,10 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from imagefactory import checks, smoke
+from imagefactory import checks, fsutil, smoke
 from imagefactory.model import Cell, Threads
 
 IMAGE_ID_RE = re.compile(r"sha256:([0-9a-f]{64})")
@@ -138,16 +137,7 @@ def _write(directory: Path, k: Key, record: dict | None) -> bool:
     doc = {"format": FORMAT, "records": kept + ([record] if record else [])}
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".verdict-", suffix=".tmp", dir=directory)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(doc, f, sort_keys=True)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        fsutil.atomic_write(path, json.dumps(doc, sort_keys=True), durable=True)
     except OSError:
         return False
     return True
