@@ -342,3 +342,41 @@ def config_error(shown: str, problems: list[Problem]) -> ConfigError:
     if len(unique) > MAX_PROBLEMS:
         lines.append(f"{printable(shown)}: {len(unique) - MAX_PROBLEMS} more problems not shown")
     return ConfigError(lines)
+
+
+def capped(lines: list[str], limit: int = MAX_PROBLEMS) -> list[str]:
+    """At most `limit` message lines, each printable and bounded, and a count of the rest."""
+    out = [printable(line) for line in lines[:limit]]
+    if len(lines) > limit:
+        out.append(f"{len(lines) - limit} more problems not shown")
+    return out
+
+
+def resolved(path: Path) -> Path:
+    """`path` with its links followed; InputError (never RuntimeError) for a loop or an unreadable one."""
+    try:
+        return Path(path).resolve(strict=False)
+    except RuntimeError:  # Python 3.11 raises RuntimeError for a symbolic link loop
+        raise InputError("is a symbolic link loop") from None
+    except OSError as e:  # Python 3.13: ELOOP, ENAMETOOLONG, ...
+        raise InputError(f"cannot be resolved: {e.strerror}") from None
+
+
+def read_within(path: Path, root: Path, limit: int) -> bytes | None:
+    """The bytes of `path`, a regular file of at most `limit` bytes that is, or links to, a file
+    inside `root`; None when nothing at all is there. InputError (a message that shows nothing
+    of the file) for a link out of `root`, a link loop, a FIFO, a device, a directory, a file too big."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise InputError(f"cannot be read: {e.strerror}") from None
+    target = Path(path)
+    if stat.S_ISLNK(st.st_mode):
+        target = resolved(path)
+        if not target.is_relative_to(resolved(root)):
+            raise InputError(f"is a symbolic link to {_short(target)}, outside {_short(root)}")
+        if not target.exists():
+            raise InputError("is a broken symbolic link")
+    return read_regular(target, limit)
