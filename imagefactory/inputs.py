@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import glob
 import os
 import re
 import stat
@@ -26,14 +27,22 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 
 from imagefactory.errors import ConfigError
 
 CERT_MAX_BYTES = 1 << 20
 # Pseudo file systems: a "file" there is the state of a process or a device, not a certificate.
 REFUSED_ROOTS = (Path("/proc"), Path("/sys"), Path("/dev"))
-_BLOCK = re.compile(rb"-----BEGIN ([A-Z0-9 ]+)-----\r?\n(.*?)-----END \1-----", re.DOTALL)
-_BASE64 = re.compile(rb"[A-Za-z0-9+/=\r\n]+")
+_BEGIN = re.compile(rb"-----BEGIN ([A-Z0-9 ]{1,64})-----")
+_END = re.compile(rb"-----END ([A-Z0-9 ]{1,64})-----")
+_BASE64 = re.compile(rb"[A-Za-z0-9+/]*={0,2}")
+MAX_PEM_BLOCKS = 1000  # a public CA bundle holds about 150 certificates
+MAX_CA_FILES = 256
+GLOB_CHARS = set("*?[")
+MAX_WHEELS = 1000
+WHEEL_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,254}")
 
 
 WHEEL_SUFFIXES = (".whl", ".gz", ".zip")
@@ -78,56 +87,134 @@ def read_regular(path: Path, limit: int) -> bytes:
     return data
 
 
+def pem_blocks(data: bytes) -> list[tuple[str, bytes, int]]:
+    """(label, base64 body, line) of each PEM block, in one pass over the lines (linear time, at
+    most MAX_PEM_BLOCKS blocks). A block cut short (a BEGIN without its END, or another
+    boundary inside it) is an InputError, not text to skip."""
+    blocks: list[tuple[str, bytes, int]] = []
+    label: bytes | None = None
+    body: list[bytes] = []
+    start = 0
+    for number, raw in enumerate(data.splitlines(), 1):
+        line = raw.strip()
+        if label is None:
+            m = _BEGIN.fullmatch(line)
+            if m:
+                label, body, start = m[1], [], number
+            continue
+        end = _END.fullmatch(line)
+        if end and end[1] == label:
+            blocks.append((label.decode(), b"".join(body), start))
+            label = None
+            if len(blocks) > MAX_PEM_BLOCKS:
+                raise InputError(f"holds more than {MAX_PEM_BLOCKS} PEM blocks")
+        elif line.startswith(b"-----"):
+            raise InputError(f"line {start}: the {label.decode()} block is cut short (line {number} is "
+                             f"not its END line)")
+        else:
+            body.append(line)
+    if label is not None:
+        raise InputError(f"line {start}: the {label.decode()} block is cut short (no END line)")
+    return blocks
+
+
 def certificates(path: Path) -> bytes:
-    """The CERTIFICATE blocks of a PEM file, normalised, one after another."""
+    """The X.509 certificates of a PEM file, re-encoded, one after another. Every CERTIFICATE
+    block must parse as a certificate (a key or anything else labelled CERTIFICATE is refused);
+    a file with a private key anywhere in it, or a block cut short, is refused whole."""
+    shown = _short(path)
     try:
-        path = Path(path).resolve()
-    except OSError as e:
-        raise InputError(f"{_short(path)}: cannot be read: {e.strerror}") from None
+        path = resolved(path)
+    except InputError as e:
+        raise InputError(f"{shown}: {e}") from None
     if any(path == root or path.is_relative_to(root) for root in REFUSED_ROOTS):
         raise InputError(f"{_short(path)} is in a pseudo file system, not a certificate file")
     try:
         data = read_regular(path, CERT_MAX_BYTES)
     except InputError as e:
         raise InputError(f"{_short(path)}: {e}") from None
-    blocks = _BLOCK.findall(data)
-    keys = sorted({label.decode() for label, _ in blocks if b"PRIVATE KEY" in label})
-    if keys or b"PRIVATE KEY-----" in data:
+    if b"PRIVATE KEY-----" in data:  # whole or cut short, a key never enters an image
+        keys = sorted({m.decode() for m in _BEGIN.findall(data) if b"PRIVATE KEY" in m})
         raise InputError(f"{_short(path)} holds a private key ({', '.join(keys) or 'PRIVATE KEY'}); "
-                       f"give a file with the certificates only")
+                         f"give a file with the certificates only")
+    try:
+        blocks = pem_blocks(data)
+    except InputError as e:
+        raise InputError(f"{_short(path)}: {e}") from None
     out = []
-    for label, body in blocks:
-        if label != b"CERTIFICATE":
+    for label, body, line in blocks:
+        if label != "CERTIFICATE":
             continue
         if not _BASE64.fullmatch(body):
-            raise InputError(f"{_short(path)}: a CERTIFICATE block is not base64")
+            raise InputError(f"{_short(path)}:{line}: a CERTIFICATE block is not base64")
         try:
-            der = base64.b64decode(b"".join(body.split()), validate=True)
+            der = base64.b64decode(body, validate=True)
+            cert = x509.load_der_x509_certificate(der)
         except (binascii.Error, ValueError):
-            raise InputError(f"{_short(path)}: a CERTIFICATE block is not valid base64") from None
-        if not der.startswith(b"\x30"):
-            raise InputError(f"{_short(path)}: a CERTIFICATE block does not hold a DER certificate")
-        text = base64.encodebytes(der).decode().replace("\n", "")
-        lines = [text[i:i + 64] for i in range(0, len(text), 64)]
-        out.append("-----BEGIN CERTIFICATE-----\n" + "\n".join(lines) + "\n-----END CERTIFICATE-----\n")
+            raise InputError(f"{_short(path)}:{line}: a CERTIFICATE block does not hold an X.509 "
+                             f"certificate (not valid base64, or DER that is something else, such as a key)") from None
+        out.append(cert.public_bytes(serialization.Encoding.PEM))
     if not out:
-        raise InputError(f"not a PEM certificate: {path}")
-    return "".join(out).encode()
+        raise InputError(f"not a PEM certificate: {_short(path)}")
+    return b"".join(out)
+
+
+def ca_files(entry: str, base_dir: Path) -> list[Path]:
+    """The certificate files one `ca_certificates` entry names, each checked, links followed.
+    A glob may have wildcards only in its file name: it lists one directory, never walks a tree
+    (`/*/*/*.pem` would read the whole host), and matches at most MAX_CA_FILES files."""
+    pattern = base_dir / entry
+    if not GLOB_CHARS & set(entry):
+        found = [pattern]
+    else:
+        if GLOB_CHARS & set(str(pattern.parent)):
+            raise InputError(f"{_short(entry)}: wildcards are allowed only in the file name (a glob lists "
+                             f"one directory), e.g. certs/*.pem")
+        try:
+            names = sorted(glob.glob(pattern.name, root_dir=pattern.parent))
+        except OSError as e:
+            raise InputError(f"{_short(pattern.parent)}: cannot be listed: {e.strerror}") from None
+        if len(names) > MAX_CA_FILES:
+            raise InputError(f"{_short(entry)} matches {len(names)} files, more than {MAX_CA_FILES}")
+        found = [pattern.parent / name for name in names]
+        if not found:
+            raise InputError(f"no file matches {_short(pattern)}")
+    out = []
+    for p in found:
+        certificates(p)
+        out.append(resolved(p))
+    return out
 
 
 def wheelhouse_files(root: Path) -> tuple[list[tuple[str, Path]], list[str]]:
     """(name in the context, regular file to copy) for each wheel of the wheelhouse, and what is
-    refused: a symbolic link leading out of the wheelhouse, or a wheel that is not a regular file."""
-    root = Path(root).resolve()
+    refused: a symbolic link leading out of the wheelhouse (or in a loop), a wheel that is not a
+    regular file, a name that is not a plain file name (it goes into the context and pip's
+    command line as it is)."""
+    root = resolved(root)
     files: list[tuple[str, Path]] = []
     refused: list[str] = []
-    for entry in sorted(root.iterdir()):
+    try:
+        entries = sorted(root.iterdir())
+    except OSError as e:
+        raise InputError(f"cannot be read: {e.strerror}") from None
+    for entry in entries:
         if entry.suffix not in WHEEL_SUFFIXES:
             continue
-        target = entry.resolve()
+        if len(files) >= MAX_WHEELS:
+            refused.append(f"more than {MAX_WHEELS} wheels")
+            break
+        if not WHEEL_NAME_RE.fullmatch(entry.name):
+            refused.append(f"{show(entry.name)} is not a wheel or archive file name (letters, digits, . _ + -)")
+            continue
+        try:
+            target = resolved(entry)
+        except InputError as e:
+            refused.append(f"{entry.name} {e}")
+            continue
         mode = entry.lstat().st_mode
         if stat.S_ISLNK(mode) and not target.is_relative_to(root):
-            refused.append(f"{entry.name} is a symbolic link to {target}, outside the wheelhouse")
+            refused.append(f"{entry.name} is a symbolic link to {_short(target)}, outside the wheelhouse")
         elif not target.exists() or not stat.S_ISREG(target.lstat().st_mode):
             what = kind(target.lstat().st_mode) if target.exists() else "a broken link"
             refused.append(f"{entry.name} is {what}, not a regular file")

@@ -8,7 +8,6 @@ unless the whole file is valid.
 from __future__ import annotations
 
 import difflib
-import glob
 import itertools
 import json
 import re
@@ -356,17 +355,10 @@ def _certificates(patterns: list[str], base_dir: Path, problem) -> list[Path]:
     """The CA certificate files, each a regular file holding certificates and no key."""
     certs: list[Path] = []
     for i, rel in enumerate(patterns):
-        pattern = base_dir / rel
-        found = sorted(Path(p) for p in glob.glob(str(pattern))) if "*" in rel else [pattern]
-        if not found:
-            problem(("ca_certificates", i), f"no file matches {pattern}")
-        for p in found:
-            try:
-                inputs.certificates(p)
-            except inputs.InputError as e:
-                problem(("ca_certificates", i), str(e))
-            else:
-                certs.append(p.resolve())
+        try:
+            certs += inputs.ca_files(rel, base_dir)  # a glob lists one directory, at most 256 files
+        except inputs.InputError as e:
+            problem(("ca_certificates", i), str(e))
     return certs
 
 
@@ -434,8 +426,11 @@ def _pip_settings(cfg: dict[str, Any], base_dir: Path, problem) -> PipSettings:
     if "wheelhouse" in cfg:
         wheelhouse = base_dir / cfg["wheelhouse"]
         try:
-            wheelhouse = wheelhouse.resolve()
+            wheelhouse = inputs.resolved(wheelhouse)  # a link loop is an InputError, not a RuntimeError
             refused = inputs.wheelhouse_files(wheelhouse)[1] if wheelhouse.is_dir() else None
+        except inputs.InputError as e:
+            problem(("pip", "wheelhouse"), str(e))
+            return PipSettings()
         except OSError as e:
             problem(("pip", "wheelhouse"), f"cannot be read: {e.strerror}")
             return PipSettings()

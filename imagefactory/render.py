@@ -237,8 +237,9 @@ def entrypoint_text(cell: Cell) -> str:
 
 
 def _cert_names(matrix: Matrix) -> list[str]:
-    # update-ca-certificates only reads *.crt; numbered so two files with one name can't clash.
-    return [f"{i:02d}-{p.stem}.crt" for i, p in enumerate(matrix.ca_certificates)]
+    # Generated names: a file's own name (a newline, a quote) never reaches the context or the
+    # Dockerfile; update-ca-certificates only reads *.crt.
+    return [f"ca-{i:02d}.crt" for i in range(len(matrix.ca_certificates))]
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:
@@ -261,7 +262,7 @@ def _write_files(matrix: Matrix, cell: Cell, root: Path, lock: lockfile.Lock | N
             try:
                 (root / "certs" / name).write_bytes(inputs.certificates(src))
             except inputs.InputError as e:
-                raise ConfigError(f"ca_certificates: {e}") from None
+                raise ConfigError(inputs.printable(f"ca_certificates: {e}")) from None
     if lock is not None:
         (root / lockfile.CONTEXT_NAME).write_text(lock.text)  # so it is part of the content hash
     if cell.installer == "conda":
@@ -270,9 +271,13 @@ def _write_files(matrix: Matrix, cell: Cell, root: Path, lock: lockfile.Lock | N
         (root / "condarc").write_text(text)
     elif matrix.pip.wheelhouse is not None:
         (root / "wheelhouse").mkdir()
-        files, refused = inputs.wheelhouse_files(matrix.pip.wheelhouse)
+        try:
+            files, refused = inputs.wheelhouse_files(matrix.pip.wheelhouse)
+        except inputs.InputError as e:
+            refused = [str(e)]
         if refused:
-            raise ConfigError(f"pip.wheelhouse: {refused[0]}; only regular files inside it enter an image")
+            raise ConfigError(inputs.printable(f"pip.wheelhouse: {refused[0]}; only regular files inside it "
+                                               f"enter an image"))
         for name, src in files:
             _link_or_copy(src, root / "wheelhouse" / name)
 
