@@ -431,11 +431,24 @@ def config_error(shown: str, problems: list[Problem]) -> ConfigError:
     return ConfigError(lines)
 
 
+_MORE_RE = re.compile(r"([0-9]+) more problems not shown")
+
+
 def capped(lines: list[str], limit: int = MAX_PROBLEMS) -> list[str]:
-    """At most `limit` message lines, each printable and bounded, and a count of the rest."""
-    out = [printable(line) for line in lines[:limit]]
-    if len(lines) > limit:
-        out.append(f"{len(lines) - limit} more problems not shown")
+    """At most `limit` message lines, each printable and bounded, and a count of the rest.
+    Lines already capped may be capped again: their counts are added up, not shown as problems."""
+    hidden = 0
+    kept = []
+    for line in lines:
+        more = _MORE_RE.fullmatch(line)
+        if more:
+            hidden += int(more[1])
+        else:
+            kept.append(line)
+    out = [printable(line) for line in kept[:limit]]
+    hidden += max(0, len(kept) - limit)
+    if hidden:
+        out.append(f"{hidden} more problems not shown")
     return out
 
 
