@@ -27,8 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from cryptography import x509
-from cryptography.hazmat.primitives import serialization
 
 from imagefactory.errors import ConfigError
 
@@ -122,6 +120,9 @@ def certificates(path: Path) -> bytes:
     """The X.509 certificates of a PEM file, re-encoded, one after another. Every CERTIFICATE
     block must parse as a certificate (a key or anything else labelled CERTIFICATE is refused);
     a file with a private key anywhere in it, or a block cut short, is refused whole."""
+    from cryptography import x509  # 30 ms to import: only for matrices with CA files
+    from cryptography.hazmat.primitives import serialization
+
     shown = _short(path)
     try:
         path = resolved(path)
