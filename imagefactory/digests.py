@@ -17,7 +17,7 @@ import re
 import threading
 from pathlib import Path
 
-from imagefactory import fsutil
+from imagefactory import fsutil, inputs
 
 MIN_SIZE = 1 << 20  # smaller files are hashed every time: cheaper than a lookup
 MAX_ENTRIES = 512
@@ -37,10 +37,10 @@ _hash = fsutil.sha256_file
 
 def _load(path: Path) -> dict[str, str]:
     try:
-        if path.is_symlink() or not path.is_file() or path.stat().st_size > (MAX_ENTRIES * 200):
+        if path.is_symlink() or not path.exists():
             return {}
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
+        doc = json.loads(inputs.read_regular(path, MAX_ENTRIES * 200).decode("utf-8"))  # no FIFO, bounded
+    except (OSError, ValueError, RecursionError):  # inputs.InputError is a ValueError
         return {}
     if not isinstance(doc, dict):
         return {}

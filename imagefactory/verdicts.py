@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from imagefactory import checks, fsutil, smoke
+from imagefactory import checks, fsutil, inputs, smoke
 from imagefactory.model import Cell, Threads
 
 IMAGE_ID_RE = re.compile(r"sha256:([0-9a-f]{64})")
@@ -91,10 +91,10 @@ def _records(doc: object) -> list[dict]:
 
 def _read(path: Path) -> list[dict]:
     try:
-        if not path.is_file() or path.is_symlink() or path.stat().st_size > MAX_BYTES:
+        if path.is_symlink() or not path.exists():
             return []
-        return _records(json.loads(path.read_text(encoding="utf-8")))
-    except (OSError, ValueError, RecursionError):
+        return _records(json.loads(inputs.read_regular(path, MAX_BYTES).decode("utf-8")))  # no FIFO, bounded
+    except (OSError, ValueError, RecursionError):  # inputs.InputError is a ValueError
         return []
 
 
