@@ -478,4 +478,3 @@ def apply_base_registry(ref: str, base_registry: str | None) -> str:
     if "/" not in name:
         ref = f"library/{ref}"
     return f"{base_registry.rstrip('/')}/{ref}"
-
