@@ -23,7 +23,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Callable
 
-from imagefactory import build, smoke
+from imagefactory import build, fsutil, smoke
 from imagefactory.engine import Engine
 from imagefactory.errors import EngineError
 from imagefactory.model import Cell, Matrix
@@ -255,9 +255,7 @@ def write(results: list[CellBench], path: Path, *, host_cores: int, budget: floa
     path.parent.mkdir(parents=True, exist_ok=True)
     doc = {"ok": all(r.status == MEASURED for r in results), "host_cores": host_cores, "budget_s": budget,
            "cells": [asdict(r) for r in results]}
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=2) + "\n")
-    tmp.replace(path)
+    fsutil.atomic_write(path, json.dumps(doc, indent=2) + "\n")
     md = path.with_suffix(".md")
     md.write_text(markdown(results, host_cores, budget))
     return path, md

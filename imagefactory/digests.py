@@ -12,13 +12,12 @@ atomically, and every entry is checked when read; a bad file is ignored.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import re
-import tempfile
 import threading
 from pathlib import Path
+
+from imagefactory import fsutil, inputs
 
 MIN_SIZE = 1 << 20  # smaller files are hashed every time: cheaper than a lookup
 MAX_ENTRIES = 512
@@ -33,20 +32,15 @@ def cache_file() -> Path:
     return cache_dir().parent / "file-digests.json"
 
 
-def _hash(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+_hash = fsutil.sha256_file
 
 
 def _load(path: Path) -> dict[str, str]:
     try:
-        if path.is_symlink() or not path.is_file() or path.stat().st_size > (MAX_ENTRIES * 200):
+        if path.is_symlink() or not path.exists():
             return {}
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
+        doc = json.loads(inputs.read_regular(path, MAX_ENTRIES * 200).decode("utf-8"))  # no FIFO, bounded
+    except (OSError, ValueError, RecursionError):  # inputs.InputError is a ValueError
         return {}
     if not isinstance(doc, dict):
         return {}
@@ -57,14 +51,7 @@ def _load(path: Path) -> dict[str, str]:
 def _save(path: Path, entries: dict[str, str]) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".digests-", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(dict(list(entries.items())[-MAX_ENTRIES:]), f)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        fsutil.atomic_write(path, json.dumps(dict(list(entries.items())[-MAX_ENTRIES:])))
     except OSError:
         pass  # never fatal: the next run hashes again
 

@@ -1,26 +1,46 @@
-"""Files a matrix names: only regular files, read within bounds.
+"""Every file imagefactory reads goes through here: only regular files, read within bounds,
+and every problem reported as one located, escaped, bounded line (at most MAX_PROBLEMS).
 
-The matrix file itself (`read_regular`), CA certificates (`certificates`: only the parsed
-CERTIFICATE blocks, never the rest of the file, such as a private key or an environment dump)
-and wheelhouse entries (`wheelhouse_files`: regular files inside the wheelhouse, never a link
-out of it). matrix.py checks them when the matrix is loaded; render.py calls the same
-functions when it writes a context, so what enters an image is what was checked.
+* `read_regular`: the bytes of a regular file within a size cap (a FIFO, a device, a
+  directory or a file too big is an InputError, never waited on or read whole);
+* `read_yaml_text` / `parse_yaml` / `Located`: the bounded YAML reader with line numbers
+  that matrix.py uses (depth, events and alias expansion capped);
+* `certificates`: only the parsed CERTIFICATE blocks of a CA file, never the rest of the
+  file, such as a private key or an environment dump;
+* `wheelhouse_files`: regular files inside the wheelhouse, never a link out of it;
+* `Problem`, `show`, `printable`, `config_error`: how a problem becomes a message line.
+
+matrix.py checks CA files and the wheelhouse when the matrix is loaded; render.py calls the
+same functions when it writes a context, so what enters an image is what was checked.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import glob
 import os
 import re
 import stat
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-MAX_BYTES = 1 << 20
+import yaml
+
+from imagefactory.errors import ConfigError
+
+CERT_MAX_BYTES = 1 << 20
 # Pseudo file systems: a "file" there is the state of a process or a device, not a certificate.
 REFUSED_ROOTS = (Path("/proc"), Path("/sys"), Path("/dev"))
-_BLOCK = re.compile(rb"-----BEGIN ([A-Z0-9 ]+)-----\r?\n(.*?)-----END \1-----", re.DOTALL)
-_BASE64 = re.compile(rb"[A-Za-z0-9+/=\r\n]+")
+_BEGIN = re.compile(rb"-----BEGIN ([A-Z0-9 ]{1,64})-----")
+_END = re.compile(rb"-----END ([A-Z0-9 ]{1,64})-----")
+_BASE64 = re.compile(rb"[A-Za-z0-9+/]*={0,2}")
+MAX_PEM_BLOCKS = 1000  # a public CA bundle holds about 150 certificates
+MAX_CA_FILES = 256
+GLOB_CHARS = set("*?[")
+MAX_WHEELS = 1000
+WHEEL_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,254}")
 
 
 WHEEL_SUFFIXES = (".whl", ".gz", ".zip")
@@ -65,59 +85,399 @@ def read_regular(path: Path, limit: int) -> bytes:
     return data
 
 
+def pem_blocks(data: bytes) -> list[tuple[str, bytes, int]]:
+    """(label, base64 body, line) of each PEM block, in one pass over the lines (linear time, at
+    most MAX_PEM_BLOCKS blocks). A block cut short (a BEGIN without its END, or another
+    boundary inside it) is an InputError, not text to skip."""
+    blocks: list[tuple[str, bytes, int]] = []
+    label: bytes | None = None
+    body: list[bytes] = []
+    start = 0
+    for number, raw in enumerate(data.splitlines(), 1):
+        line = raw.strip()
+        if label is None:
+            m = _BEGIN.fullmatch(line)
+            if m:
+                label, body, start = m[1], [], number
+            continue
+        end = _END.fullmatch(line)
+        if end and end[1] == label:
+            blocks.append((label.decode(), b"".join(body), start))
+            label = None
+            if len(blocks) > MAX_PEM_BLOCKS:
+                raise InputError(f"holds more than {MAX_PEM_BLOCKS} PEM blocks")
+        elif line.startswith(b"-----"):
+            raise InputError(f"line {start}: the {label.decode()} block is cut short (line {number} is "
+                             f"not its END line)")
+        else:
+            body.append(line)
+    if label is not None:
+        raise InputError(f"line {start}: the {label.decode()} block is cut short (no END line)")
+    return blocks
+
+
 def certificates(path: Path) -> bytes:
-    """The CERTIFICATE blocks of a PEM file, normalised, one after another."""
+    """The X.509 certificates of a PEM file, re-encoded, one after another. Every CERTIFICATE
+    block must parse as a certificate (a key or anything else labelled CERTIFICATE is refused);
+    a file with a private key anywhere in it, or a block cut short, is refused whole."""
+    from cryptography import x509  # 30 ms to import: only for matrices with CA files
+    from cryptography.hazmat.primitives import serialization
+
+    shown = _short(path)
     try:
-        path = Path(path).resolve()
-    except OSError as e:
-        raise InputError(f"{_short(path)}: cannot be read: {e.strerror}") from None
+        path = resolved(path)
+    except InputError as e:
+        raise InputError(f"{shown}: {e}") from None
     if any(path == root or path.is_relative_to(root) for root in REFUSED_ROOTS):
         raise InputError(f"{_short(path)} is in a pseudo file system, not a certificate file")
     try:
-        data = read_regular(path, MAX_BYTES)
+        data = read_regular(path, CERT_MAX_BYTES)
     except InputError as e:
         raise InputError(f"{_short(path)}: {e}") from None
-    blocks = _BLOCK.findall(data)
-    keys = sorted({label.decode() for label, _ in blocks if b"PRIVATE KEY" in label})
-    if keys or b"PRIVATE KEY-----" in data:
+    if b"PRIVATE KEY-----" in data:  # whole or cut short, a key never enters an image
+        keys = sorted({m.decode() for m in _BEGIN.findall(data) if b"PRIVATE KEY" in m})
         raise InputError(f"{_short(path)} holds a private key ({', '.join(keys) or 'PRIVATE KEY'}); "
-                       f"give a file with the certificates only")
+                         f"give a file with the certificates only")
+    try:
+        blocks = pem_blocks(data)
+    except InputError as e:
+        raise InputError(f"{_short(path)}: {e}") from None
     out = []
-    for label, body in blocks:
-        if label != b"CERTIFICATE":
+    for label, body, line in blocks:
+        if label != "CERTIFICATE":
             continue
         if not _BASE64.fullmatch(body):
-            raise InputError(f"{_short(path)}: a CERTIFICATE block is not base64")
+            raise InputError(f"{_short(path)}:{line}: a CERTIFICATE block is not base64")
         try:
-            der = base64.b64decode(b"".join(body.split()), validate=True)
+            der = base64.b64decode(body, validate=True)
+            cert = x509.load_der_x509_certificate(der)
         except (binascii.Error, ValueError):
-            raise InputError(f"{_short(path)}: a CERTIFICATE block is not valid base64") from None
-        if not der.startswith(b"\x30"):
-            raise InputError(f"{_short(path)}: a CERTIFICATE block does not hold a DER certificate")
-        text = base64.encodebytes(der).decode().replace("\n", "")
-        lines = [text[i:i + 64] for i in range(0, len(text), 64)]
-        out.append("-----BEGIN CERTIFICATE-----\n" + "\n".join(lines) + "\n-----END CERTIFICATE-----\n")
+            raise InputError(f"{_short(path)}:{line}: a CERTIFICATE block does not hold an X.509 "
+                             f"certificate (not valid base64, or DER that is something else, such as a key)") from None
+        out.append(cert.public_bytes(serialization.Encoding.PEM))
     if not out:
-        raise InputError(f"not a PEM certificate: {path}")
-    return "".join(out).encode()
+        raise InputError(f"not a PEM certificate: {_short(path)}")
+    return b"".join(out)
+
+
+def ca_files(entry: str, base_dir: Path) -> list[Path]:
+    """The certificate files one `ca_certificates` entry names, each checked, links followed.
+    A glob may have wildcards only in its file name: it lists one directory, never walks a tree
+    (`/*/*/*.pem` would read the whole host), and matches at most MAX_CA_FILES files."""
+    pattern = base_dir / entry
+    if not GLOB_CHARS & set(entry):
+        found = [pattern]
+    else:
+        if GLOB_CHARS & set(str(pattern.parent)):
+            raise InputError(f"{_short(entry)}: wildcards are allowed only in the file name (a glob lists "
+                             f"one directory), e.g. certs/*.pem")
+        try:
+            names = sorted(glob.glob(pattern.name, root_dir=pattern.parent))
+        except OSError as e:
+            raise InputError(f"{_short(pattern.parent)}: cannot be listed: {e.strerror}") from None
+        if len(names) > MAX_CA_FILES:
+            raise InputError(f"{_short(entry)} matches {len(names)} files, more than {MAX_CA_FILES}")
+        found = [pattern.parent / name for name in names]
+        if not found:
+            raise InputError(f"no file matches {_short(pattern)}")
+    out = []
+    for p in found:
+        certificates(p)
+        out.append(resolved(p))
+    return out
 
 
 def wheelhouse_files(root: Path) -> tuple[list[tuple[str, Path]], list[str]]:
     """(name in the context, regular file to copy) for each wheel of the wheelhouse, and what is
-    refused: a symbolic link leading out of the wheelhouse, or a wheel that is not a regular file."""
-    root = Path(root).resolve()
+    refused: a symbolic link leading out of the wheelhouse (or in a loop), a wheel that is not a
+    regular file, a name that is not a plain file name (it goes into the context and pip's
+    command line as it is)."""
+    root = resolved(root)
     files: list[tuple[str, Path]] = []
     refused: list[str] = []
-    for entry in sorted(root.iterdir()):
+    try:
+        entries = sorted(root.iterdir())
+    except OSError as e:
+        raise InputError(f"cannot be read: {e.strerror}") from None
+    for entry in entries:
         if entry.suffix not in WHEEL_SUFFIXES:
             continue
-        target = entry.resolve()
+        if len(files) >= MAX_WHEELS:
+            refused.append(f"more than {MAX_WHEELS} wheels")
+            break
+        if not WHEEL_NAME_RE.fullmatch(entry.name):
+            refused.append(f"{show(entry.name)} is not a wheel or archive file name (letters, digits, . _ + -)")
+            continue
+        try:
+            target = resolved(entry)
+        except InputError as e:
+            refused.append(f"{entry.name} {e}")
+            continue
         mode = entry.lstat().st_mode
         if stat.S_ISLNK(mode) and not target.is_relative_to(root):
-            refused.append(f"{entry.name} is a symbolic link to {target}, outside the wheelhouse")
+            refused.append(f"{entry.name} is a symbolic link to {_short(target)}, outside the wheelhouse")
         elif not target.exists() or not stat.S_ISREG(target.lstat().st_mode):
             what = kind(target.lstat().st_mode) if target.exists() else "a broken link"
             refused.append(f"{entry.name} is {what}, not a regular file")
         else:
             files.append((entry.name, target))
     return files, refused
+
+
+# Bounds on what a YAML file (the matrix) may cost to read (a real one is a few KB, tens of cells).
+YAML_MAX_BYTES = 256 * 1024  # pure-Python YAML parses about 20 KB a second on a busy machine
+MAX_DEPTH = 32  # nesting of mappings and sequences
+MAX_EVENTS = 20_000  # YAML parser events (scalars, starts, ends)
+MAX_VALUES = 20_000  # values after aliases are expanded
+MAX_LINE = 400  # characters of one error line
+MAX_PROBLEMS = 20  # error lines shown
+
+# scheme://user[:password]@ anywhere in a string (a URL inside an env or label value too). No
+# scheme before "://": a pattern that starts with [A-Za-z]+ is quadratic on a long run of letters.
+CREDENTIALS_RE = re.compile(r"://[^/?#\s@]*@")
+# Characters the YAML reader refuses; reported by us with their line, not a byte offset.
+_UNREADABLE = re.compile("[^\x09\x0A\x0D\x20-\x7E\x85\xA0-\uD7FF\uE000-\uFFFD\U00010000-\U0010FFFF]")
+
+
+@dataclass(frozen=True)
+class Problem:
+    line: int
+    key: str
+    message: str
+
+
+class Located:
+    """Maps key paths of a YAML document to line numbers (1-based)."""
+
+    def __init__(self, root: yaml.Node | None):
+        self.root = root
+
+    def node(self, path: tuple[Any, ...], *, key: bool = True) -> yaml.Node | None:
+        """The node at `path` (for a mapping entry, its key node), or the deepest one found."""
+        node = self.root
+        for i, part in enumerate(path):
+            child = None
+            if isinstance(node, yaml.MappingNode):
+                for k, v in node.value:
+                    if k.value == part:
+                        child = k if (key and i == len(path) - 1) else v
+                        break
+            elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+                child = node.value[part]
+            if child is None:
+                return node
+            node = child
+        return node
+
+    def line(self, path: tuple[Any, ...], *, key: bool = True) -> int:
+        """The line of the value at `path`; for a mapping entry, the line of its key."""
+        node = self.node(path, key=key)
+        return 1 if node is None else node.start_mark.line + 1
+
+    def source(self, path: tuple[Any, ...]) -> str | None:
+        """The text the user typed for the scalar at `path` (3.10, not the float 3.1)."""
+        node = self.node(path, key=False)
+        return node.value if isinstance(node, yaml.ScalarNode) else None
+
+
+
+_STR = "tag:yaml.org,2002:str"
+_KEY_KINDS = {"int": "a number", "float": "a number", "bool": "true/false", "null": "null (empty)",
+              "timestamp": "a date", "binary": "binary data"}
+
+
+def structure(root: yaml.Node) -> tuple[list[Problem], int]:
+    """Problems of the document's shape, found without expanding aliases: keys that are not
+    text, keys given twice, control characters, credentials in URLs. Also the number of
+    values the document has once its aliases are expanded."""
+    problems: list[Problem] = []
+    visited: set[int] = set()
+    sizes: dict[int, int] = {}
+
+    def scalar(node: yaml.ScalarNode, path: str) -> None:
+        text = node.value
+        bad = next((c for c in text if not c.isprintable()), None)
+        if node.tag == _STR and bad is not None:
+            problems.append(Problem(node.start_mark.line + 1, path or "(top level)",
+                                    f"{show(text)} holds the control character {show(bad)[1:-1]}"))
+        elif node.tag == _STR and CREDENTIALS_RE.search(text):
+            problems.append(Problem(node.start_mark.line + 1, path or "(top level)",
+                                    "credentials in a URL would be baked into an image layer and its "
+                                    "history; serve it without them (or through a local proxy)"))
+
+    def walk(node: yaml.Node, path: str) -> int:
+        if id(node) in sizes:
+            return sizes[id(node)]
+        size = 1
+        if id(node) not in visited:
+            visited.add(id(node))
+            if isinstance(node, yaml.ScalarNode):
+                scalar(node, path)
+            elif isinstance(node, yaml.SequenceNode):
+                for i, v in enumerate(node.value):
+                    size += walk(v, f"{path}[{i}]")
+            elif isinstance(node, yaml.MappingNode):
+                size += _mapping(node, path, walk, problems)
+        sizes[id(node)] = size
+        return size
+
+    total = walk(root, "")
+    return problems, total
+
+
+def _mapping(node: yaml.MappingNode, path: str, walk, problems: list[Problem]) -> int:
+    seen: set[str] = set()
+    size = 0
+    for k, v in node.value:
+        line = k.start_mark.line + 1
+        if not isinstance(k, yaml.ScalarNode):
+            problems.append(Problem(line, path or "(top level)", "a key must be text, not a list or mapping"))
+            size += 1 + walk(v, path)
+            continue
+        name = k.value
+        sub = f"{path}.{name}" if path else name
+        if k.tag not in (_STR, "tag:yaml.org,2002:merge"):
+            kind = _KEY_KINDS.get(k.tag.rsplit(":", 1)[-1], k.tag)
+            problems.append(Problem(line, sub, f"key {show(name)} is read as {kind}, not text; "
+                                               f"quote it (\"{name}\") or rename it"))
+        elif name in seen:
+            problems.append(Problem(line, sub, "key given twice (the later one would silently win)"))
+        else:
+            walk(k, sub)  # control characters in a key
+        seen.add(name)
+        size += 1 + walk(v, sub)
+    return size
+
+
+def show(value: object, limit: int = 80) -> str:
+    """A value as it appears in a message: repr (control characters escaped), cut to `limit`."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit} more characters)"
+
+
+def printable(line: str) -> str:
+    """One message line safe for a terminal: no control or escape characters, bounded length."""
+    line = "".join(c if c.isprintable() else repr(c)[1:-1] for c in line)
+    return line if len(line) <= MAX_LINE else f"{line[:MAX_LINE]}... ({len(line) - MAX_LINE} more characters)"
+
+
+
+def read_yaml_text(path: Path, shown: str) -> str:
+    """The text of a regular, bounded, UTF-8 file; a located error for anything else."""
+    try:
+        raw = read_regular(path, YAML_MAX_BYTES)
+    except InputError as e:
+        raise ConfigError(f"{shown}: {'no such matrix file' if str(e) == 'file not found' else e}") from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise ConfigError(f"{shown}:{line}: (yaml): byte 0x{raw[e.start]:02x} is not UTF-8 "
+                          f"(save the file as UTF-8)") from None
+
+
+def parse_yaml(text: str, shown: str) -> tuple[yaml.Node | None, Any]:
+    """Compose and construct the document within MAX_DEPTH, MAX_EVENTS and MAX_VALUES."""
+    def fail(line: int, message: str) -> ConfigError:
+        return ConfigError(f"{shown}:{line}: (yaml): {message}")
+
+    bad = _UNREADABLE.search(text)
+    if bad:
+        raise fail(text.count("\n", 0, bad.start()) + 1,
+                   f"control character {show(bad.group())[1:-1]} is not allowed in a YAML file")
+    depth = 0
+    for number, line in enumerate(text.splitlines(), 1):  # the scanner slows down with each flow level
+        depth = max(0, depth + line.count("[") + line.count("{") - line.count("]") - line.count("}"))
+        if depth > MAX_DEPTH:
+            raise fail(number, f"nested deeper than {MAX_DEPTH} levels")
+    try:
+        depth, events = 0, 0
+        alias_line: int | None = None
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+            events += 1
+            depth += isinstance(event, yaml.CollectionStartEvent) - isinstance(event, yaml.CollectionEndEvent)
+            at = event.start_mark.line + 1 if event.start_mark else 1
+            if isinstance(event, yaml.AliasEvent) and alias_line is None:
+                alias_line = at
+            if depth > MAX_DEPTH:
+                raise fail(at, f"nested deeper than {MAX_DEPTH} levels")
+            if events > MAX_EVENTS:
+                raise fail(at, f"more than {MAX_EVENTS} values")
+        loader = yaml.SafeLoader(text)
+        try:
+            root = loader.get_single_node()
+            if root is None:
+                return None, None
+            problems, size = structure(root)
+            if size > MAX_VALUES:
+                raise fail(alias_line or 1, f"aliases expand the document to more than {MAX_VALUES} values")
+            if problems:
+                raise config_error(shown, problems)
+            return root, loader.construct_document(root)
+        finally:
+            loader.dispose()
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        raise fail(mark.line + 1 if mark else 1, str(e.problem or e)) from None
+    except yaml.YAMLError as e:
+        raise fail(1, str(e)) from None
+
+
+def config_error(shown: str, problems: list[Problem]) -> ConfigError:
+    """Every problem once, in file order, each line printable and bounded."""
+    unique = sorted(set(problems), key=lambda p: (p.line, p.key, p.message))
+    lines = [printable(f"{shown}:{p.line}: {p.key}: {p.message}") for p in unique[:MAX_PROBLEMS]]
+    if len(unique) > MAX_PROBLEMS:
+        lines.append(f"{printable(shown)}: {len(unique) - MAX_PROBLEMS} more problems not shown")
+    return ConfigError(lines)
+
+
+_MORE_RE = re.compile(r"([0-9]+) more problems not shown")
+
+
+def capped(lines: list[str], limit: int = MAX_PROBLEMS) -> list[str]:
+    """At most `limit` message lines, each printable and bounded, and a count of the rest.
+    Lines already capped may be capped again: their counts are added up, not shown as problems."""
+    hidden = 0
+    kept = []
+    for line in lines:
+        more = _MORE_RE.fullmatch(line)
+        if more:
+            hidden += int(more[1])
+        else:
+            kept.append(line)
+    out = [printable(line) for line in kept[:limit]]
+    hidden += max(0, len(kept) - limit)
+    if hidden:
+        out.append(f"{hidden} more problems not shown")
+    return out
+
+
+def resolved(path: Path) -> Path:
+    """`path` with its links followed; InputError (never RuntimeError) for a loop or an unreadable one."""
+    try:
+        return Path(path).resolve(strict=False)
+    except RuntimeError:  # Python 3.11 raises RuntimeError for a symbolic link loop
+        raise InputError("is a symbolic link loop") from None
+    except OSError as e:  # Python 3.13: ELOOP, ENAMETOOLONG, ...
+        raise InputError(f"cannot be resolved: {e.strerror}") from None
+
+
+def read_within(path: Path, root: Path, limit: int) -> bytes | None:
+    """The bytes of `path`, a regular file of at most `limit` bytes that is, or links to, a file
+    inside `root`; None when nothing at all is there. InputError (a message that shows nothing
+    of the file) for a link out of `root`, a link loop, a FIFO, a device, a directory, a file too big."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise InputError(f"cannot be read: {e.strerror}") from None
+    target = Path(path)
+    if stat.S_ISLNK(st.st_mode):
+        target = resolved(path)
+        if not target.is_relative_to(resolved(root)):
+            raise InputError(f"is a symbolic link to {_short(target)}, outside {_short(root)}")
+        if not target.exists():
+            raise InputError("is a broken symbolic link")
+    return read_regular(target, limit)

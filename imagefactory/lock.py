@@ -15,7 +15,6 @@ again (every package, or only the named ones, the rest held at their locked vers
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -28,9 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from imagefactory import lockfile, render
+from imagefactory import fsutil, inputs, lockfile, render
 from imagefactory.errors import ConfigError, ImageFactoryError, LocksMissing
-from imagefactory.lockfile import Lock, Pin
+from imagefactory.lockfile import Lock
 from imagefactory.model import Cell, Matrix
 
 # pip settings that only say how to reach the network; every other PIP_* (and every pip
@@ -98,11 +97,7 @@ def _file_sha256(url: str, wheelhouse: Path | None) -> str:
     path = Path(urllib.request.url2pathname(urllib.parse.urlparse(url).path)).resolve()
     if wheelhouse is None or not path.is_relative_to(wheelhouse.resolve()) or not path.is_file():
         raise ResolveError(f"pip reported {url} without a sha256, and it is not a wheelhouse file")
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+    return fsutil.sha256_file(path)
 
 
 def pins_from_report(report: dict, wheelhouse: Path | None, cell_id: str) -> list[tuple[str, str, str]]:
@@ -216,9 +211,10 @@ def diff(old: dict[str, str], new: dict[str, str]) -> list[str]:
 def _existing(matrix: Matrix, cell: Cell) -> tuple[Lock | None, list[str]]:
     """(the lock as written, why it no longer fits the cell); (None, []) when there is none."""
     path = lockfile.path_for(matrix, cell)
-    if not path.is_file():
+    text = lockfile.read(path)  # a FIFO or a link out of locks/ is an error here too, not "no lock"
+    if text is None:
         return None, []
-    lock = lockfile.parse(path, cell.installer)
+    lock = lockfile.parse(path, cell.installer, text)
     return lock, lockfile.stale(lock, matrix, cell)
 
 
@@ -232,7 +228,7 @@ def check(matrix: Matrix, cells: list[Cell]) -> list[Outcome]:
         except ConfigError as e:  # malformed: as bad as stale
             lock, problems = None, e.problems
         status = STALE if problems else (CURRENT if lock is not None else MISSING)
-        outcomes.append(Outcome(cell.id, path, status, problems=problems))
+        outcomes.append(Outcome(cell.id, path, status, problems=inputs.capped(problems)))
     return outcomes
 
 
@@ -241,7 +237,8 @@ def check_exit(outcomes: list[Outcome]) -> None:
     stale = [p for o in outcomes for p in o.problems]
     missing = [o for o in outcomes if o.status == MISSING]
     if stale:
-        raise ConfigError(stale + [f"{lockfile.shown(o.path)}: cell {o.cell} has no lock" for o in missing])
+        raise ConfigError(inputs.capped(stale + [f"{lockfile.shown(o.path)}: cell {o.cell} has no lock"
+                                                 for o in missing]))
     if missing:
         raise LocksMissing(f"{len(missing)} cell(s) have no lock: " + ", ".join(o.cell for o in missing)
                            + "; run `imagefactory lock`")
@@ -278,20 +275,16 @@ def lock(matrix: Matrix, cells: list[Cell], options: Options, resolver: Resolver
         held = {n: v for n, v in before.items() if n not in wanted} if wanted and not problems else {}
         say(f"{cell.id}: resolving ({'upgrade' if options.upgrade else 'stale' if problems else 'new'})")
         body, how = resolver(matrix, cell, held)
-        text = lockfile.header(matrix, cell, how) + body
-        new = {p.name: p.version for p in _pins_of(text, cell, path)}
+        head = lockfile.header(matrix, cell, how)
+        pins = lockfile.parse(path, cell.installer, head + body).pins
+        text = head + lockfile.resolution(pins) + body  # what completeness is judged against
+        new = {p.name: p.version for p in pins}
         status = UPGRADED if old is not None else WRITTEN
         planned.append((cell, Outcome(cell.id, path, status, diff(before, new)), text))
     for cell, outcome, text in planned:
         if text:
             outcome.path.parent.mkdir(parents=True, exist_ok=True)
-            outcome.path.write_text(text)
+            fsutil.atomic_write(outcome.path, text)
             lockfile.load(matrix, cell)  # what was written must read back as a current lock
     return [o for _, o, _ in planned]
 
-
-def _pins_of(text: str, cell: Cell, path: Path) -> tuple[Pin, ...]:
-    with tempfile.TemporaryDirectory() as tmp:
-        scratch = Path(tmp) / path.name
-        scratch.write_text(text)
-        return lockfile.parse(scratch, cell.installer).pins

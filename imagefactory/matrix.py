@@ -8,22 +8,22 @@ unless the whole file is valid.
 from __future__ import annotations
 
 import difflib
-import glob
 import itertools
 import json
 import re
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import jsonschema
-import yaml
 from packaging.requirements import InvalidRequirement, Requirement
 
 from imagefactory import availability, inputs
 from imagefactory import tags as tagging
 from imagefactory.errors import ConfigError
+from imagefactory.inputs import Located as _Located
+from imagefactory.inputs import Problem
 from imagefactory.model import Cell, CondaSettings, Matrix, PipSettings
 
 AXES = ("python", "cuda", "blas", "installer")
@@ -34,25 +34,19 @@ DEFAULT_THREADS = 4
 MANAGED_ENV = {"OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_THREADING_LAYER",
                "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "PATH", "VIRTUAL_ENV"}
 
-# Bounds on what a matrix file may cost to read (a real one is a few KB, tens of cells).
-MAX_BYTES = 256 * 1024  # pure-Python YAML parses about 20 KB a second on a busy machine
-MAX_DEPTH = 32  # nesting of mappings and sequences
-MAX_EVENTS = 20_000  # YAML parser events (scalars, starts, ends)
-MAX_VALUES = 20_000  # values after aliases are expanded
 MAX_CELLS = 256
-MAX_LINE = 400  # characters of one error line
-MAX_PROBLEMS = 20  # error lines shown
+# The bounded YAML reader and the message helpers live in inputs.py, which every file read goes through.
+MAX_BYTES, MAX_DEPTH, MAX_EVENTS, MAX_VALUES = (inputs.YAML_MAX_BYTES, inputs.MAX_DEPTH, inputs.MAX_EVENTS,
+                                                inputs.MAX_VALUES)
+MAX_LINE, MAX_PROBLEMS, CREDENTIALS_RE = inputs.MAX_LINE, inputs.MAX_PROBLEMS, inputs.CREDENTIALS_RE
+_read, _parse, _structure, _config_error = inputs.read_yaml_text, inputs.parse_yaml, inputs.structure, inputs.config_error
+_show, _printable = inputs.show, inputs.printable
 RESERVED_LABEL_PREFIX = "io.imagefactory"
 STAGE_NAMES = {"venv"}  # build-stage names in dockerfiles/; a base image with one of them would be the stage
 # Whole-string patterns for what reaches a Dockerfile, a condarc or a shell word.
 CONDA_SPEC_RE = re.compile(
     r"[A-Za-z0-9_][A-Za-z0-9._-]*(?:(?:==|=|>=|<=|!=|~=|>|<)[A-Za-z0-9_][A-Za-z0-9.*+_]*"
     r"(?:,(?:==|=|>=|<=|!=|~=|>|<)[A-Za-z0-9_][A-Za-z0-9.*+_]*)*)?")
-# scheme://user[:password]@ anywhere in a string (a URL inside an env or label value too). No
-# scheme before "://": a pattern that starts with [A-Za-z]+ is quadratic on a long run of letters.
-CREDENTIALS_RE = re.compile(r"://[^/?#\s@]*@")
-# Characters the YAML reader refuses; reported by us with their line, not a byte offset.
-_UNREADABLE = re.compile("[^\x09\x0A\x0D\x20-\x7E\x85\xA0-\uD7FF\uE000-\uFFFD\U00010000-\U0010FFFF]")
 
 # The CUDA build `pip install torch==X` gets from PyPI, by torch minor release
 # (pytorch/test-infra generate_binary_build_matrix.py history; see docs/domain.md).
@@ -85,125 +79,6 @@ def schema() -> dict[str, Any]:
     return json.loads(text)
 
 
-@dataclass(frozen=True)
-class Problem:
-    line: int
-    key: str
-    message: str
-
-
-class _Located:
-    """Maps key paths of a YAML document to line numbers (1-based)."""
-
-    def __init__(self, root: yaml.Node | None):
-        self.root = root
-
-    def node(self, path: tuple[Any, ...], *, key: bool = True) -> yaml.Node | None:
-        """The node at `path` (for a mapping entry, its key node), or the deepest one found."""
-        node = self.root
-        for i, part in enumerate(path):
-            child = None
-            if isinstance(node, yaml.MappingNode):
-                for k, v in node.value:
-                    if k.value == part:
-                        child = k if (key and i == len(path) - 1) else v
-                        break
-            elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
-                child = node.value[part]
-            if child is None:
-                return node
-            node = child
-        return node
-
-    def line(self, path: tuple[Any, ...], *, key: bool = True) -> int:
-        """The line of the value at `path`; for a mapping entry, the line of its key."""
-        node = self.node(path, key=key)
-        return 1 if node is None else node.start_mark.line + 1
-
-    def source(self, path: tuple[Any, ...]) -> str | None:
-        """The text the user typed for the scalar at `path` (3.10, not the float 3.1)."""
-        node = self.node(path, key=False)
-        return node.value if isinstance(node, yaml.ScalarNode) else None
-
-
-_STR = "tag:yaml.org,2002:str"
-_KEY_KINDS = {"int": "a number", "float": "a number", "bool": "true/false", "null": "null (empty)",
-              "timestamp": "a date", "binary": "binary data"}
-
-
-def _structure(root: yaml.Node) -> tuple[list[Problem], int]:
-    """Problems of the document's shape, found without expanding aliases: keys that are not
-    text, keys given twice, control characters, credentials in URLs. Also the number of
-    values the document has once its aliases are expanded."""
-    problems: list[Problem] = []
-    visited: set[int] = set()
-    sizes: dict[int, int] = {}
-
-    def scalar(node: yaml.ScalarNode, path: str) -> None:
-        text = node.value
-        bad = next((c for c in text if not c.isprintable()), None)
-        if node.tag == _STR and bad is not None:
-            problems.append(Problem(node.start_mark.line + 1, path or "(top level)",
-                                    f"{_show(text)} holds the control character {_show(bad)[1:-1]}"))
-        elif node.tag == _STR and CREDENTIALS_RE.search(text):
-            problems.append(Problem(node.start_mark.line + 1, path or "(top level)",
-                                    "credentials in a URL would be baked into an image layer and its "
-                                    "history; serve it without them (or through a local proxy)"))
-
-    def walk(node: yaml.Node, path: str) -> int:
-        if id(node) in sizes:
-            return sizes[id(node)]
-        size = 1
-        if id(node) not in visited:
-            visited.add(id(node))
-            if isinstance(node, yaml.ScalarNode):
-                scalar(node, path)
-            elif isinstance(node, yaml.SequenceNode):
-                for i, v in enumerate(node.value):
-                    size += walk(v, f"{path}[{i}]")
-            elif isinstance(node, yaml.MappingNode):
-                size += _mapping(node, path, walk, problems)
-        sizes[id(node)] = size
-        return size
-
-    total = walk(root, "")
-    return problems, total
-
-
-def _mapping(node: yaml.MappingNode, path: str, walk, problems: list[Problem]) -> int:
-    seen: set[str] = set()
-    size = 0
-    for k, v in node.value:
-        line = k.start_mark.line + 1
-        if not isinstance(k, yaml.ScalarNode):
-            problems.append(Problem(line, path or "(top level)", "a key must be text, not a list or mapping"))
-            size += 1 + walk(v, path)
-            continue
-        name = k.value
-        sub = f"{path}.{name}" if path else name
-        if k.tag not in (_STR, "tag:yaml.org,2002:merge"):
-            kind = _KEY_KINDS.get(k.tag.rsplit(":", 1)[-1], k.tag)
-            problems.append(Problem(line, sub, f"key {_show(name)} is read as {kind}, not text; "
-                                               f"quote it (\"{name}\") or rename it"))
-        elif name in seen:
-            problems.append(Problem(line, sub, "key given twice (the later one would silently win)"))
-        else:
-            walk(k, sub)  # control characters in a key
-        seen.add(name)
-        size += 1 + walk(v, sub)
-    return size
-
-
-def _show(value: object, limit: int = 80) -> str:
-    """A value as it appears in a message: repr (control characters escaped), cut to `limit`."""
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit} more characters)"
-
-
-def _printable(line: str) -> str:
-    """One message line safe for a terminal: no control or escape characters, bounded length."""
-    line = "".join(c if c.isprintable() else repr(c)[1:-1] for c in line)
-    return line if len(line) <= MAX_LINE else f"{line[:MAX_LINE]}... ({len(line) - MAX_LINE} more characters)"
 
 
 def _keypath(path: tuple[Any, ...]) -> str:
@@ -277,75 +152,6 @@ Validator = jsonschema.validators.extend(jsonschema.Draft202012Validator, valida
                                          type_checker=_TYPES)
 _RANK = {"type": 0, "additionalProperties": 1, "required": 1}  # per value, the most basic mistake wins
 
-
-def _read(path: Path, shown: str) -> str:
-    """The text of a regular, bounded, UTF-8 file; a located error for anything else."""
-    try:
-        raw = inputs.read_regular(path, MAX_BYTES)
-    except inputs.InputError as e:
-        raise ConfigError(f"{shown}: {'no such matrix file' if str(e) == 'file not found' else e}") from None
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = raw.count(b"\n", 0, e.start) + 1
-        raise ConfigError(f"{shown}:{line}: (yaml): byte 0x{raw[e.start]:02x} is not UTF-8 "
-                          f"(save the file as UTF-8)") from None
-
-
-def _parse(text: str, shown: str) -> tuple[yaml.Node | None, Any]:
-    """Compose and construct the document within MAX_DEPTH, MAX_EVENTS and MAX_VALUES."""
-    def fail(line: int, message: str) -> ConfigError:
-        return ConfigError(f"{shown}:{line}: (yaml): {message}")
-
-    bad = _UNREADABLE.search(text)
-    if bad:
-        raise fail(text.count("\n", 0, bad.start()) + 1,
-                   f"control character {_show(bad.group())[1:-1]} is not allowed in a YAML file")
-    depth = 0
-    for number, line in enumerate(text.splitlines(), 1):  # the scanner slows down with each flow level
-        depth = max(0, depth + line.count("[") + line.count("{") - line.count("]") - line.count("}"))
-        if depth > MAX_DEPTH:
-            raise fail(number, f"nested deeper than {MAX_DEPTH} levels")
-    try:
-        depth, events = 0, 0
-        alias_line: int | None = None
-        for event in yaml.parse(text, Loader=yaml.SafeLoader):
-            events += 1
-            depth += isinstance(event, yaml.CollectionStartEvent) - isinstance(event, yaml.CollectionEndEvent)
-            at = event.start_mark.line + 1 if event.start_mark else 1
-            if isinstance(event, yaml.AliasEvent) and alias_line is None:
-                alias_line = at
-            if depth > MAX_DEPTH:
-                raise fail(at, f"nested deeper than {MAX_DEPTH} levels")
-            if events > MAX_EVENTS:
-                raise fail(at, f"more than {MAX_EVENTS} values")
-        loader = yaml.SafeLoader(text)
-        try:
-            root = loader.get_single_node()
-            if root is None:
-                return None, None
-            problems, size = _structure(root)
-            if size > MAX_VALUES:
-                raise fail(alias_line or 1, f"aliases expand the document to more than {MAX_VALUES} values")
-            if problems:
-                raise _config_error(shown, problems)
-            return root, loader.construct_document(root)
-        finally:
-            loader.dispose()
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        raise fail(mark.line + 1 if mark else 1, str(e.problem or e)) from None
-    except yaml.YAMLError as e:
-        raise fail(1, str(e)) from None
-
-
-def _config_error(shown: str, problems: list[Problem]) -> ConfigError:
-    """Every problem once, in file order, each line printable and bounded."""
-    unique = sorted(set(problems), key=lambda p: (p.line, p.key, p.message))
-    lines = [_printable(f"{shown}:{p.line}: {p.key}: {p.message}") for p in unique[:MAX_PROBLEMS]]
-    if len(unique) > MAX_PROBLEMS:
-        lines.append(f"{_printable(shown)}: {len(unique) - MAX_PROBLEMS} more problems not shown")
-    return ConfigError(lines)
 
 
 def load(path: str | Path) -> Matrix:
@@ -549,17 +355,10 @@ def _certificates(patterns: list[str], base_dir: Path, problem) -> list[Path]:
     """The CA certificate files, each a regular file holding certificates and no key."""
     certs: list[Path] = []
     for i, rel in enumerate(patterns):
-        pattern = base_dir / rel
-        found = sorted(Path(p) for p in glob.glob(str(pattern))) if "*" in rel else [pattern]
-        if not found:
-            problem(("ca_certificates", i), f"no file matches {pattern}")
-        for p in found:
-            try:
-                inputs.certificates(p)
-            except inputs.InputError as e:
-                problem(("ca_certificates", i), str(e))
-            else:
-                certs.append(p.resolve())
+        try:
+            certs += inputs.ca_files(rel, base_dir)  # a glob lists one directory, at most 256 files
+        except inputs.InputError as e:
+            problem(("ca_certificates", i), str(e))
     return certs
 
 
@@ -627,8 +426,11 @@ def _pip_settings(cfg: dict[str, Any], base_dir: Path, problem) -> PipSettings:
     if "wheelhouse" in cfg:
         wheelhouse = base_dir / cfg["wheelhouse"]
         try:
-            wheelhouse = wheelhouse.resolve()
+            wheelhouse = inputs.resolved(wheelhouse)  # a link loop is an InputError, not a RuntimeError
             refused = inputs.wheelhouse_files(wheelhouse)[1] if wheelhouse.is_dir() else None
+        except inputs.InputError as e:
+            problem(("pip", "wheelhouse"), str(e))
+            return PipSettings()
         except OSError as e:
             problem(("pip", "wheelhouse"), f"cannot be read: {e.strerror}")
             return PipSettings()

@@ -129,7 +129,7 @@ def labels(matrix: Matrix, cell: Cell, content_hash: str | None) -> list[tuple[s
     return sorted(out.items())
 
 
-def _conda_values(matrix: Matrix, cell: Cell) -> dict[str, object]:
+def _conda_values(matrix: Matrix, cell: Cell, locked: bool = False) -> dict[str, object]:
     conda = matrix.conda
     template = MINIFORGE_URL if conda.distribution == "miniforge" else MINICONDA_URL
     blas_pin = f"libblas=*=*{cell.blas}"
@@ -146,7 +146,7 @@ def _conda_values(matrix: Matrix, cell: Cell) -> dict[str, object]:
     specs.append("threadpoolctl")
     specs.extend(cell.packages)
     return {
-        "lock": lockfile.path_for(matrix, cell).is_file(),
+        "lock": locked,
         "distribution_title": "Miniforge" if conda.distribution == "miniforge" else "Miniconda",
         "installer_version": conda.version,
         "installer_url": conda.installer_url or template.format(v=conda.version),
@@ -195,7 +195,7 @@ def pip_requirements(cell: Cell) -> list[str]:
     return [numpy, "threadpoolctl>=3.1", *cell.packages]
 
 
-def _pip_values(matrix: Matrix, cell: Cell) -> dict[str, object]:
+def _pip_values(matrix: Matrix, cell: Cell, locked: bool) -> dict[str, object]:
     pip = matrix.pip
     requirement, torch_opts = torch_requirement(matrix, cell)
     numpy_index = [pip.numpy_index_url] if cell.blas == "mkl" and pip.numpy_index_url else []
@@ -207,12 +207,13 @@ def _pip_values(matrix: Matrix, cell: Cell) -> dict[str, object]:
         "pip_opts": opts,
         "requirements": pip_requirements(cell),
         # A lock installs every file from every index the lock was resolved against.
-        "lock": lockfile.path_for(matrix, cell).is_file(),
+        "lock": locked,
         "lock_opts": _index_opts(matrix, *lockfile.pip_sources(matrix, cell)),
     }
 
 
-def dockerfile_text(matrix: Matrix, cell: Cell, content_hash: str | None, certs: list[str]) -> str:
+def dockerfile_text(matrix: Matrix, cell: Cell, content_hash: str | None, certs: list[str], *,
+                    locked: bool) -> str:
     values: dict[str, object] = {
         "cell": cell,
         "base_image": cell.base_image,
@@ -224,9 +225,9 @@ def dockerfile_text(matrix: Matrix, cell: Cell, content_hash: str | None, certs:
         "labels": labels(matrix, cell, content_hash),
     }
     if cell.installer == "conda":
-        values.update(_conda_values(matrix, cell))
+        values.update(_conda_values(matrix, cell, locked))
     else:
-        values.update(_pip_values(matrix, cell))
+        values.update(_pip_values(matrix, cell, locked))
     return environment().get_template(f"{cell.installer}.Dockerfile.j2").render(values)
 
 
@@ -236,8 +237,9 @@ def entrypoint_text(cell: Cell) -> str:
 
 
 def _cert_names(matrix: Matrix) -> list[str]:
-    # update-ca-certificates only reads *.crt; numbered so two files with one name can't clash.
-    return [f"{i:02d}-{p.stem}.crt" for i, p in enumerate(matrix.ca_certificates)]
+    # Generated names: a file's own name (a newline, a quote) never reaches the context or the
+    # Dockerfile; update-ca-certificates only reads *.crt.
+    return [f"ca-{i:02d}.crt" for i in range(len(matrix.ca_certificates))]
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:
@@ -247,7 +249,7 @@ def _link_or_copy(src: Path, dst: Path) -> None:
         shutil.copy2(src, dst)
 
 
-def _write_files(matrix: Matrix, cell: Cell, root: Path) -> None:
+def _write_files(matrix: Matrix, cell: Cell, root: Path, lock: lockfile.Lock | None) -> None:
     """Every file of the context except the Dockerfile. Only regular files are read; a context
     gets its own copy (or hard link) of each, never a symbolic link, wherever `root` is."""
     entrypoint = root / "entrypoint.sh"
@@ -260,8 +262,7 @@ def _write_files(matrix: Matrix, cell: Cell, root: Path) -> None:
             try:
                 (root / "certs" / name).write_bytes(inputs.certificates(src))
             except inputs.InputError as e:
-                raise ConfigError(f"ca_certificates: {e}") from None
-    lock = lockfile.load(matrix, cell)  # checked against the cell: a stale lock is exit 2
+                raise ConfigError(inputs.printable(f"ca_certificates: {e}")) from None
     if lock is not None:
         (root / lockfile.CONTEXT_NAME).write_text(lock.text)  # so it is part of the content hash
     if cell.installer == "conda":
@@ -270,9 +271,13 @@ def _write_files(matrix: Matrix, cell: Cell, root: Path) -> None:
         (root / "condarc").write_text(text)
     elif matrix.pip.wheelhouse is not None:
         (root / "wheelhouse").mkdir()
-        files, refused = inputs.wheelhouse_files(matrix.pip.wheelhouse)
+        try:
+            files, refused = inputs.wheelhouse_files(matrix.pip.wheelhouse)
+        except inputs.InputError as e:
+            refused = [str(e)]
         if refused:
-            raise ConfigError(f"pip.wheelhouse: {refused[0]}; only regular files inside it enter an image")
+            raise ConfigError(inputs.printable(f"pip.wheelhouse: {refused[0]}; only regular files inside it "
+                                               f"enter an image"))
         for name, src in files:
             _link_or_copy(src, root / "wheelhouse" / name)
 
@@ -291,16 +296,17 @@ def context_hash(root: Path, dockerfile_without_hash: str) -> str:
     return h.hexdigest()
 
 
-def render_cell(matrix: Matrix, cell: Cell, dest: Path) -> Context:
-    """Write one cell's context to `dest` (created; must not exist)."""
+def render_cell(matrix: Matrix, cell: Cell, dest: Path, lock: lockfile.Lock | None) -> Context:
+    """Write one cell's context to `dest` (created; must not exist). `lock` is the cell's lock as
+    lockfile.load_all read and checked it (read once per run), or None."""
     dest.mkdir(parents=True)
-    _write_files(matrix, cell, dest)
+    _write_files(matrix, cell, dest, lock)
     certs = _cert_names(matrix)
-    digest = context_hash(dest, dockerfile_text(matrix, cell, None, certs))
-    (dest / "Dockerfile").write_text(dockerfile_text(matrix, cell, digest, certs))
-    lock = dest / lockfile.CONTEXT_NAME
-    if lock.is_file():  # the checks compare the image's packages with the lock's
-        cell = replace(cell, locked=lockfile.parse(lock, cell.installer).versions())
+    locked = lock is not None
+    digest = context_hash(dest, dockerfile_text(matrix, cell, None, certs, locked=locked))
+    (dest / "Dockerfile").write_text(dockerfile_text(matrix, cell, digest, certs, locked=locked))
+    if lock is not None:  # the checks compare the image's packages with the lock's
+        cell = replace(cell, locked=lock.versions())
     return Context(cell=cell, path=dest, content_hash=digest)
 
 
@@ -347,13 +353,13 @@ def render(matrix: Matrix, out: Path, cells: list[Cell] | None = None,
     if bases:
         cells = [replace(c, base_image=bases.get(c.base_image, c.base_image)) for c in cells]
     _check_out(out, cells)
-    lockfile.load_all(matrix, cells)  # every stale lock reported at once, before anything is written
+    locks = lockfile.load_all(matrix, cells)  # every stale lock reported at once, before anything is written
     out.mkdir(parents=True, exist_ok=True)
     with _sigterm_as_interrupt():
         staging: Path | None = None
         try:
             staging = Path(tempfile.mkdtemp(prefix=".render-", dir=out))
-            staged = [render_cell(matrix, cell, staging / cell.id) for cell in cells]
+            staged = [render_cell(matrix, cell, staging / cell.id, locks[cell.id]) for cell in cells]
             _check_out(out, cells)
             contexts = []
             for ctx in staged:

@@ -8,6 +8,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from imagefactory import fsutil
 from imagefactory.checks import Check
 
 # Cell states, in pipeline order.
@@ -52,9 +53,7 @@ def write(reports: list[CellReport], path: Path, *, gpus: bool) -> tuple[Path, P
         "gpus": gpus,
         "cells": [asdict(r) for r in reports],
     }
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=2) + "\n")
-    tmp.replace(path)
+    fsutil.atomic_write(path, json.dumps(doc, indent=2) + "\n")
     md = path.with_suffix(".md")
     text = summary(reports)
     md.write_text(text)

@@ -26,11 +26,10 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from imagefactory import checks, smoke
+from imagefactory import checks, fsutil, inputs, smoke
 from imagefactory.model import Cell, Threads
 
 IMAGE_ID_RE = re.compile(r"sha256:([0-9a-f]{64})")
@@ -92,10 +91,10 @@ def _records(doc: object) -> list[dict]:
 
 def _read(path: Path) -> list[dict]:
     try:
-        if not path.is_file() or path.is_symlink() or path.stat().st_size > MAX_BYTES:
+        if path.is_symlink() or not path.exists():
             return []
-        return _records(json.loads(path.read_text(encoding="utf-8")))
-    except (OSError, ValueError, RecursionError):
+        return _records(json.loads(inputs.read_regular(path, MAX_BYTES).decode("utf-8")))  # no FIFO, bounded
+    except (OSError, ValueError, RecursionError):  # inputs.InputError is a ValueError
         return []
 
 
@@ -138,16 +137,7 @@ def _write(directory: Path, k: Key, record: dict | None) -> bool:
     doc = {"format": FORMAT, "records": kept + ([record] if record else [])}
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".verdict-", suffix=".tmp", dir=directory)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(doc, f, sort_keys=True)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        fsutil.atomic_write(path, json.dumps(doc, sort_keys=True), durable=True)
     except OSError:
         return False
     return True

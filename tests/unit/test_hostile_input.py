@@ -280,7 +280,7 @@ def test_only_certificate_blocks_enter_the_context(tmp_path, write_matrix):
     (tmp_path / "ca.pem").write_text("# corporate bundle\n" + CERT + crl + "trailing text\n")
     m = matrix.load(write_matrix(BASE + "ca_certificates: [ca.pem]\n"))
     (ctx,) = render.render(m, tmp_path / "out")
-    copied = (ctx.path / "certs" / "00-ca.crt").read_text()
+    copied = (ctx.path / "certs" / "ca-00.crt").read_text()
     assert copied.startswith("-----BEGIN CERTIFICATE-----\n") and copied.endswith("-----END CERTIFICATE-----\n")
     assert "corporate" not in copied and "trailing" not in copied and "CRL" not in copied
     assert copied.count("BEGIN") == 1

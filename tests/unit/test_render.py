@@ -52,11 +52,11 @@ def test_golden_condarc(golden_contexts):
 def test_context_holds_every_file_the_dockerfile_copies(golden_contexts):
     pip = golden_contexts["py3.11-cpu-openblas-pip"].path
     assert sorted(p.relative_to(pip).as_posix() for p in pip.rglob("*") if p.is_file()) == [
-        "Dockerfile", "certs/00-corp-ca.crt", "entrypoint.sh",
+        "Dockerfile", "certs/ca-00.crt", "entrypoint.sh",
         "wheelhouse/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl",
     ]
     conda = golden_contexts["py3.11-cpu-mkl-conda"].path
-    assert sorted(p.name for p in conda.rglob("*") if p.is_file()) == ["00-corp-ca.crt", "Dockerfile", "condarc", "entrypoint.sh"]
+    assert sorted(p.name for p in conda.rglob("*") if p.is_file()) == ["Dockerfile", "ca-00.crt", "condarc", "entrypoint.sh"]
 
 
 def test_key_settings_in_rendered_text(golden_contexts):
