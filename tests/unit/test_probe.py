@@ -244,7 +244,7 @@ def test_smoke_runs_the_probe_without_the_compile_child_only_for_compiler_false_
 
     from imagefactory import smoke
     from imagefactory.engine import RunResult
-    from tests.unit.test_checks import CPU_OPENBLAS
+    from tests.unit.helpers import CPU_OPENBLAS
 
     commands: list[list[str]] = []
 
