@@ -5,6 +5,7 @@ The real-engine tests (tests/integration) cover the same paths against Docker.""
 from __future__ import annotations
 
 import io
+import json
 import os
 import signal
 import subprocess
@@ -256,10 +257,20 @@ def test_a_failed_publish_makes_the_run_fail(m, world, tmp_path):
     assert (tmp_path / "report.json").exists()
 
 
-def test_a_run_that_published_everything_succeeds(m, world, tmp_path):
+def test_a_run_that_published_everything_succeeds(m, world, tmp_path, capsys):
+    """_finish raises nothing (exit 0), and its report and summary say every cell passed and
+    was published; the registry serves each release tag at the digest the report names."""
     outcome = run_build(m, world, tmp_path)
     run_publish(m, world, outcome.reports)
     cli._finish(outcome, tmp_path / "report.json", Interrupt())
+    doc = json.loads((tmp_path / "report.json").read_text())
+    assert doc["ok"] is True
+    assert [(c["cell"], c["status"], c["publish"]) for c in doc["cells"]] == [(A, PASSED, PUBLISHED),
+                                                                              (B, PASSED, PUBLISHED)]
+    for c in doc["cells"]:
+        ref = release(m, c["cell"])
+        assert {p["ref"]: p["digest"] for p in c["pushed"]}[ref] == world.registry[ref]
+    assert "2 cell(s): 2 passed/published" in capsys.readouterr().err
 
 
 def test_a_lost_engine_exits_3_after_writing_the_report(m, world, tmp_path):
