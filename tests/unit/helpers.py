@@ -67,3 +67,22 @@ def good_probe(cell: Cell, *, gpu: bool = False, cpus: int = 8) -> dict:
                     "torch_complex": ok,
                     "torch_compile": dict(ok, info={"devices": ["cpu"], "seconds": 9.1, "cxx": "/usr/bin/g++"})},
     }
+
+
+def assert_torch_section(report: dict, threads: int) -> None:
+    """The probe's `torch` section, from a Python that has torch, with `threads` asked for through
+    OMP/MKL_NUM_THREADS. tests/unit/test_probe.py runs it where the host has torch (the test extra
+    has none); tests/integration/test_probe_in_image.py runs it in the shared built image, in CI."""
+    torch = report["torch"]
+    assert torch["error"] is None, torch
+    cpus = report["cpus"]
+    cap = min(threads, *(c for c in (cpus["affinity"], cpus["os_cpu_count"], cpus["physical_cores"]) if c))
+    assert torch["version"] and torch["num_threads"] in (threads, cap), torch  # from the env, capped at the CPUs
+    assert isinstance(torch["mkl_available"], bool)
+    assert torch["cuda"] is None or torch["cuda"].count(".") >= 1
+    if torch["cuda_available"]:
+        assert torch["device_count"] == len(torch["devices"]) >= 1
+        assert torch["gpu_matmul"]["ok"] is True, torch["gpu_matmul"]
+    else:
+        assert torch["device_count"] == 0 and torch["devices"] == [], torch
+        assert torch["gpu_matmul"] is None
