@@ -157,6 +157,9 @@ class _Cell:
         self.log(result.stderr.rstrip(), show=False)
         r.checks = result.checks
         r.status = PASSED if result.passed else CHECK_FAILED
+        if result.probe is None:  # it never judged the image: say why (an engine error, a crash, the timeout)
+            r.error = "the probe did not run: " + next((c.detail or c.actual for c in result.checks
+                                                        if c.name == "probe.ran"), "no probe JSON")
         return result.passed
 
     def close(self) -> None:

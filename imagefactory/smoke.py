@@ -13,7 +13,7 @@ from importlib import resources
 
 from imagefactory import checks
 from imagefactory.engine import ContainerEngine, RunResult
-from imagefactory.errors import EngineError
+from imagefactory.errors import EngineError, EngineGone
 from imagefactory.model import Cell
 
 DEFAULT_TIMEOUT = 300.0
@@ -57,9 +57,12 @@ def run_probe(engine: ContainerEngine, image: str, *, timeout: float = DEFAULT_T
 
 def test_image(engine: ContainerEngine, cell: Cell, image: str, *, gpus: bool, timeout: float = DEFAULT_TIMEOUT) -> SmokeResult:
     """Run the probe in `image` and judge it against `cell`. A probe that could not run
-    (timeout, crash, no JSON) is itself a failing check, never an exception."""
+    (timeout, crash, no JSON, an engine error) is itself a failing check, never an exception;
+    only a lost engine (EngineGone) is raised, for the run to report."""
     try:
         result = run_probe(engine, image, timeout=timeout, gpus=gpus, compile_check=cell.compiler)
+    except EngineGone:  # not the image's fault: the run reports a lost engine (build.py, exit 3)
+        raise
     except EngineError as e:  # e.g. no `python` in the image, or GPUs asked of a host without any
         failed = checks.Check("probe.ran", "probe JSON on stdout", e.message, checks.FAIL, e.message)
         return SmokeResult([failed], None, "", e.message)

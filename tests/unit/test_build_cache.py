@@ -16,7 +16,7 @@ from imagefactory import build, freshness, matrix, schedule
 from imagefactory.engine import BuildProgress, RunResult
 from imagefactory.report import CACHED, NOT_BUILT, PASSED
 from imagefactory.schedule import instructions
-from tests.unit.test_checks import good_probe
+from tests.unit.helpers import good_probe
 
 MATRIX = """
 image: 127.0.0.1:5001/it/fast

@@ -9,66 +9,7 @@ import pytest
 
 from imagefactory.checks import Check, judge, passed
 from imagefactory.model import Cell
-
-CPU_OPENBLAS = Cell(python="3.11", cuda=None, blas="openblas", installer="pip", torch="2.13.0",
-                    threads=4, base_image="python:3.11-slim-bookworm")
-CUDA_MKL = Cell(python="3.12", cuda="12.9", blas="mkl", installer="conda", torch="2.7.1",
-                threads=2, base_image="nvidia/cuda:12.9.1-runtime-ubuntu24.04")
-
-
-def openmp_entry(name: str, realpath: str, threads: int) -> dict:
-    return {"prefix": name.split(".")[0], "filepath": f"/opt/env/lib/{name}", "realpath": realpath,
-            "version": None, "num_threads": threads, "internal_api": "openmp"}
-
-
-def good_probe(cell: Cell, *, gpu: bool = False, cpus: int = 8) -> dict:
-    """What a correct image for `cell` reports. conda cells look like a conda-forge environment:
-    LLVM's libomp loaded under several names, MKL on its intel layer, MKL_INTERFACE_LAYER from
-    the libblas activation script; pip cells like PyPI torch (libgomp)."""
-    assert isinstance(cell.threads, int)
-    t = str(cell.threads)
-    conda = cell.installer == "conda"
-    layer = "intel" if conda else "gnu"
-    blas = {"internal_api": cell.blas, "version": "0.3.31", "num_threads": cell.threads,
-            "threading_layer": "pthreads" if cell.blas == "openblas" else layer,
-            "filepath": f"/opt/lib/lib{cell.blas}.so", "architecture": "Haswell"}
-    if conda:
-        openmp = [openmp_entry("libgomp.so.1", "/opt/env/lib/libomp.so", cell.threads),
-                  openmp_entry("libomp.so", "/opt/env/lib/libomp.so", cell.threads)]
-    else:
-        openmp = [openmp_entry("libgomp.so.1", "/opt/venv/lib/libgomp.so.1", cell.threads)]
-    mkl = [{"filepath": "/opt/env/lib/libmkl_rt.so.2", "version": "2025.2", "threading_layer": layer,
-            "num_threads": cell.threads}] if cell.blas == "mkl" and conda else []
-    activation = {"prefix": "/opt/env", "scripts": ["libblas_mkl_activate.sh"],
-                  "exported": {"MKL_INTERFACE_LAYER": "LP64,GNU"}, "missing": [], "different": [],
-                  "error": None} if cell.blas == "mkl" and conda else \
-        {"prefix": "/opt/venv", "scripts": [], "exported": {}, "missing": [], "different": [], "error": None}
-    ok = {"ok": True, "returncode": 0, "error": None, "info": {}}
-    local = "+cpu" if cell.cuda is None else "+cu" + cell.cuda.replace(".", "")
-    return {
-        "probe_version": 3,
-        "python": {"version": cell.python + ".7", "executable": "/opt/venv/bin/python"},
-        "user": {"uid": 1000, "gid": 1000, "name": "trainer"},
-        "cpus": {"os_cpu_count": cpus, "affinity": cpus, "cgroup_quota": None, "physical_cores": cpus},
-        "env": {"OMP_NUM_THREADS": t, "MKL_NUM_THREADS": t, "OPENBLAS_NUM_THREADS": t,
-                "MKL_THREADING_LAYER": layer.upper() if cell.blas == "mkl" else None,
-                "NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "compute,utility"},
-        "numpy": {"error": None, "version": "2.2.1", "blas": [blas], "import_seconds": 0.21},
-        "torch": {"error": None, "version": cell.torch + local, "cuda": cell.cuda, "import_seconds": 1.83,
-                  "cudnn": None if cell.cuda is None else 92400, "cuda_available": gpu,
-                  "device_count": int(gpu), "devices": ["NVIDIA H200"] if gpu else [],
-                  "blas_info": "mkl", "mkl_available": True, "num_threads": cell.threads,
-                  "gpu_matmul": {"ok": True, "max_abs_err": 2e-5, "tolerance": 1e-3, "error": None} if gpu else None},
-        "openmp": openmp,
-        "mkl": mkl,
-        "threadpool_info": [dict(blas, user_api="blas", prefix="lib" + cell.blas),
-                            *(dict(e, user_api="openmp") for e in openmp)],
-        "bytecode": {"checked": 812, "missing": 0, "stale": 0, "examples": [], "dont_write": False},
-        "activation": activation,
-        "compute": {"numpy_matmul": ok, "torch_matmul": ok, "numpy_complex": dict(ok, info={"scipy": None}),
-                    "torch_complex": ok,
-                    "torch_compile": dict(ok, info={"devices": ["cpu"], "seconds": 9.1, "cxx": "/usr/bin/g++"})},
-    }
+from tests.unit.helpers import CPU_OPENBLAS, CUDA_MKL, good_probe, openmp_entry
 
 
 def by_name(checks: list[Check]) -> dict[str, Check]:

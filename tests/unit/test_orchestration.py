@@ -5,6 +5,7 @@ The real-engine tests (tests/integration) cover the same paths against Docker.""
 from __future__ import annotations
 
 import io
+import json
 import os
 import signal
 import subprocess
@@ -30,7 +31,7 @@ from imagefactory.report import (BUILD_FAILED, CHECK_FAILED, INTERRUPTED, NOT_PU
                                  PUBLISH_FAILED, PUBLISHED, SKIPPED)
 from tests.conftest import REPO
 from tests.fake_engine import World
-from tests.unit.test_checks import good_probe
+from tests.unit.helpers import good_probe
 
 MATRIX = """\
 image: registry.example.com/ml/train
@@ -256,10 +257,20 @@ def test_a_failed_publish_makes_the_run_fail(m, world, tmp_path):
     assert (tmp_path / "report.json").exists()
 
 
-def test_a_run_that_published_everything_succeeds(m, world, tmp_path):
+def test_a_run_that_published_everything_succeeds(m, world, tmp_path, capsys):
+    """_finish raises nothing (exit 0), and its report and summary say every cell passed and
+    was published; the registry serves each release tag at the digest the report names."""
     outcome = run_build(m, world, tmp_path)
     run_publish(m, world, outcome.reports)
     cli._finish(outcome, tmp_path / "report.json", Interrupt())
+    doc = json.loads((tmp_path / "report.json").read_text())
+    assert doc["ok"] is True
+    assert [(c["cell"], c["status"], c["publish"]) for c in doc["cells"]] == [(A, PASSED, PUBLISHED),
+                                                                              (B, PASSED, PUBLISHED)]
+    for c in doc["cells"]:
+        ref = release(m, c["cell"])
+        assert {p["ref"]: p["digest"] for p in c["pushed"]}[ref] == world.registry[ref]
+    assert "2 cell(s): 2 passed/published" in capsys.readouterr().err
 
 
 def test_a_lost_engine_exits_3_after_writing_the_report(m, world, tmp_path):
@@ -535,12 +546,6 @@ def test_env_cannot_override_what_the_cell_bakes(tmp_path, where):
     with pytest.raises(ConfigError) as e:
         matrix_mod.load(tmp_path / "matrix.yaml")
     assert "is set by imagefactory" in e.value.message
-
-
-# -- the type checker --------------------------------------------------------------------------------
-def test_mypy_passes():
-    r = subprocess.run([sys.executable, "-m", "mypy"], cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stdout + r.stderr
 
 
 def test_signal_scope_ends_at_once_and_still_turns_a_signal_into_a_cancel():

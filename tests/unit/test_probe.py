@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.unit.helpers import CPU_OPENBLAS, assert_torch_section, good_probe
+
 PROBE = Path(__file__).resolve().parents[2] / "imagefactory" / "resources" / "probe.py"
 PYTHON = sys.executable  # the interpreter the test extra was installed into, not whatever is on PATH
 THREAD_ENV = {"OMP_NUM_THREADS": "3", "MKL_NUM_THREADS": "3", "OPENBLAS_NUM_THREADS": "3",
@@ -96,23 +98,33 @@ def test_numpy_blas_seen_with_threads(report):
 
 
 def test_torch_section(report):
+    """The test extra has no torch, so here the probe must say so and go on. The branch with
+    torch runs in CI inside the shared built image (tests/integration/test_probe_in_image.py),
+    with the same assertions (helpers.assert_torch_section); here too where the host has torch."""
     torch = report["torch"]
-    if not _has("torch"):
-        assert torch["error"].startswith("ModuleNotFoundError")
-        assert torch["version"] is None and torch["gpu_matmul"] is None
-        assert isinstance(report["openmp"], list)  # later sections still ran
+    if _has("torch"):
+        assert_torch_section(report, threads=3)
         return
-    assert torch["error"] is None, torch
-    cpus = report["cpus"]
-    cap = min(3, *(c for c in (cpus["affinity"], cpus["os_cpu_count"], cpus["physical_cores"]) if c))
-    assert torch["version"] and torch["num_threads"] in (3, cap)  # from the env, capped at the CPUs
-    assert isinstance(torch["mkl_available"], bool)
-    assert torch["cuda"] is None or torch["cuda"].count(".") >= 1
-    if torch["cuda_available"]:
-        assert torch["device_count"] == len(torch["devices"]) >= 1
-        assert torch["gpu_matmul"]["ok"] is True, torch["gpu_matmul"]
-    else:
-        assert torch["gpu_matmul"] is None
+    assert torch["error"] == "ModuleNotFoundError: No module named 'torch'", torch
+    assert torch["version"] is None and torch["gpu_matmul"] is None
+    assert isinstance(report["openmp"], list)  # later sections still ran
+
+
+@pytest.mark.parametrize("break_it", [
+    lambda t: t.update(error="ImportError: libtorch_cpu.so: cannot open shared object file"),
+    lambda t: t.update(num_threads=1),  # neither the 4 asked for nor a cap (8 CPUs)
+    lambda t: t.update(version=None),
+    lambda t: t.update(cuda_available=True, device_count=1, devices=["H200"], gpu_matmul={"ok": False}),
+    lambda t: t.update(gpu_matmul={"ok": True}),  # a GPU check where torch saw no GPU
+])
+def test_the_torch_section_assertions_can_fail(break_it):
+    """assert_torch_section is what the in-image test (tests/integration/test_probe_in_image.py)
+    runs: it passes a good report and refuses each broken one."""
+    good = good_probe(CPU_OPENBLAS, cpus=8)
+    assert_torch_section(good, threads=4)
+    break_it(good["torch"])
+    with pytest.raises(AssertionError):
+        assert_torch_section(good, threads=4)
 
 
 def test_openmp_list_is_from_threadpool_info(report):
@@ -244,7 +256,6 @@ def test_smoke_runs_the_probe_without_the_compile_child_only_for_compiler_false_
 
     from imagefactory import smoke
     from imagefactory.engine import RunResult
-    from tests.unit.test_checks import CPU_OPENBLAS
 
     commands: list[list[str]] = []
 

@@ -8,7 +8,7 @@ import json
 import os
 
 from imagefactory import verdicts
-from tests.unit.test_checks import CPU_OPENBLAS, good_probe
+from tests.unit.helpers import CPU_OPENBLAS, good_probe
 
 IMAGE = "sha256:" + "ab" * 32
 

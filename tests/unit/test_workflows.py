@@ -10,6 +10,12 @@ The checker (`check_workflow_text`) parses each `run:` script the way a shell wo
 
 Supply chain: every action pinned to a commit SHA, no persisted checkout credentials, no `${{ }}`
 inside `run:`, and `zizmor --offline` clean. And the README's test command is what `.ci/run` runs.
+
+What GitHub itself would refuse: a key repeated in a mapping (YAML forbids it, PyYAML keeps the
+last one silently; a workflow that repeats `schedule:` never starts, and zizmor does not say so),
+anything GitHub's workflow JSON Schema rejects (check-jsonschema's offline copy,
+`--builtin-schema vendor.github-workflows`), and a `with:` input the pinned action does not have
+(ACTION_INPUTS, read from each action's action.yml at the pinned commit).
 """
 
 from __future__ import annotations
@@ -217,6 +223,35 @@ def check_run_script(script: str, base: Path = REPO) -> list[str]:
     return problems
 
 
+class UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key that appears twice in one mapping (YAML 1.2 forbids
+    it; PyYAML keeps the last value without a word; GitHub refuses the workflow)."""
+
+
+def _unique_mapping(loader: UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: dict = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue  # `<<: *anchor`: the keys it brings may be overridden, by design
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            first = seen.setdefault(key, key_node.start_mark)
+        except TypeError:
+            continue  # an unhashable key: construct_mapping reports it
+        if first is not key_node.start_mark:
+            raise yaml.constructor.ConstructorError(
+                "while constructing a mapping", node.start_mark,
+                f"found duplicate key {key_node.value!r} (first on line {first.line + 1})", key_node.start_mark)
+    return loader.construct_mapping(node, deep=deep)
+
+
+UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+
+
+def load_workflow(text: str):
+    return yaml.load(text, Loader=UniqueKeyLoader)
+
+
 def triggers(doc: dict):
     """PyYAML (YAML 1.1) reads the bare key `on` as the boolean True."""
     return doc.get("on", doc.get(True))
@@ -225,7 +260,7 @@ def triggers(doc: dict):
 def check_workflow_text(text: str, repo: Path = REPO) -> list[str]:
     """All problems found in one workflow file's text (empty list: fine)."""
     try:
-        doc = yaml.safe_load(text)
+        doc = load_workflow(text)
     except yaml.YAMLError as e:
         return [f"not valid YAML: {e}"]
     if not isinstance(doc, dict):
@@ -274,7 +309,7 @@ def check_workflow_text(text: str, repo: Path = REPO) -> list[str]:
 # --------------------------------------------------------------------------- the repository's workflows
 
 def _load(path: Path) -> dict:
-    return yaml.safe_load(path.read_text())
+    return load_workflow(path.read_text())
 
 
 def test_there_are_workflows():
@@ -306,6 +341,8 @@ def test_ci_workflow_shape():
     assert jobs["small-matrix"]["needs"] in ("lint-and-unit", ["lint-and-unit"])
     runs = "\n".join(s.get("run", "") for s in jobs["lint-and-unit"]["steps"])
     assert "imagefactory render" in runs and "hadolint" in runs and "pytest tests/unit" in runs
+    # the unit suite runs these (test_lint.py, this module): not again as steps of their own
+    assert not re.search(r"\b(ruff|mypy|zizmor|check-jsonschema)\b", runs), runs
     assert "concurrency" in doc
 
 
@@ -430,7 +467,7 @@ def pinning_problems(text: str) -> list[str]:
         m = re.match(r"\s*(?:-\s+)?uses:\s*(.*?)\s*$", line)
         if m and not m.group(1).startswith(("./", "docker://")) and not _PINNED_USES.fullmatch(m.group(1)):
             problems.append(f"not pinned to a commit SHA with a version comment: {m.group(1)}")
-    doc = yaml.safe_load(text)
+    doc = load_workflow(text)
     for job_id, job in (doc.get("jobs") or {}).items():
         for step in job.get("steps") or []:
             if str(step.get("uses", "")).startswith("actions/checkout@"):
@@ -556,3 +593,187 @@ def test_ci_run_exits_with_pytest_status(tmp_path):
     assert (tmp_path / "log").read_text().splitlines() == ["-m pip install -q -e .[test]", "-m pytest -q"]
     assert run(0, 5) == 5
     assert run(3, 0) == 3 and (tmp_path / "log").read_text() == ""
+
+
+# --------------------------------------------------------------------------- what GitHub would refuse
+
+# publish.yml as it once was: `schedule:` twice under `on:`. GitHub refuses the file, so the
+# workflow never starts; PyYAML's safe_load and zizmor both accept it.
+DUPLICATE_TRIGGER = """\
+on:
+  schedule:
+    - cron: "17 4 * * 1"
+  workflow_dispatch:
+  schedule:
+    - cron: "17 4 * * 1"
+permissions:
+  contents: read
+jobs:
+  a:
+    runs-on: ubuntu-latest
+    steps:
+      - run: echo hi
+"""
+
+
+def test_workflows_have_no_duplicate_keys():
+    for path in WORKFLOWS:
+        load_workflow(path.read_text())  # raises on a repeated key
+
+
+def test_a_repeated_key_is_refused_where_pyyaml_would_keep_the_last():
+    assert "schedule" in triggers(yaml.safe_load(DUPLICATE_TRIGGER))  # what a plain loader lets through
+    problems = check_workflow_text(DUPLICATE_TRIGGER)
+    assert len(problems) == 1 and "duplicate key 'schedule' (first on line 2)" in problems[0], problems
+    once = DUPLICATE_TRIGGER.replace('  schedule:\n    - cron: "17 4 * * 1"\npermissions', "permissions")
+    assert check_workflow_text(once) == []
+    nested = once.replace("      - run: echo hi\n", "      - run: echo hi\n        run: echo ho\n")
+    problems = check_workflow_text(nested)
+    assert len(problems) == 1 and "duplicate key 'run' (first on line 11)" in problems[0], problems
+
+
+def test_merge_keys_may_override_what_they_bring():
+    text = "x: &base {a: 1, b: 2}\ny:\n  <<: *base\n  a: 3\n"
+    assert load_workflow(text)["y"] == {"a": 3, "b": 2}
+
+
+def _check_jsonschema() -> list[str]:
+    try:
+        import check_jsonschema  # noqa: F401
+    except ImportError:
+        if os.environ.get("CI"):
+            pytest.fail("check-jsonschema is not installed (it is in the test extra: pip install -e '.[test]')")
+        pytest.skip("check-jsonschema is not installed; pip install -e '.[test]'")
+    return [sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.github-workflows",
+            "--output-format", "json"]
+
+
+def schema_problems(paths: list[Path]) -> list[str]:
+    """What GitHub's workflow JSON Schema (check-jsonschema's offline copy, `--builtin-schema
+    vendor.github-workflows`) says about each file; files that do not parse are problems too."""
+    proc = subprocess.run([*_check_jsonschema(), *map(str, paths)], capture_output=True, text=True, timeout=120)
+    result = json.loads(proc.stdout)
+    problems = [f"{e['filename']}: {e['path']}: {(e.get('best_match') or e)['message']}" for e in result["errors"]]
+    problems += [f"{e['filename']}: {e['message']}" for e in result.get("parse_errors", [])]
+    assert (proc.returncode == 0) == (problems == []), (proc.returncode, proc.stdout, proc.stderr)
+    return problems
+
+
+def test_workflows_match_githubs_workflow_schema():
+    assert schema_problems(WORKFLOWS) == []
+
+
+@pytest.mark.parametrize("text, needle", [
+    (DUPLICATE_TRIGGER, "Failed to parse"),
+    ("on: push\njobs:\n  a:\n    runs-on: x\n    timeout-minute: 5\n    steps: [{run: echo}]\n", "'timeout-minute'"),
+    ("on: psuh\njobs:\n  a:\n    runs-on: x\n    steps: [{run: echo}]\n", "$.on"),
+    ("on: push\njobs:\n  a:\n    runs-on: x\n    steps: [{run: echo, uses: actions/checkout@v4}]\n", "$.jobs.a"),
+    ("on: push\npermissions: {contents: maybe}\njobs:\n  a:\n    runs-on: x\n    steps: [{run: echo}]\n",
+     "$.permissions"),
+])
+def test_the_schema_check_refuses_a_broken_workflow(tmp_path, text, needle):
+    path = tmp_path / "bad.yml"
+    path.write_text(text)
+    problems = schema_problems([path])
+    assert problems and any(needle in p for p in problems), problems
+
+
+# The inputs of every action the workflows use, read from the action's action.yml at the pinned
+# commit (each `# vX.Y.Z` tag points at that commit): https://github.com/OWNER/REPO/blob/SHA/action.yml.
+# A new action, or a new pin, needs its row here; `choices` are the values its description lists.
+ACTION_INPUTS: dict[str, dict] = {
+    "actions/checkout@11d5960a326750d5838078e36cf38b85af677262": {
+        "version": "v4.4.0", "required": set(),
+        "inputs": {"repository", "ref", "token", "ssh-key", "ssh-known-hosts", "ssh-strict", "ssh-user",
+                   "persist-credentials", "path", "clean", "filter", "sparse-checkout",
+                   "sparse-checkout-cone-mode", "fetch-depth", "fetch-tags", "show-progress", "lfs",
+                   "submodules", "set-safe-directory", "github-server-url", "allow-unsafe-pr-checkout"},
+        "choices": {}},
+    "actions/setup-python@a26af69be951a213d495a4c3e4e4022e16d87065": {
+        "version": "v5.6.0", "required": set(),
+        "inputs": {"python-version", "python-version-file", "cache", "architecture", "check-latest", "token",
+                   "cache-dependency-path", "update-environment", "allow-prereleases", "freethreaded"},
+        "choices": {"cache": {"pip", "pipenv", "poetry"}}},
+    "docker/login-action@c94ce9fb468520275223c153574b00df6fe4bcc9": {
+        "version": "v3.7.0", "required": set(),
+        "inputs": {"registry", "username", "password", "ecr", "scope", "logout", "registry-auth"},
+        "choices": {}},
+    "actions/upload-artifact@ea165f8d65b6e75b540449e92b4886f43607fa02": {
+        "version": "v4.6.2", "required": {"path"},
+        "inputs": {"name", "path", "if-no-files-found", "retention-days", "compression-level", "overwrite",
+                   "include-hidden-files"},
+        "choices": {"if-no-files-found": {"warn", "error", "ignore"}}},
+    "actions/download-artifact@d3f86a106a0bac45b974a628896c90dbdf5c8093": {
+        "version": "v4.3.0", "required": set(),
+        "inputs": {"name", "artifact-ids", "path", "pattern", "merge-multiple", "github-token", "repository",
+                   "run-id"},
+        "choices": {}},
+}
+
+
+def used_actions(text: str) -> dict[str, str]:
+    """`uses:` references of the steps, with the version each one's comment names."""
+    found = {}
+    for line in text.splitlines():
+        m = re.match(r"\s*(?:-\s+)?uses:\s*(\S+)(?:\s+#\s*(\S+))?\s*$", line)
+        if m and not m.group(1).startswith(("./", "docker://")):
+            found[m.group(1)] = m.group(2) or ""
+    return found
+
+
+def action_input_problems(text: str) -> list[str]:
+    """Every `uses:` step names an action of ACTION_INPUTS at the version its comment says,
+    passes only inputs that action has (with a listed value where it lists them), and every
+    input it requires."""
+    problems = []
+    for ref, comment in used_actions(text).items():
+        row = ACTION_INPUTS.get(ref)
+        if row and comment != row["version"]:
+            problems.append(f"{ref}: the comment says {comment or 'nothing'}, the pinned commit is {row['version']}")
+    for job_id, job in (load_workflow(text).get("jobs") or {}).items():
+        for n, step in enumerate(job.get("steps") or []):
+            ref = step.get("uses")
+            if not ref or ref.startswith(("./", "docker://")):
+                continue
+            where = f"job {job_id} step {step.get('name') or n} ({ref.split('@')[0]})"
+            row = ACTION_INPUTS.get(ref)
+            if row is None:
+                problems.append(f"{where}: {ref} is not in ACTION_INPUTS: read its action.yml at that commit")
+                continue
+            given = step.get("with") or {}
+            problems += [f"{where}: no input {k!r} (it has {sorted(row['inputs'])})"
+                         for k in given if k not in row["inputs"]]
+            problems += [f"{where}: required input {k!r} missing" for k in sorted(row["required"] - set(given))]
+            for k, allowed in row["choices"].items():
+                value = given.get(k)
+                if isinstance(value, str) and "${{" not in value and value not in allowed:
+                    problems.append(f"{where}: {k}: {value!r} is not one of {sorted(allowed)}")
+    return problems
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
+def test_workflow_passes_only_inputs_the_pinned_actions_have(path):
+    assert action_input_problems(path.read_text()) == []
+
+
+def test_every_row_of_the_input_table_is_used():
+    used = {ref for path in WORKFLOWS for ref in used_actions(path.read_text())}
+    assert set(ACTION_INPUTS) == used, set(ACTION_INPUTS) ^ used
+
+
+UPLOAD = "actions/upload-artifact@ea165f8d65b6e75b540449e92b4886f43607fa02"
+
+
+@pytest.mark.parametrize("step, needle", [
+    (f"- uses: {UPLOAD} # v4.6.2\n        with: {{path: x, retention_days: 3}}", "no input 'retention_days'"),
+    (f"- uses: {UPLOAD} # v4.6.2\n        with: {{name: x}}", "required input 'path' missing"),
+    (f"- uses: {UPLOAD} # v4.6.2\n        with: {{path: x, if-no-files-found: fail}}", "'fail' is not one of"),
+    (f"- uses: {UPLOAD} # v4.5.0\n        with: {{path: x}}", "the pinned commit is v4.6.2"),
+    ("- uses: actions/cache@0400d5f644dc74513175e3cd8d07132dd4860809 # v4.2.4\n        with: {path: x}",
+     "not in ACTION_INPUTS"),
+])
+def test_the_input_check_refuses_a_broken_step(step, needle):
+    text = f"on: push\njobs:\n  a:\n    runs-on: x\n    steps:\n      {step}\n"
+    problems = action_input_problems(text)
+    assert len(problems) == 1 and needle in problems[0], problems
+    assert action_input_problems(text.replace(step, f"- uses: {UPLOAD} # v4.6.2\n        with: {{path: x}}")) == []
