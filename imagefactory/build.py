@@ -170,7 +170,11 @@ def _run(matrix: Matrix, cells: list[Cell], options: Options, ui: Any, engine_fa
     with an earlier one waits until that one has built them."""
     first = engine_factory()
     gpus = resolve_gpus(options.gpus, first)
-    contexts = render_pinned(matrix, cells, options.work_dir, first, options.pull)
+    try:
+        contexts = render_pinned(matrix, cells, options.work_dir, first, options.pull, interrupt)
+    except Cancelled:  # stopped while pinning base images or rendering: no cell started
+        return Outcome([CellReport(cell=c.id, status=INTERRUPTED, error="interrupted before the build started")
+                        for c in cells], gpus)
     slots = schedule.plan_paths([ctx.path for ctx in contexts])
     gates = schedule.Gates(slots)
     stop = threading.Event()
@@ -224,11 +228,13 @@ def _run(matrix: Matrix, cells: list[Cell], options: Options, ui: Any, engine_fa
 
 
 def render_pinned(matrix: Matrix, cells: list[Cell], work_dir: Path, engine: ContainerEngine,
-                  pull: str) -> list[render.Context]:
+                  pull: str, interrupt: Interrupt | None = None) -> list[render.Context]:
     """The cells' contexts with each base image pinned to the digest it resolves to now
-    (freshness.py): the content hashes every step that looks for a cell's image must use."""
+    (freshness.py): the content hashes every step that looks for a cell's image must use.
+    Raises Cancelled once `interrupt` is set."""
     bases = freshness.resolve(engine, [c.base_image for c in cells], pull)
-    return render.render(matrix, work_dir / "contexts", cells, bases={ref: b.pinned for ref, b in bases.items()})
+    return render.render(matrix, work_dir / "contexts", cells, bases={ref: b.pinned for ref, b in bases.items()},
+                         interrupt=interrupt)
 
 
 def _pool(contexts: list[render.Context], order: list[int], one: Callable[[int], CellReport], jobs: int,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from collections import Counter
 from enum import Enum
@@ -19,7 +20,7 @@ from imagefactory import progress as progress_mod
 from imagefactory import publish as publish_mod
 from imagefactory import render as render_mod
 from imagefactory import report as report_mod
-from imagefactory.errors import CellFailure, ConfigError, DockerUnavailable, ImageFactoryError, Interrupted
+from imagefactory.errors import Cancelled, CellFailure, ConfigError, DockerUnavailable, ImageFactoryError, Interrupted
 from imagefactory.interrupt import Interrupt
 
 app = typer.Typer(
@@ -109,7 +110,13 @@ def render(
 
     Same matrix in, same bytes out; nothing is written unless every cell renders."""
     m, cells = _load(matrix, only)
-    contexts = render_mod.render(m, out, cells)
+    interrupt = Interrupt()
+    try:
+        with interrupt.signals():
+            contexts = render_mod.render(m, out, cells, interrupt=interrupt)
+    except Cancelled:
+        print("interrupted: render wrote nothing", file=sys.stderr)
+        raise typer.Exit(128 + (interrupt.signum or signal.SIGINT)) from None
     for ctx in contexts:
         print(f"{ctx.cell.id}\t{ctx.path}\t{ctx.content_hash[:12]}")
 

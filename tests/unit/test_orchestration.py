@@ -5,6 +5,7 @@ The real-engine tests (tests/integration) cover the same paths against Docker.""
 from __future__ import annotations
 
 import io
+import json
 import os
 import signal
 import subprocess
@@ -559,3 +560,40 @@ def test_signal_scope_ends_at_once_and_still_turns_a_signal_into_a_cancel():
         while not hit.is_set() and time.monotonic() < deadline:
             time.sleep(0.01)
     assert hit.is_set() and hit.signum == signal.SIGTERM
+
+
+def test_sigterm_while_build_is_still_rendering_exits_143_with_a_report(m, tmp_path, monkeypatch, capsys):
+    """The CLI owns the signals for the whole run: a SIGTERM that lands while `build` is
+    rendering is a cancellation like any other (143, a report marking the cells), not a
+    KeyboardInterrupt that skips the report (130)."""
+    world = World(probes={c.id: good_probe(c) for c in m.cells})
+
+    def engine(interrupt: Interrupt):  # the engines the CLI makes share its run's interrupt
+        world.interrupt = interrupt
+        return world.engine()
+
+    monkeypatch.setattr(build_mod, "Engine", engine)
+    real_render_cell = render.render_cell
+
+    def render_cell_then_sigterm(*args, **kwargs):
+        ctx = real_render_cell(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.2)  # the handler runs at once: before the next cell renders
+        return ctx
+
+    monkeypatch.setattr(render, "render_cell", render_cell_then_sigterm)
+
+    def exit_now(code: int) -> None:
+        raise SystemExit(code)
+
+    monkeypatch.setattr(cli.os, "_exit", exit_now)
+    report = tmp_path / "report.json"
+    monkeypatch.setattr(sys, "argv", ["imagefactory", "build", "--matrix", str(m.path), "--plain", "--gpus", "none",
+                                      "--work-dir", str(tmp_path / "work"), "--report", str(report)])
+    with pytest.raises(SystemExit) as e:
+        cli.main()
+    assert e.value.code == 143, capsys.readouterr().err
+    cells = {c["cell"]: c["status"] for c in json.loads(report.read_text())["cells"]}
+    assert set(cells) == {A, B} and set(cells.values()) <= {INTERRUPTED, SKIPPED}
+    assert world.ops("build") == []
+    assert not [p for p in (tmp_path / "work" / "contexts").iterdir() if p.name.startswith(".render-")]
