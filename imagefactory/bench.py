@@ -23,8 +23,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Callable
 
-from imagefactory import build, smoke
-from imagefactory.engine import Engine
+from imagefactory import build, engine_api, smoke
+from imagefactory.engine_api import ContainerEngine, EngineFactory
 from imagefactory.errors import EngineError
 from imagefactory.model import Cell, Matrix
 
@@ -163,7 +163,7 @@ def _why(result, timeout: float) -> str:
     return f"exit code {result.exit_code}, no workload JSON: {tail}"[:TEXT_MAX * 2]
 
 
-def bench_image(engine: Engine, cell: Cell, image: str, *, budget: float, gpus: bool,
+def bench_image(engine: ContainerEngine, cell: Cell, image: str, *, budget: float, gpus: bool,
                 host_cores: int) -> CellBench:
     """Both containers for one image; the CellBench says what came out."""
     out = CellBench(cell.id, status=MEASURED, image=image)
@@ -194,11 +194,11 @@ def bench_image(engine: Engine, cell: Cell, image: str, *, budget: float, gpus: 
 
 
 def bench(matrix: Matrix, cells: list[Cell], options: Options, *,
-          engine_factory: Callable[[], Engine] = Engine,
+          engine_factory: EngineFactory | None = None,
           say: Callable[[str], None] = lambda line: print(line, file=sys.stderr)) -> tuple[list[CellBench], int]:
     """Bench the image built for each cell's current content (found as `imagefactory test` does).
     Returns (results, the engine host's core count)."""
-    engine = engine_factory()
+    engine = (engine_factory or engine_api.docker_engine)()
     gpus = build.resolve_gpus(options.gpus, engine)
     host_cores = engine.describe().cpus or 1
     results = []

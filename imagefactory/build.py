@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import functools
 import os
 import threading
 import time
@@ -25,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from imagefactory import freshness, render, schedule, smoke, tags, verdicts
-from imagefactory.engine import BuildProgress, ContainerEngine, Engine, EngineFactory
+from imagefactory import engine_api, freshness, render, schedule, smoke, tags, verdicts
+from imagefactory.engine_api import BuildProgress, ContainerEngine, EngineFactory
 from imagefactory.errors import BuildError, Cancelled, ConfigError, EngineGone, ImageFactoryError
 from imagefactory.interrupt import GRACE_SECONDS, Interrupt
 from imagefactory.model import Cell, Matrix
@@ -263,7 +262,7 @@ def _unfinished(ctx: render.Context, status: str, error: str) -> CellReport:
 
 
 def _factory(engine_factory: EngineFactory | None, interrupt: Interrupt) -> EngineFactory:
-    return engine_factory or functools.partial(Engine, interrupt=interrupt)
+    return engine_factory or engine_api.docker_factory(interrupt)
 
 
 def build(matrix: Matrix, cells: list[Cell], options: Options, ui: Any,

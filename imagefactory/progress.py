@@ -8,7 +8,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from imagefactory.engine import BuildProgress
+from imagefactory.engine_api import BuildProgress
 from imagefactory.report import BUILD_FAILED, BUILT, CACHED, PASSED, CellReport
 
 if TYPE_CHECKING:  # rich is imported only for the live display: start-up counts on CI

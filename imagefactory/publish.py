@@ -13,7 +13,6 @@ release tags after it, so an interrupted publish leaves no release tag behind
 from __future__ import annotations
 
 import datetime as _dt
-import functools
 import os
 import re
 import subprocess
@@ -23,8 +22,9 @@ from typing import Any
 
 import tenacity
 
+from imagefactory import engine_api
 from imagefactory import tags as tagging
-from imagefactory.engine import ContainerEngine, Engine, EngineFactory, PushOutcome
+from imagefactory.engine_api import ContainerEngine, EngineFactory, PushOutcome
 from imagefactory.errors import Cancelled, ConfigError, EngineError, PushError
 from imagefactory.interrupt import Interrupt
 from imagefactory.model import Matrix
@@ -100,7 +100,7 @@ def publish(matrix: Matrix, reports: list[CellReport], *, options: Options, ui: 
             if r.status == PASSED:
                 r.error = f"not published: --atomic and {len(failing)} cell(s) failed ({', '.join(failing)})"
         return
-    make_engine = engine_factory or functools.partial(Engine, interrupt=interrupt)
+    make_engine = engine_factory or engine_api.docker_factory(interrupt)
     engine: ContainerEngine | None = None  # made when the first cell is published
     for r in reports:
         if r.status != PASSED or interrupt.is_set():

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from importlib import resources
 
 from imagefactory import checks
-from imagefactory.engine import ContainerEngine, RunResult
+from imagefactory.engine_api import ContainerEngine, RunResult
 from imagefactory.errors import EngineError
 from imagefactory.model import Cell
 

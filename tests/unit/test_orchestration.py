@@ -18,7 +18,7 @@ import pytest
 import requests
 
 from imagefactory import build as build_mod
-from imagefactory import cli
+from imagefactory import cli, engine_api
 from imagefactory import matrix as matrix_mod
 from imagefactory import publish as publish_mod
 from imagefactory import render
@@ -158,7 +158,7 @@ def test_a_re_test_keeps_the_build_log(m, world, tmp_path):
     retest = by_cell(build_mod.test(m, list(m.cells), opts, ui(), engine_factory=world.engine,
                                     interrupt=world.interrupt))
     assert retest[A].status == "not-built"
-    assert "Step 1/2 : FROM base" in Path(build[A].log).read_text()
+    assert "Step 1/18 : FROM python:3.11-slim-bookworm@" in Path(build[A].log).read_text()
 
 
 def test_the_tested_image_is_the_one_published_even_if_its_candidate_name_moves(m, world, tmp_path):
@@ -572,7 +572,7 @@ def test_sigterm_while_build_is_still_rendering_exits_143_with_a_report(m, tmp_p
         world.interrupt = interrupt
         return world.engine()
 
-    monkeypatch.setattr(build_mod, "Engine", engine)
+    monkeypatch.setattr(engine_api, "docker_engine", engine)
     real_render_cell = render.render_cell
 
     def render_cell_then_sigterm(*args, **kwargs):
