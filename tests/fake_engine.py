@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from imagefactory.context import UI, Options, RunContext, Silent
 from imagefactory.engine_api import BuildProgress, ContainerEngine, EngineInfo, PushOutcome, RunResult, is_transient
 from imagefactory.errors import BuildError, Cancelled, EngineError, EngineGone, PushError
 from imagefactory.interrupt import Interrupt
@@ -69,6 +70,10 @@ class World:
 
     def engine(self) -> ContainerEngine:
         return FakeEngine(self)
+
+    def context(self, options: Options | None = None, ui: UI | None = None) -> RunContext:
+        """A run on this world: its engines share the world's interrupt."""
+        return RunContext(options or Options(), ui or Silent(), self.interrupt, self.engine)
 
     def record(self, op: str, arg: Any) -> None:
         with self.lock:

@@ -28,11 +28,6 @@ threads: 2
 BASES = {f"python:{v}-slim-bookworm": "sha256:" + hashlib.sha256(v.encode()).hexdigest() for v in ("3.11", "3.12")}
 
 
-class Quiet:
-    def __getattr__(self, name):
-        return lambda *a, **k: None
-
-
 @pytest.fixture
 def setup(tmp_path, write_matrix):
     m = matrix.load(write_matrix(MATRIX))
@@ -41,7 +36,7 @@ def setup(tmp_path, write_matrix):
     def run(work="w1", command=build.build, **options):
         engine.calls.clear()
         opts = build.Options(work_dir=tmp_path / work, verdicts_dir=tmp_path / "cache", **options)
-        reports = command(m, list(m.cells), opts, Quiet(), engine_factory=engine.engine).reports
+        reports = command(m, list(m.cells), engine.context(opts)).reports
         return {r.cell: r for r in reports}
 
     return m, engine, run
@@ -159,7 +154,7 @@ def test_cells_sharing_layers_wait_for_the_leader(setup, write_matrix, tmp_path)
     engine.hold[leader] = threading.Event()
     threading.Timer(0.3, engine.hold[leader].set).start()  # the leader dawdles before its step 2
     opts = build.Options(work_dir=tmp_path / "j2", verdicts_dir=tmp_path / "c", jobs=2)
-    reports = build.build(m2, list(m2.cells), opts, Quiet(), engine_factory=engine.engine).reports
+    reports = build.build(m2, list(m2.cells), engine.context(opts)).reports
     assert [r.cell for r in reports] == [leader, follower]  # matrix order, whatever the schedule
     shared = schedule.plan_paths([tmp_path / "j2/contexts" / c for c in (leader, follower)])[1].shared_steps
     assert shared >= 2
@@ -173,8 +168,7 @@ def test_without_shared_layers_no_one_waits(setup, tmp_path):
     engine.hold[first] = threading.Event()
     try:
         opts = build.Options(work_dir=tmp_path / "j2", verdicts_dir=tmp_path / "c", jobs=2)
-        thread = threading.Thread(target=build.build, args=(m, list(m.cells), opts, Quiet()),
-                                  kwargs={"engine_factory": engine.engine})
+        thread = threading.Thread(target=build.build, args=(m, list(m.cells), engine.context(opts)))
         thread.start()
         for _ in range(200):  # the other cell builds to its end while the first is held
             if ("probe", m.cells[1].id) in engine.calls:

@@ -73,13 +73,12 @@ def ui() -> Plain:
 
 def run_build(m, world, tmp_path, **options):
     opts = build_mod.Options(work_dir=tmp_path / "work", gpus="none", **options)
-    return build_mod.build(m, list(m.cells), opts, ui(), engine_factory=world.engine, interrupt=world.interrupt)
+    return build_mod.build(m, list(m.cells), world.context(opts, ui()))
 
 
 def run_publish(m, world, reports, the_ui=None, **options):
     opts = publish_mod.Options(backoff=0, **options)
-    publish_mod.publish(m, reports, options=opts, ui=the_ui or ui(), engine_factory=world.engine,
-                        interrupt=world.interrupt)
+    publish_mod.publish(m, reports, world.context(opts, the_ui or ui()))
     return {r.cell: r for r in reports}
 
 
@@ -155,8 +154,7 @@ def test_a_re_test_keeps_the_build_log(m, world, tmp_path):
     world.builds[A] = "error"
     build = by_cell(run_build(m, world, tmp_path))
     opts = build_mod.Options(work_dir=tmp_path / "work", gpus="none")
-    retest = by_cell(build_mod.test(m, list(m.cells), opts, ui(), engine_factory=world.engine,
-                                    interrupt=world.interrupt))
+    retest = by_cell(build_mod.test(m, list(m.cells), world.context(opts, ui())))
     assert retest[A].status == "not-built"
     assert "Step 1/18 : FROM python:3.11-slim-bookworm@" in Path(build[A].log).read_text()
 
