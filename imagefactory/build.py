@@ -282,23 +282,27 @@ def locked(work_dir: Path, report: Path) -> Iterator[None]:
 
 
 @contextmanager
-def exclusive(lock_path: Path, what: str) -> Iterator[None]:
-    """Hold an exclusive lock on `lock_path` (created) while the block runs; ConfigError naming
-    `what` and the holder's pid when another run holds it."""
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+def exclusive(lock_path: Path, what: str, *, own_file: bool = True,
+              hint: str = "give this run its own --work-dir and --report") -> Iterator[None]:
+    """Hold an exclusive lock on `lock_path` while the block runs; ConfigError naming `what` (and
+    the holder's pid) when another run holds it. `own_file`: the lock file is ours (created, the
+    pid written in it); else an existing file (the matrix) is locked as it is, read-only."""
+    if own_file:
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT if own_file else os.O_RDONLY, 0o644)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
             if e.errno not in (errno.EAGAIN, errno.EACCES):
                 raise
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() if own_file else ""
             holder = holder if holder.isdigit() else "?"
             raise ConfigError(f"{what}: another imagefactory run (pid {holder}) is using it; wait for it to "
-                              "end, or give this run its own --work-dir and --report") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+                              f"end, or {hint}") from None
+        if own_file:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield
     finally:
         os.close(fd)

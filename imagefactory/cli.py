@@ -400,9 +400,9 @@ def lock_cmd(
 
     Missing and stale locks are written; current ones are left alone unless --upgrade is given.
     Prints, per cell, the versions that changed. A cell with a lock is built from it: pip with
-    --require-hashes --no-deps, conda from an @EXPLICIT file, without a solve. Another `lock`
-    on the same matrix waits for none: it stops at once; SIGINT/SIGTERM stop the resolver and
-    write no lock (exit 130 / 143)."""
+    --require-hashes --no-deps, conda from an @EXPLICIT file, without a solve. A second `lock`
+    of the same matrix stops at once (exit 2); SIGINT/SIGTERM stop the resolver and write no
+    lock (exit 130 / 143)."""
     m, cells = inv.matrix, inv.cells
     if check:
         if upgrade or packages:
@@ -418,9 +418,9 @@ def lock_cmd(
 
     options = lock_mod.Options(upgrade=upgrade, packages=tuple(packages or ()))
     interrupt = Interrupt()
-    locks_dir = m.path.parent / "locks"
-    try:
-        with build_mod.exclusive(locks_dir / ".imagefactory.lock", f"{locks_dir}"), interrupt.raising():
+    try:  # two `lock` runs on one matrix would write the same locks: the second stops at once
+        with build_mod.exclusive(m.path, f"--matrix {m.path}", own_file=False, hint="lock another matrix"), \
+                interrupt.raising():
             outcomes = lock_mod.lock(m, cells, options, say=progress)
     except Cancelled:
         raise Interrupted(interrupt.signum or signal.SIGINT, "no lock was written") from None

@@ -118,3 +118,10 @@ def test_raising_scope_turns_sigterm_into_cancelled_in_the_main_thread():
             threading.Event().wait(5)
     assert interrupt.signum == signal.SIGTERM and interrupt.is_set()
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_second_lock_of_the_same_matrix_stops_before_resolving(world, tmp_path, monkeypatch, capsys):
+    with build_mod.exclusive(tmp_path / "matrix.yaml", "a running lock", own_file=False):
+        code, _, err = run_cli(monkeypatch, capsys, "lock")
+    assert code == 2 and "another imagefactory run" in err and "resolving" not in err, err
+    assert not (tmp_path / "locks").exists() and (tmp_path / "matrix.yaml").read_text() == MATRIX
