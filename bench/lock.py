@@ -21,17 +21,17 @@ import tempfile
 import time
 from pathlib import Path
 
-import docker
-
 from imagefactory import lockfile, matrix, render
+from imagefactory.engine_api import ContainerEngine, docker_engine
+from imagefactory.errors import BuildError
 
 
-def cold_build(client: docker.DockerClient, context: Path, tag: str) -> float:
+def cold_build(engine: ContainerEngine, context: Path, tag: str) -> float:
     started = time.monotonic()
-    for event in client.api.build(path=str(context), tag=tag, nocache=True, rm=True, forcerm=True,
-                                  decode=True, network_mode="host"):
-        if "error" in event:
-            raise SystemExit(f"build of {context} failed: {event['error'].strip()}")
+    try:
+        engine.build(str(context), tag, nocache=True)
+    except BuildError as e:
+        raise SystemExit(f"build of {context} failed: {e.message}") from None
     return time.monotonic() - started
 
 
@@ -47,7 +47,7 @@ def main() -> None:
         raise SystemExit(f"no pip cell {args.cell or ''} in {args.matrix}")
     if not lockfile.path_for(m, cell).is_file():
         raise SystemExit(f"no lock for {cell.id}: run `imagefactory lock --matrix {args.matrix} --only {cell.id}`")
-    client = docker.from_env(timeout=1800)
+    engine = docker_engine()
     times: dict[str, list[float]] = {"locked": [], "unlocked": []}
     with tempfile.TemporaryDirectory(prefix="bench-lock-") as tmp:
         root = Path(tmp)
@@ -64,14 +64,11 @@ def main() -> None:
                 for side in order:
                     tag = f"imagefactory-bench/lock:{side}-{i}"
                     tags.append(tag)
-                    times[side].append(cold_build(client, contexts[side], tag))
+                    times[side].append(cold_build(engine, contexts[side], tag))
                     print(f"  pair {i + 1}: {side:8s} {times[side][-1]:6.1f} s", file=sys.stderr)
         finally:
             for tag in tags:
-                try:
-                    client.images.remove(tag, force=True)
-                except docker.errors.APIError:
-                    pass
+                engine.remove_image(tag)
     locked, unlocked = statistics.median(times["locked"]), statistics.median(times["unlocked"])
     print(f"cell {cell.id}, cold builds (no layer cache), median of {args.repeat} interleaved pairs")
     print(f"  from the lock   {locked:7.1f} s   (pip install --require-hashes --no-deps, no resolver)")

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 
-import docker
+from imagefactory.engine_api import ContainerEngine, docker_engine
+
+TIMEOUT = 600.0  # seconds one workload container may run
 
 WORKLOAD = r"""
 import json, time, numpy as np
@@ -36,13 +37,13 @@ print(json.dumps(out))
 """
 
 
-def run(client, image: str, cpus: float, threads: int, size: int) -> dict[str, float]:
+def run(engine: ContainerEngine, image: str, cpus: float, threads: int, size: int) -> dict[str, float]:
     env = {k: str(threads) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
-    out = client.containers.run(image, ["python", "-c", WORKLOAD.replace("N, N", f"{size}, {size}")
-                                        .replace("N ** 3", f"{size} ** 3")],
-                                environment=env, nano_cpus=int(cpus * 1e9), network_mode="none",
-                                remove=True, stderr=False)
-    return json.loads(out.decode().strip().splitlines()[-1])
+    code = WORKLOAD.replace("N, N", f"{size}, {size}").replace("N ** 3", f"{size} ** 3")
+    result = engine.run(image, ["python", "-c", code], timeout=TIMEOUT, environment=env, cpus=cpus)
+    if result.exit_code != 0:
+        raise SystemExit(f"workload in {image} failed (exit {result.exit_code}): {result.stderr.strip()[-500:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -52,13 +53,13 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=1024)
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
-    client = docker.from_env()
-    host = os.cpu_count() or 1
+    engine = docker_engine()
+    host = engine.describe().cpus or 1  # the engine host's cores: what an unlimited library would pick
     limited = max(1, int(args.cpus))
     rows: dict[str, list[tuple[float, float]]] = {}
     for _ in range(args.repeat):  # interleaved, so drift on a shared machine hits both sides alike
-        over = run(client, args.image, args.cpus, host, args.size)
-        fit = run(client, args.image, args.cpus, limited, args.size)
+        over = run(engine, args.image, args.cpus, host, args.size)
+        fit = run(engine, args.image, args.cpus, limited, args.size)
         for lib in over:
             rows.setdefault(lib, []).append((over[lib], fit[lib]))
     print(f"image {args.image}, --cpus {args.cpus}, {args.size}x{args.size} float32 matmul, "

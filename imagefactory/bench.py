@@ -23,17 +23,18 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Callable
 
-from imagefactory import build, fsutil, smoke
-from imagefactory.engine import Engine
-from imagefactory.errors import EngineError
+from imagefactory import build, fsutil, render, smoke
+from imagefactory.context import DEFAULT_BENCH_BUDGET, Options, Pull, RunContext
+from imagefactory.engine_api import ContainerEngine
+from imagefactory.errors import Cancelled, EngineError
 from imagefactory.model import Cell, Matrix
 
-DEFAULT_BUDGET = 50.0  # seconds of workload per image, both containers together
+DEFAULT_BUDGET = DEFAULT_BENCH_BUDGET  # seconds of workload per image, both containers together
 OVERSUB_SHARE = 0.3  # of the budget, for the --cpus 1 container
 OVERSUB_CPUS = 1.0
 GRACE = 30.0  # container start and interpreter start on top of the workload's own budget
 MAIN_SECTIONS = "gemm,dataloader,compile,gpu"
-MEASURED, NOT_BUILT, FAILED = "measured", "not-built", "failed"
+MEASURED, NOT_BUILT, FAILED, INTERRUPTED = "measured", "not-built", "failed", "interrupted"
 FIGURE_STATES = ("ok", "failed", "skipped")
 UNITS = ("GFLOP/s", "TFLOP/s", "samples/s", "ms/step")
 NAME_RE = re.compile(r"[a-z][a-z0-9_]{0,20}(?:\.[a-z0-9_]{1,20}){0,2}")
@@ -42,13 +43,6 @@ TEXT_MAX = 300
 
 def workload_source() -> str:
     return resources.files("imagefactory").joinpath("resources/workload.py").read_text()
-
-
-@dataclass(frozen=True)
-class Options:
-    work_dir: Path = Path("build")
-    budget: float = DEFAULT_BUDGET
-    gpus: str = "auto"  # none | all | auto, as for build
 
 
 @dataclass(frozen=True)
@@ -163,7 +157,7 @@ def _why(result, timeout: float) -> str:
     return f"exit code {result.exit_code}, no workload JSON: {tail}"[:TEXT_MAX * 2]
 
 
-def bench_image(engine: Engine, cell: Cell, image: str, *, budget: float, gpus: bool,
+def bench_image(engine: ContainerEngine, cell: Cell, image: str, *, budget: float, gpus: bool,
                 host_cores: int) -> CellBench:
     """Both containers for one image; the CellBench says what came out."""
     out = CellBench(cell.id, status=MEASURED, image=image)
@@ -193,25 +187,41 @@ def bench_image(engine: Engine, cell: Cell, image: str, *, budget: float, gpus: 
     return out
 
 
-def bench(matrix: Matrix, cells: list[Cell], options: Options, *,
-          engine_factory: Callable[[], Engine] = Engine,
+def bench(matrix: Matrix, cells: list[Cell], run: RunContext, *,
           say: Callable[[str], None] = lambda line: print(line, file=sys.stderr)) -> tuple[list[CellBench], int]:
     """Bench the image built for each cell's current content (found as `imagefactory test` does).
-    Returns (results, the engine host's core count)."""
-    engine = engine_factory()
+    Reads run.options' work_dir, budget and gpus. Returns (results, the engine host's core
+    count). Once interrupted, the cell being measured and those after it are `interrupted`."""
+    options = run.options
+    engine = run.engines()()
     gpus = build.resolve_gpus(options.gpus, engine)
     host_cores = engine.describe().cpus or 1
-    results = []
-    for ctx in build.render_pinned(matrix, cells, options.work_dir, engine, "missing"):
-        image = build.find_built(engine, matrix, ctx.cell, ctx.content_hash)
-        if image is None:
-            results.append(CellBench(ctx.cell.id, NOT_BUILT,
-                                     error="no image for this cell's current content; run `imagefactory build` first"))
-            say(f"{ctx.cell.id}: not built")
-            continue
-        say(f"{ctx.cell.id}: running the workload in {image[:19]} (budget {options.budget:.0f} s)")
-        results.append(bench_image(engine, ctx.cell, image, budget=options.budget, gpus=gpus, host_cores=host_cores))
+    results: list[CellBench] = []
+    try:
+        contexts = build.render_pinned(matrix, cells, options.work_dir, engine, Pull.missing, run.interrupt)
+    except Cancelled:
+        return [CellBench(c.id, INTERRUPTED, error="interrupted") for c in cells], host_cores
+    for ctx in contexts:
+        try:
+            results.append(_bench_cell(engine, matrix, ctx, options, gpus, host_cores, say))
+        except Cancelled:
+            results.append(CellBench(ctx.cell.id, INTERRUPTED, error="interrupted"))
+        if run.interrupt.is_set():
+            break
+    done = {r.cell for r in results}
+    results += [CellBench(c.id, INTERRUPTED, error="interrupted") for c in cells if c.id not in done]
     return results, host_cores
+
+
+def _bench_cell(engine: ContainerEngine, matrix: Matrix, ctx: render.Context, options: Options, gpus: bool,
+                host_cores: int, say: Callable[[str], None]) -> CellBench:
+    image = build.find_built(engine, matrix, ctx.cell, ctx.content_hash)
+    if image is None:
+        say(f"{ctx.cell.id}: not built")
+        return CellBench(ctx.cell.id, NOT_BUILT,
+                         error="no image for this cell's current content; run `imagefactory build` first")
+    say(f"{ctx.cell.id}: running the workload in {image[:19]} (budget {options.budget:.0f} s)")
+    return bench_image(engine, ctx.cell, image, budget=options.budget, gpus=gpus, host_cores=host_cores)
 
 
 # -- the bench report -------------------------------------------------------------------------------

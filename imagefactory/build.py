@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import functools
 import os
 import threading
 import time
@@ -23,10 +22,11 @@ from concurrent.futures import wait as wait_futures
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from imagefactory import freshness, render, schedule, smoke, tags, verdicts
-from imagefactory.engine import BuildProgress, ContainerEngine, Engine, EngineFactory
+from imagefactory.context import UI, Gpus, Network, Options, Pull, RunContext
+from imagefactory.engine_api import BuildProgress, ContainerEngine
 from imagefactory.errors import BuildError, Cancelled, ConfigError, EngineGone, ImageFactoryError
 from imagefactory.interrupt import GRACE_SECONDS, Interrupt
 from imagefactory.model import Cell, Matrix
@@ -37,20 +37,6 @@ from imagefactory.report import (BUILD_FAILED, BUILT, CACHED, CHECK_FAILED, INTE
 BUILD_ENDED = 1 << 30  # a step number past any build's last: opens the cell's gate
 
 
-@dataclass(frozen=True)
-class Options:
-    work_dir: Path = Path("build")
-    jobs: int = 1
-    fail_fast: bool = False
-    gpus: str = "auto"  # none | all | auto
-    network: str = "host"  # host | default
-    probe_timeout: float = smoke.DEFAULT_TIMEOUT
-    cache_from: tuple[str, ...] = ()  # images whose layers a build may reuse (e.g. the previous release)
-    pull: str = "missing"  # always | missing | never: how base images are resolved (freshness.py)
-    retest: bool = False  # probe even when a verdict for this image is cached (verdicts.py)
-    verdicts_dir: Path | None = None  # None: verdicts.cache_dir()
-
-
 @dataclass
 class Outcome:
     reports: list[CellReport]
@@ -58,14 +44,10 @@ class Outcome:
     engine_gone: str | None = None  # the error, when the engine stopped answering mid-run
 
 
-def resolve_gpus(mode: str, engine: ContainerEngine) -> bool:
-    if mode == "all":
-        return True
-    if mode == "none":
-        return False
-    if mode == "auto":
-        return engine.gpus_available()
-    raise ConfigError(f"--gpus {mode}: not allowed (allowed: none, all, auto)")
+def resolve_gpus(mode: Gpus, engine: ContainerEngine) -> bool:
+    """all / none, or auto: whether the engine has the NVIDIA runtime (the value was checked
+    when the Options were made)."""
+    return mode is Gpus.all or (mode is Gpus.auto and engine.gpus_available())
 
 
 def find_built(engine: ContainerEngine, matrix: Matrix, cell: Cell, content_hash: str) -> str | None:
@@ -86,7 +68,7 @@ def find_built(engine: ContainerEngine, matrix: Matrix, cell: Cell, content_hash
 class _Cell:
     """The per-cell work: log file, cache lookup, build, smoke test."""
 
-    def __init__(self, matrix: Matrix, ctx: render.Context, options: Options, ui: Any, engine: ContainerEngine,
+    def __init__(self, matrix: Matrix, ctx: render.Context, options: Options, ui: UI, engine: ContainerEngine,
                  gpus: bool, keep_log: bool = False):
         self.matrix, self.ctx, self.options, self.ui, self.engine, self.gpus = matrix, ctx, options, ui, engine, gpus
         cell = ctx.cell
@@ -121,10 +103,10 @@ class _Cell:
         self.ui.status(cell.id, "building")
         started = time.monotonic()
         try:
-            network = "host" if self.options.network == "host" else None
+            network = "host" if self.options.network is Network.host else None
             r.image_id = self.engine.build(str(self.ctx.path), r.candidate, network_mode=network,
                                            log=self.log, progress=self._progress,
-                                           pull=self.options.pull == "always",
+                                           pull=self.options.pull is Pull.always,
                                            cache_from=[ref for ref in self.options.cache_from
                                                        if self.engine.image_id(ref)])
         except BuildError as e:
@@ -166,14 +148,19 @@ class _Cell:
         self.log_file.close()
 
 
-def _run(matrix: Matrix, cells: list[Cell], options: Options, ui: Any, engine_factory: EngineFactory,
-         work: Callable[[_Cell], bool], interrupt: Interrupt, *, keep_log: bool = False) -> Outcome:
+def _run(matrix: Matrix, cells: list[Cell], run: RunContext, work: Callable[[_Cell], bool], *,
+         keep_log: bool = False) -> Outcome:
     """Render the cells (base images pinned by digest, freshness.py), then do `work` for each
     on a pool of workers, in the order schedule.py gives: a cell that shares leading steps
     with an earlier one waits until that one has built them."""
+    options, ui, interrupt, engine_factory = run.options, run.ui, run.interrupt, run.engines()
     first = engine_factory()
     gpus = resolve_gpus(options.gpus, first)
-    contexts = render_pinned(matrix, cells, options.work_dir, first, options.pull)
+    try:
+        contexts = render_pinned(matrix, cells, options.work_dir, first, options.pull, interrupt)
+    except Cancelled:  # stopped while pinning base images or rendering: no cell started
+        return Outcome([CellReport(cell=c.id, status=INTERRUPTED, error="interrupted before the build started")
+                        for c in cells], gpus)
     slots = schedule.plan_paths([ctx.path for ctx in contexts])
     gates = schedule.Gates(slots)
     stop = threading.Event()
@@ -227,11 +214,13 @@ def _run(matrix: Matrix, cells: list[Cell], options: Options, ui: Any, engine_fa
 
 
 def render_pinned(matrix: Matrix, cells: list[Cell], work_dir: Path, engine: ContainerEngine,
-                  pull: str) -> list[render.Context]:
+                  pull: Pull | str, interrupt: Interrupt | None = None) -> list[render.Context]:
     """The cells' contexts with each base image pinned to the digest it resolves to now
-    (freshness.py): the content hashes every step that looks for a cell's image must use."""
-    bases = freshness.resolve(engine, [c.base_image for c in cells], pull)
-    return render.render(matrix, work_dir / "contexts", cells, bases={ref: b.pinned for ref, b in bases.items()})
+    (freshness.py): the content hashes every step that looks for a cell's image must use.
+    Raises Cancelled once `interrupt` is set."""
+    bases = freshness.resolve(engine, [c.base_image for c in cells], Pull(pull))
+    return render.render(matrix, work_dir / "contexts", cells, bases={ref: b.pinned for ref, b in bases.items()},
+                         interrupt=interrupt)
 
 
 def _pool(contexts: list[render.Context], order: list[int], one: Callable[[int], CellReport], jobs: int,
@@ -259,28 +248,19 @@ def _unfinished(ctx: render.Context, status: str, error: str) -> CellReport:
                       candidate=tags.candidate(ctx.cell, ctx.content_hash), error=error)
 
 
-def _factory(engine_factory: EngineFactory | None, interrupt: Interrupt) -> EngineFactory:
-    return engine_factory or functools.partial(Engine, interrupt=interrupt)
-
-
-def build(matrix: Matrix, cells: list[Cell], options: Options, ui: Any,
-          engine_factory: EngineFactory | None = None, interrupt: Interrupt | None = None) -> Outcome:
-    """Render, build (or reuse) and smoke-test every cell. The engines `engine_factory` makes
-    must share `interrupt`."""
-    interrupt = interrupt or Interrupt()
+def build(matrix: Matrix, cells: list[Cell], run: RunContext) -> Outcome:
+    """Render, build (or reuse) and smoke-test every cell."""
 
     def work(c: _Cell) -> bool:
         built = c.build()
         c.on_step(BUILD_ENDED)  # the cells that share its layers may start now
         return built and c.test(c.report.image_id)
 
-    return _run(matrix, cells, options, ui, _factory(engine_factory, interrupt), work, interrupt)
+    return _run(matrix, cells, run, work)
 
 
-def test(matrix: Matrix, cells: list[Cell], options: Options, ui: Any,
-         engine_factory: EngineFactory | None = None, interrupt: Interrupt | None = None) -> Outcome:
+def test(matrix: Matrix, cells: list[Cell], run: RunContext) -> Outcome:
     """Re-test the images already built for the cells' current content."""
-    interrupt = interrupt or Interrupt()
 
     def work(c: _Cell) -> bool:
         image = find_built(c.engine, matrix, c.ctx.cell, c.ctx.content_hash)
@@ -292,34 +272,40 @@ def test(matrix: Matrix, cells: list[Cell], options: Options, ui: Any,
         c.engine.tag(image, c.report.candidate)
         return c.test(image)
 
-    return _run(matrix, cells, options, ui, _factory(engine_factory, interrupt), work, interrupt, keep_log=True)
+    return _run(matrix, cells, run, work, keep_log=True)
 
 
 @contextmanager
 def locked(work_dir: Path, report: Path) -> Iterator[None]:
     """Hold exclusive locks on the work dir and on the report for the whole run, so that a
     second run on either stops at once instead of overwriting this run's files."""
-    with _lock(Path(work_dir) / ".imagefactory.lock", f"--work-dir {work_dir}"), \
-            _lock(Path(report).with_name(f".{Path(report).name}.lock"), f"--report {report}"):
+    with exclusive(Path(work_dir) / ".imagefactory.lock", f"--work-dir {work_dir}"), \
+            exclusive(Path(report).with_name(f".{Path(report).name}.lock"), f"--report {report}"):
         yield
 
 
 @contextmanager
-def _lock(lock_path: Path, what: str) -> Iterator[None]:
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+def exclusive(lock_path: Path, what: str, *, own_file: bool = True,
+              hint: str = "give this run its own --work-dir and --report") -> Iterator[None]:
+    """Hold an exclusive lock on `lock_path` while the block runs; ConfigError naming `what` (and
+    the holder's pid) when another run holds it. `own_file`: the lock file is ours (created, the
+    pid written in it); else an existing file (the matrix) is locked as it is, read-only."""
+    if own_file:
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT if own_file else os.O_RDONLY, 0o644)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
             if e.errno not in (errno.EAGAIN, errno.EACCES):
                 raise
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() if own_file else ""
             holder = holder if holder.isdigit() else "?"
             raise ConfigError(f"{what}: another imagefactory run (pid {holder}) is using it; wait for it to "
-                              "end, or give this run its own --work-dir and --report") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+                              f"end, or {hint}") from None
+        if own_file:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield
     finally:
         os.close(fd)

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import inspect
 import json
 import os
+import signal
 import sys
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Any, Callable, List, Optional
@@ -13,14 +20,18 @@ from typing import Any, Callable, List, Optional
 import typer
 
 from imagefactory import build as build_mod
+from imagefactory import context, engine_api
 from imagefactory import lock as lock_mod
 from imagefactory import matrix as matrix_mod
 from imagefactory import progress as progress_mod
 from imagefactory import publish as publish_mod
 from imagefactory import render as render_mod
 from imagefactory import report as report_mod
-from imagefactory.errors import CellFailure, ConfigError, DockerUnavailable, ImageFactoryError, Interrupted
+from imagefactory.errors import Cancelled, CellFailure, ConfigError, DockerUnavailable, ImageFactoryError, Interrupted
+from imagefactory.context import Gpus, Network, Pull, RunContext
+from imagefactory.engine_api import ContainerEngine
 from imagefactory.interrupt import Interrupt
+from imagefactory.model import Cell
 
 app = typer.Typer(
     name="imagefactory",
@@ -38,23 +49,122 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 
-MatrixOpt = typer.Option(Path("matrix.yaml"), "--matrix", "-m", help="The matrix file.", show_default=True)
-OnlyOpt = typer.Option(None, "--only", help="Only this cell id (repeatable). See `imagefactory list`.")
-
-
 class ListFormat(str, Enum):
     table = "table"
     json = "json"
     github = "github"
 
 
-def _load(path: Path, only: Optional[List[str]] = None):
-    m = matrix_mod.load(path)
-    cells = select(m, only)
-    return m, cells
+# -- the shared options: each declared once ---------------------------------------------------------
+# name: (type, typer declaration). A command lists the names it takes (`@shared(...)`); they are
+# added to its signature, resolved and checked once into an `Invocation` (the matrix, the selected
+# cells, one context.Options), and printed as one summary line when a run starts.
+FLAGS: dict[str, tuple[Any, Any]] = {
+    "matrix": (Path, typer.Option(Path("matrix.yaml"), "--matrix", "-m", help="The matrix file.", show_default=True)),
+    "only": (Optional[List[str]], typer.Option(None, "--only", help="Only this cell id (repeatable). See "
+                                                                     "`imagefactory list`.")),
+    "jobs": (int, typer.Option(1, "--jobs", "-j", min=1, help="Cells built at the same time.")),
+    "keep_going": (bool, typer.Option(True, "--keep-going/--fail-fast",
+                                      help="Keep going past a failing cell (default), or stop starting new cells.")),
+    "gpus": (Gpus, typer.Option(Gpus.auto, "--gpus", help="Give the containers (smoke tests, bench workloads of "
+                                                          "CUDA cells) GPUs: all (a GPU is then required), none, or "
+                                                          "auto (all when the engine has the NVIDIA runtime).")),
+    "network": (Network, typer.Option(Network.host, "--network", help="Network of the build containers.")),
+    "report": (Path, typer.Option(Path("build/report.json"), "--report",
+                                  help="Where the JSON report goes; the Markdown summary is written next to it (.md).")),
+    "work_dir": (Path, typer.Option(Path("build"), "--work-dir", help="Rendered contexts and per-cell logs go here.")),
+    "probe_timeout": (float, typer.Option(context.DEFAULT_PROBE_TIMEOUT, "--probe-timeout", min=1.0,
+                                          help="Seconds the in-image probe may run.")),
+    "live": (Optional[bool], typer.Option(None, "--live/--plain", help="Live display (default on a terminal) or "
+                                                                       "plain lines.")),
+    "push": (bool, typer.Option(False, "--push", help="Tag and push the cells that passed (see `imagefactory push`).")),
+    "atomic": (bool, typer.Option(False, "--atomic", help="Publish nothing unless every selected cell passed "
+                                                          "(build: only with --push).")),
+    "push_tries": (int, typer.Option(context.DEFAULT_PUSH_TRIES, "--push-tries", min=1,
+                                     help="Tries per tag when a push fails for a transient reason (authentication "
+                                          "errors are never retried).")),
+    "retry_delay": (float, typer.Option(context.DEFAULT_RETRY_DELAY, "--retry-delay", min=0.0,
+                                        help="Seconds before the first retry; doubles each time.")),
+    "cache_from": (Optional[List[str]], typer.Option(
+        None, "--cache-from", help="A local image whose layers the builds may reuse, e.g. the previous "
+                                   "release pulled from the registry (repeatable).")),
+    "pull": (Pull, typer.Option(Pull.missing, "--pull", help="Base images are resolved to a digest that is pinned in "
+                                                             "FROM: always (from the registry, and re-pulled), missing "
+                                                             "(from the registry, else the local copy), never (the "
+                                                             "local copy only).")),
+    "retest": (bool, typer.Option(False, "--retest", help="Probe every image, even one whose passing verdicts are "
+                                                          "cached for this probe version, GPU and thread mode.")),
+}
+# flag name -> the context.Options field it sets (the same name where not listed)
+FIELD = {"keep_going": "fail_fast", "push_tries": "attempts", "retry_delay": "backoff"}
+NOT_OPTIONS = ("matrix", "only", "live")
 
 
-def select(m, only):
+@dataclass
+class Invocation:
+    """One command's shared options, resolved and checked."""
+
+    command: str
+    matrix: matrix_mod.Matrix
+    cells: list[Cell]
+    options: context.Options
+    live: bool | None
+    fields: tuple[str, ...]  # the Options fields this command has flags for
+
+    def summary(self) -> str:
+        return (f"imagefactory {self.command}: {len(self.cells)} cell(s) of {self.matrix.path}; "
+                + self.options.summary(self.fields))
+
+
+def shared(*names: str, **fixed: Any) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Add the shared options `names` to a command; it receives them as `inv: Invocation`.
+    `fixed`: Options fields the command sets without a flag (push: push=True)."""
+
+    def wrap(fn: Callable[..., None]) -> Callable[..., None]:
+        own = [p for p in inspect.signature(fn, eval_str=True).parameters.values() if p.name != "inv"]
+        added = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=FLAGS[n][1], annotation=FLAGS[n][0])
+                 for n in names]
+
+        @functools.wraps(fn)
+        def command(**kwargs: Any) -> None:
+            values = {n: kwargs.pop(n) for n in names}
+            fn(inv=_invocation(fn.__name__.removesuffix("_cmd").replace("_cells", ""), values, fixed), **kwargs)
+
+        command.__signature__ = inspect.Signature([*own, *added])  # type: ignore[attr-defined]
+        command.__annotations__ = {p.name: p.annotation for p in [*own, *added]}
+        return command
+
+    return wrap
+
+
+def _invocation(command: str, values: dict[str, Any], fixed: dict[str, Any]) -> Invocation:
+    m = matrix_mod.load(values["matrix"])
+    cells = select(m, values.get("only"))
+    settings = {FIELD.get(n, n): v for n, v in values.items() if n not in NOT_OPTIONS}
+    if "fail_fast" in settings:
+        settings["fail_fast"] = not settings["fail_fast"]
+    if "cache_from" in settings:
+        settings["cache_from"] = tuple(settings["cache_from"] or ())
+    settings.update(fixed)
+    if settings.get("atomic") and not settings.get("push"):
+        raise ConfigError("--atomic: only meaningful with --push")
+    options = context.Options(**settings)
+    if options.push:
+        options = _publishing(m, cells, options)
+    return Invocation(command, m, cells, options, values.get("live"), tuple(settings))
+
+
+def _publishing(m: matrix_mod.Matrix, cells: list[Cell], options: context.Options) -> context.Options:
+    """Check everything publishing needs before anything is built: the credentials, the commit
+    id, every tag of every cell."""
+    publish_mod.credentials()
+    options = dataclasses.replace(options, git_sha=publish_mod.git_sha())
+    for cell in cells:
+        publish_mod.tags_for(m, cell.id, "0" * 64, options)
+    return options
+
+
+def select(m: matrix_mod.Matrix, only: Optional[List[str]]) -> list[Cell]:
     if not only:
         return list(m.cells)
     ids = [c.id for c in m.cells]
@@ -64,7 +174,7 @@ def select(m, only):
     return [c for c in m.cells if c.id in only]
 
 
-def _cell_row(c) -> dict:
+def _cell_row(c: Cell) -> dict:
     return {
         "id": c.id, "python": c.python, "cuda": c.cuda or "none", "blas": c.blas,
         "installer": c.installer, "torch": c.torch, "threads": c.threads,
@@ -73,16 +183,15 @@ def _cell_row(c) -> dict:
 
 
 @app.command("list")
+@shared("matrix", "only")
 def list_cells(
-    matrix: Path = MatrixOpt,
-    only: Optional[List[str]] = OnlyOpt,
+    inv: Invocation,
     format: ListFormat = typer.Option(ListFormat.table, "--format", "-f",
                                       help="table for people; json for scripts; github for a job matrix "
                                            "(`fromJSON` of {\"include\": [...]})."),
 ) -> None:
     """Show the expanded cells: id, base image, release tag and key settings."""
-    m, cells = _load(matrix, only)
-    rows = [_cell_row(c) for c in cells]
+    rows = [_cell_row(c) for c in inv.cells]
     if format is ListFormat.json:
         print(json.dumps(rows, indent=2))
     elif format is ListFormat.github:
@@ -100,29 +209,23 @@ def list_cells(
 
 
 @app.command()
+@shared("matrix", "only")
 def render(
-    matrix: Path = MatrixOpt,
+    inv: Invocation,
     out: Path = typer.Option(Path("build/contexts"), "--out", "-o", help="Folder for the build contexts."),
-    only: Optional[List[str]] = OnlyOpt,
 ) -> None:
     """Write one build context per cell to OUT/<cell-id>/ (Dockerfile and every file it copies).
 
     Same matrix in, same bytes out; nothing is written unless every cell renders."""
-    m, cells = _load(matrix, only)
-    contexts = render_mod.render(m, out, cells)
+    interrupt = Interrupt()
+    try:
+        with interrupt.signals():
+            contexts = render_mod.render(inv.matrix, out, inv.cells, interrupt=interrupt)
+    except Cancelled:
+        print("interrupted: render wrote nothing", file=sys.stderr)
+        raise typer.Exit(128 + (interrupt.signum or signal.SIGINT)) from None
     for ctx in contexts:
         print(f"{ctx.cell.id}\t{ctx.path}\t{ctx.content_hash[:12]}")
-
-
-class Gpus(str, Enum):
-    none = "none"
-    all = "all"
-    auto = "auto"
-
-
-class Network(str, Enum):
-    host = "host"
-    default = "default"
 
 
 def _finish(outcome: build_mod.Outcome, report_path: Path, interrupt: Interrupt) -> None:
@@ -141,160 +244,82 @@ def _finish(outcome: build_mod.Outcome, report_path: Path, interrupt: Interrupt)
         raise CellFailure(f"{len(failed)} of {len(reports)} cell(s) failed: " + ", ".join(r.cell for r in failed))
 
 
-def _pipeline(work_dir: Path, report: Path, live: Optional[bool],
-              steps: Callable[[Any, Interrupt], build_mod.Outcome]) -> None:
-    """Run `steps` with this run's work dir and report locked and SIGINT/SIGTERM turned into a
-    cancellation; the report is written however the steps end (passed, failed, interrupted)."""
+@contextmanager
+def _run(inv: Invocation, output: Path) -> Iterator[RunContext]:
+    """The run context of an engine-driving command: the work dir and `output` locked (a second
+    run on either stops at once), the engine reached, the settings printed, SIGINT/SIGTERM
+    turned into the run's cancellation while the block runs."""
     interrupt = Interrupt()
-    with build_mod.locked(work_dir, report):
-        with progress_mod.make(live) as ui, interrupt.signals():
-            outcome = steps(ui, interrupt)
-        _finish(outcome, report, interrupt)
+    with build_mod.locked(inv.options.work_dir, output):
+        factory = engine_api.docker_factory(interrupt)
+        first: list[ContainerEngine] = [factory()]  # DockerUnavailable before anything is printed
+
+        def engines() -> ContainerEngine:
+            return first.pop() if first else factory()
+
+        print(inv.summary(), file=sys.stderr)
+        with progress_mod.make(inv.live) as ui, interrupt.signals():
+            yield RunContext(inv.options, ui, interrupt, engines)
 
 
-JobsOpt = typer.Option(1, "--jobs", "-j", min=1, help="Cells built at the same time.")
-KeepGoingOpt = typer.Option(True, "--keep-going/--fail-fast",
-                            help="Keep going past a failing cell (default), or stop starting new cells.")
-GpusOpt = typer.Option(Gpus.auto, "--gpus", help="Give the smoke tests GPUs: all (a GPU is then required), "
-                                                 "none, or auto (all when the engine has the NVIDIA runtime).")
-NetworkOpt = typer.Option(Network.host, "--network", help="Network of the build containers.")
-ReportOpt = typer.Option(Path("build/report.json"), "--report",
-                         help="Where the JSON report goes; the Markdown summary is written next to it (.md).")
-WorkDirOpt = typer.Option(Path("build"), "--work-dir", help="Rendered contexts and per-cell logs go here.")
-TimeoutOpt = typer.Option(300.0, "--probe-timeout", min=1.0, help="Seconds the in-image probe may run.")
-RetriesOpt = typer.Option(4, "--push-tries", min=1, help="Tries per tag when a push fails for a transient "
-                                                         "reason (authentication errors are never retried).")
-RetryDelayOpt = typer.Option(2.0, "--retry-delay", min=0.0, help="Seconds before the first retry; doubles each time.")
+def _pipeline(inv: Invocation, steps: Callable[[RunContext], build_mod.Outcome]) -> None:
+    """Run `steps` in the run context; the report is written however they end (passed,
+    failed, interrupted)."""
+    with _run(inv, inv.options.report) as run:
+        outcome = steps(run)
+    _finish(outcome, inv.options.report, run.interrupt)
 
 
-LiveOpt = typer.Option(None, "--live/--plain", help="Live display (default on a terminal) or plain lines.")
-
-
-class Pull(str, Enum):
-    always = "always"
-    missing = "missing"
-    never = "never"
-
-
-PullOpt = typer.Option(Pull.missing, "--pull", help="Base images are resolved to a digest that is pinned in FROM: "
-                                                    "always (from the registry, and re-pulled), missing (from the "
-                                                    "registry, else the local copy), never (the local copy only).")
-RetestOpt = typer.Option(False, "--retest", help="Probe every image, even one whose passing verdicts are "
-                                                 "cached for this probe version, GPU and thread mode.")
-
-
-def _options(work_dir, jobs, keep_going, gpus, network, probe_timeout, cache_from=(), *,
-             pull: Pull = Pull.missing, retest: bool = False) -> build_mod.Options:
-    return build_mod.Options(work_dir=work_dir, jobs=jobs, fail_fast=not keep_going, gpus=gpus.value,
-                             network=network.value, probe_timeout=probe_timeout, cache_from=tuple(cache_from or ()),
-                             pull=pull.value, retest=retest)
+BUILD_FLAGS = ("matrix", "only", "jobs", "keep_going", "gpus", "network", "report", "work_dir", "probe_timeout",
+               "live", "push", "atomic", "push_tries", "retry_delay", "cache_from", "pull", "retest")
 
 
 @app.command()
-def build(
-    matrix: Path = MatrixOpt,
-    only: Optional[List[str]] = OnlyOpt,
-    jobs: int = JobsOpt,
-    keep_going: bool = KeepGoingOpt,
-    gpus: Gpus = GpusOpt,
-    network: Network = NetworkOpt,
-    report: Path = ReportOpt,
-    work_dir: Path = WorkDirOpt,
-    probe_timeout: float = TimeoutOpt,
-    live: Optional[bool] = LiveOpt,
-    push: bool = typer.Option(False, "--push", help="Tag and push the cells that passed (see `imagefactory push`)."),
-    atomic: bool = typer.Option(False, "--atomic", help="With --push: publish nothing unless every cell passed."),
-    push_tries: int = RetriesOpt,
-    retry_delay: float = RetryDelayOpt,
-    cache_from: Optional[List[str]] = typer.Option(
-        None, "--cache-from", help="A local image whose layers the builds may reuse, e.g. the previous "
-                                   "release pulled from the registry (repeatable)."),
-    pull: Pull = PullOpt,
-    retest: bool = RetestOpt,
-) -> None:
+@shared(*BUILD_FLAGS)
+def build(inv: Invocation) -> None:
     """Build every cell through the Docker SDK, then smoke-test each image in a container.
 
     An image whose rendered context is unchanged is reused (reported as cached). Built images
     get a local candidate name (imagefactory-candidate/...); release tags are applied only by
     --push, and only to cells that passed. Full logs: WORK_DIR/logs/<cell>.log."""
-    m, cells = _load(matrix, only)
-    options = _options(work_dir, jobs, keep_going, gpus, network, probe_timeout, cache_from, pull=pull, retest=retest)
-    if atomic and not push:
-        raise ConfigError("--atomic: only meaningful with --push")
-    publish_options = _publish_options(m, cells, atomic, push_tries, retry_delay) if push else None
 
-    def steps(ui, interrupt: Interrupt) -> build_mod.Outcome:
-        outcome = build_mod.build(m, cells, options, ui, interrupt=interrupt)
-        if publish_options is not None:  # after an interrupt: marks every cell not published
-            publish_mod.publish(m, outcome.reports, ui=ui, options=publish_options, interrupt=interrupt)
+    def steps(run: RunContext) -> build_mod.Outcome:
+        outcome = build_mod.build(inv.matrix, inv.cells, run)
+        if run.options.push:  # after an interrupt: marks every cell not published
+            publish_mod.publish(inv.matrix, outcome.reports, run)
         return outcome
 
-    _pipeline(work_dir, report, live, steps)
-
-
-def _publish_options(m, cells, atomic: bool, tries: int, delay: float) -> publish_mod.Options:
-    """Check everything publishing needs before anything is built: the credentials, the commit
-    id, every tag of every cell."""
-    publish_mod.credentials()
-    options = publish_mod.Options(atomic=atomic, git_sha=publish_mod.git_sha(), attempts=tries, backoff=delay)
-    for cell in cells:
-        publish_mod.tags_for(m, cell.id, "0" * 64, options)
-    return options
+    _pipeline(inv, steps)
 
 
 @app.command()
-def push(
-    matrix: Path = MatrixOpt,
-    only: Optional[List[str]] = OnlyOpt,
-    atomic: bool = typer.Option(False, "--atomic", help="Publish nothing unless every selected cell passes."),
-    gpus: Gpus = GpusOpt,
-    report: Path = ReportOpt,
-    work_dir: Path = WorkDirOpt,
-    probe_timeout: float = TimeoutOpt,
-    live: Optional[bool] = LiveOpt,
-    push_tries: int = RetriesOpt,
-    retry_delay: float = RetryDelayOpt,
-) -> None:
+@shared("matrix", "only", "atomic", "gpus", "report", "work_dir", "probe_timeout", "live", "push_tries",
+        "retry_delay", push=True)
+def push(inv: Invocation) -> None:
     """Smoke-test the built images again, then tag and push those that pass.
 
     Tags: the release tag from the matrix (tags.template), an immutable tag with the content
     hash (tags.hash_template) and the optional date / git-sha tags (tags.extra). Credentials:
     IMAGEFACTORY_REGISTRY_USER and IMAGEFACTORY_REGISTRY_PASSWORD, else `docker login`'s config
     and credential helpers."""
-    m, cells = _load(matrix, only)
-    options = _options(work_dir, 1, True, gpus, Network.host, probe_timeout)
-    publish_options = _publish_options(m, cells, atomic, push_tries, retry_delay)
 
-    def steps(ui, interrupt: Interrupt) -> build_mod.Outcome:
-        outcome = build_mod.test(m, cells, options, ui, interrupt=interrupt)
-        publish_mod.publish(m, outcome.reports, ui=ui, options=publish_options, interrupt=interrupt)
+    def steps(run: RunContext) -> build_mod.Outcome:
+        outcome = build_mod.test(inv.matrix, inv.cells, run)
+        publish_mod.publish(inv.matrix, outcome.reports, run)
         return outcome
 
-    _pipeline(work_dir, report, live, steps)
+    _pipeline(inv, steps)
 
 
 @app.command("test")
-def test_cmd(
-    matrix: Path = MatrixOpt,
-    only: Optional[List[str]] = OnlyOpt,
-    jobs: int = JobsOpt,
-    keep_going: bool = KeepGoingOpt,
-    gpus: Gpus = GpusOpt,
-    report: Path = ReportOpt,
-    work_dir: Path = WorkDirOpt,
-    probe_timeout: float = TimeoutOpt,
-    live: Optional[bool] = LiveOpt,
-    pull: Pull = PullOpt,
-    retest: bool = RetestOpt,
-) -> None:
+@shared("matrix", "only", "jobs", "keep_going", "gpus", "report", "work_dir", "probe_timeout", "live", "pull",
+        "retest")
+def test_cmd(inv: Invocation) -> None:
     """Re-run the smoke tests on the images already built for the matrix's current content.
 
     An image that already passed this probe version (same GPU and thread mode) is reported
     with its cached verdicts; --retest probes it again."""
-    m, cells = _load(matrix, only)
-    options = _options(work_dir, jobs, keep_going, gpus, Network.host, probe_timeout, pull=pull, retest=retest)
-    _pipeline(work_dir, report, live, lambda ui, interrupt: build_mod.test(m, cells, options, ui,
-                                                                           interrupt=interrupt))
+    _pipeline(inv, lambda run: build_mod.test(inv.matrix, inv.cells, run))
 
 
 class DoctorFormat(str, Enum):
@@ -326,45 +351,46 @@ def doctor(
 
 
 @app.command("bench")
+@shared("matrix", "only", "gpus", "work_dir", "live")
 def bench_cmd(
-    matrix: Path = MatrixOpt,
-    only: Optional[List[str]] = OnlyOpt,
-    budget: float = typer.Option(50.0, "--budget", min=10.0, max=3600.0,
+    inv: Invocation,
+    budget: float = typer.Option(context.DEFAULT_BENCH_BUDGET, "--budget", min=10.0, max=3600.0,
                                  help="Seconds of workload per image (both containers together)."),
-    gpus: Gpus = typer.Option(Gpus.auto, "--gpus", help="Give CUDA cells' workloads GPUs: all, none, or auto "
-                                                         "(all when the engine has the NVIDIA runtime)."),
     out: Path = typer.Option(Path("build/bench.json"), "--out", help="The JSON results; the Markdown table is "
                                                                       "written next to it (.md)."),
-    work_dir: Path = WorkDirOpt,
 ) -> None:
     """Run a short workload in each built image and print side-by-side speed ratios: GEMM at 1 thread
     vs the image's threads; under --cpus 1, threads = host cores vs the CPU budget; DataLoader
     workers; torch.compile; on a GPU, AMP and GEMM TFLOP/s.
 
     Exit codes: 0 every image was measured (single figures may still have failed, see the table);
-    1 a cell has no built image or its workload gave no results; 2 bad configuration; 3 no engine."""
+    1 a cell has no built image or its workload gave no results; 2 bad configuration; 3 no engine;
+    130 / 143 interrupted (the results measured so far are still written)."""
     from imagefactory import bench as bench_mod
 
-    m, cells = _load(matrix, only)
-    results, host_cores = bench_mod.bench(m, cells, bench_mod.Options(work_dir=work_dir, budget=budget,
-                                                                     gpus=gpus.value))
+    inv = dataclasses.replace(inv, options=dataclasses.replace(inv.options, budget=budget),
+                              fields=(*inv.fields, "budget"))
+    with _run(inv, out) as run:
+        results, host_cores = bench_mod.bench(inv.matrix, inv.cells, run)
     json_path, md_path = bench_mod.write(results, out, host_cores=host_cores, budget=budget)
     for r in results:
         print(f"{r.cell}: {r.status}" + (f": {r.error}" if r.error else ""))
         for f in r.figures:
             print("  " + "  ".join(x for x in bench_mod.figure_line(f) if x))
     print(f"bench: {json_path} and {md_path}", file=sys.stderr)
+    if run.interrupt.signum is not None:
+        raise Interrupted(run.interrupt.signum)
     failed = [r.cell for r in results if r.status != bench_mod.MEASURED]
     if failed:
         raise CellFailure(f"{len(failed)} of {len(results)} cell(s) not measured: " + ", ".join(failed))
 
 
 @app.command("lock")
+@shared("matrix", "only")
 def lock_cmd(
+    inv: Invocation,
     packages: Optional[List[str]] = typer.Argument(None, metavar="PKG",
                                                    help="With --upgrade: only these packages may move."),
-    matrix: Path = MatrixOpt,
-    only: Optional[List[str]] = OnlyOpt,
     upgrade: bool = typer.Option(False, "--upgrade", help="Resolve again and move to the newest allowed "
                                                           "versions (all packages, or only PKG...)."),
     check: bool = typer.Option(False, "--check", help="Resolve nothing: exit 2 if a lock is stale or "
@@ -374,8 +400,10 @@ def lock_cmd(
 
     Missing and stale locks are written; current ones are left alone unless --upgrade is given.
     Prints, per cell, the versions that changed. A cell with a lock is built from it: pip with
-    --require-hashes --no-deps, conda from an @EXPLICIT file, without a solve."""
-    m, cells = _load(matrix, only)
+    --require-hashes --no-deps, conda from an @EXPLICIT file, without a solve. A second `lock`
+    of the same matrix stops at once (exit 2); SIGINT/SIGTERM stop the resolver and write no
+    lock (exit 130 / 143)."""
+    m, cells = inv.matrix, inv.cells
     if check:
         if upgrade or packages:
             raise ConfigError("--check: resolves nothing, so it cannot be combined with --upgrade or PKG")
@@ -389,7 +417,14 @@ def lock_cmd(
         print(line, file=sys.stderr)
 
     options = lock_mod.Options(upgrade=upgrade, packages=tuple(packages or ()))
-    for o in lock_mod.lock(m, cells, options, say=progress):
+    interrupt = Interrupt()
+    try:  # two `lock` runs on one matrix would write the same locks: the second stops at once
+        with build_mod.exclusive(m.path, f"--matrix {m.path}", own_file=False, hint="lock another matrix"), \
+                interrupt.raising():
+            outcomes = lock_mod.lock(m, cells, options, say=progress)
+    except Cancelled:
+        raise Interrupted(interrupt.signum or signal.SIGINT, "no lock was written") from None
+    for o in outcomes:
         print(f"{o.cell}: {o.status} {o.path}" + ("" if o.changes or o.status == "unchanged" else " (no version changed)"))
         for change in o.changes:
             print(f"    {change}")
@@ -405,8 +440,7 @@ def main() -> None:
     try:
         app()
     except Interrupted as e:
-        print(f"{e.message}: the report marks the cells that were stopped; the next run resumes "
-              "(finished cells are cached)", file=sys.stderr)
+        print(f"{e.message}: {e.note}", file=sys.stderr)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(e.exit_code)  # do not wait for a worker still stuck in the engine

@@ -25,7 +25,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Callable
 
-from imagefactory.engine import Engine
+from imagefactory import engine_api
+from imagefactory.engine_api import EngineFactory
 from imagefactory.errors import ImageFactoryError
 from imagefactory.model import Cell, Matrix
 
@@ -195,9 +196,9 @@ def _cdi_specs(dirs: tuple[str, ...]) -> bool:
     return False
 
 
-def engine_facts(engine_factory: Callable[[], Engine] = Engine) -> EngineFacts:
+def engine_facts(engine_factory: EngineFactory | None = None) -> EngineFacts:
     try:
-        info = engine_factory().describe()
+        info = (engine_factory or engine_api.docker_engine)().describe()
     except ImageFactoryError as e:  # DockerUnavailable, or an engine that will not say
         return EngineFacts(error=e.message)
     version = info.version if ENGINE_VERSION_RE.fullmatch(info.version) else "(unreadable)"
@@ -327,7 +328,7 @@ class Report:
                 "cells": [asdict(v) for v in self.cells], "recommended": self.recommended}
 
 
-def diagnose(matrix: Matrix | None, *, engine_factory: Callable[[], Engine] = Engine,
+def diagnose(matrix: Matrix | None, *, engine_factory: EngineFactory | None = None,
              driver_query: Callable[[], Driver] = query_driver, table: DriverTable | None = None) -> Report:
     table = table or load_table()
     engine, driver = engine_facts(engine_factory), driver_query()

@@ -4,10 +4,11 @@ Everything else calls these methods and sees imagefactory's own errors, never
 the SDK's. The SDK's traps handled here (see docs): builds and pushes report
 failures inside the stream rather than raising; exec/run has no timeout.
 
-`ContainerEngine` is the interface the pipeline uses (build.py, smoke.py, publish.py take
-an engine factory); `Engine` implements it with the Docker SDK, and the unit tests' fake in
-memory. Every SDK error becomes an imagefactory error: EngineGone when the engine stopped
-answering, Cancelled when the run was interrupted, else the operation's own error.
+`ContainerEngine` (engine_api.py, which imports no SDK) is the interface every command
+takes; `Engine` implements it with the Docker SDK, tests/fake_engine.py in memory. The
+names re-exported from engine_api stay importable from here. Every SDK error becomes an
+imagefactory error: EngineGone when the engine stopped answering, Cancelled when the run was
+interrupted, else the operation's own error.
 """
 
 from __future__ import annotations
@@ -18,14 +19,15 @@ import socket
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any, Callable, NoReturn, Protocol
+from typing import Any, Callable, NoReturn
 
 import docker
 import docker.errors
 import requests.exceptions
 import urllib3.exceptions
 
+from imagefactory.engine_api import (BuildProgress, ContainerEngine, EngineFactory, EngineInfo, PushOutcome, RunResult,
+                                     is_transient)
 from imagefactory.errors import BuildError, Cancelled, DockerUnavailable, EngineError, EngineGone, PushError
 from imagefactory.interrupt import Interrupt
 
@@ -34,74 +36,15 @@ STEP_RE = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
 RUNNING_IN_RE = re.compile(r"^ ---> Running in ([0-9a-f]{12,64})$")
 TAIL_LINES = 30
 
+__all__ = ["BuildProgress", "ContainerEngine", "Engine", "EngineFactory", "EngineInfo", "PushOutcome", "RunResult",
+           "is_transient", "split_tag"]
+
 START_HINT = (
     "start one (`sudo systemctl start docker`, or as root: "
     "`setsid dockerd >/tmp/dockerd.log 2>&1 &`), or point DOCKER_HOST at a running engine"
 )
 
 
-@dataclass
-class BuildProgress:
-    step: int = 0
-    steps: int = 0
-    instruction: str = ""
-
-
-@dataclass(frozen=True)
-class RunResult:
-    exit_code: int | None  # None: killed at the timeout
-    stdout: str
-    stderr: str
-
-
-@dataclass(frozen=True)
-class PushOutcome:
-    ref: str
-    digest: str
-    layers_pushed: list[str]
-    layers_existing: list[str]
-
-
-@dataclass(frozen=True)
-class EngineInfo:
-    version: str
-    api_version: str
-    runtimes: tuple[str, ...]
-    cdi_spec_dirs: tuple[str, ...]  # empty before Docker 25 or when CDI is off
-    cpus: int = 0  # CPUs the engine's host has (NCPU)
-
-
-class ContainerEngine(Protocol):
-    """Every engine operation the pipeline uses. Failures are imagefactory errors:
-    BuildError / PushError / EngineError (EngineGone when the engine went away), and
-    Cancelled once the engine's Interrupt is set."""
-
-    def images_with_label(self, key: str, value: str) -> dict[str, list[str]]: ...
-
-    def image_id(self, ref: str) -> str | None: ...
-
-    def tag(self, image: str, ref: str) -> None: ...
-
-    def untag(self, ref: str) -> None: ...
-
-    def build(self, context: str, tag: str, *, network_mode: str | None = "host",
-              log: Callable[[str], None] = ..., progress: Callable[[BuildProgress], None] = ...,
-              pull: bool = False, cache_from: list[str] | None = None) -> str: ...
-
-    def gpus_available(self) -> bool: ...
-
-    def run(self, image: str, command: list[str], *, timeout: float, gpus: bool = False,
-            environment: dict[str, str] | None = None) -> RunResult: ...
-
-    def push(self, ref: str, *, auth_config: dict[str, str] | None = None,
-             progress: Callable[[dict], None] = ...) -> PushOutcome: ...
-
-    def registry_digest(self, ref: str, *, auth_config: dict[str, str] | None = None) -> str | None: ...
-
-    def local_repo_digests(self, ref: str) -> list[str]: ...
-
-
-EngineFactory = Callable[[], ContainerEngine]
 _SDK_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestException, urllib3.exceptions.HTTPError,
                OSError)
 
@@ -224,6 +167,15 @@ class Engine:
         except _SDK_ERRORS as e:
             self._failed(f"could not remove the tag {ref}", e)
 
+    def remove_image(self, ref: str) -> None:
+        """Remove the image `ref` names (forced, layers pruned); nothing if there is none."""
+        try:
+            self.client.images.remove(ref, force=True)
+        except docker.errors.ImageNotFound:
+            pass
+        except _SDK_ERRORS as e:
+            self._failed(f"could not remove the image {ref}", e)
+
     # -- build ------------------------------------------------------------------------------
     def build(
         self,
@@ -235,6 +187,7 @@ class Engine:
         progress: Callable[[BuildProgress], None] = lambda p: None,
         pull: bool = False,
         cache_from: list[str] | None = None,
+        nocache: bool = False,
     ) -> str:
         """Build `context` and tag it; returns the image id. Raises BuildError with the
         failing step and the log tail when the stream reports an error."""
@@ -243,7 +196,8 @@ class Engine:
         try:
             with self._streaming() as stream:
                 events = self.api.build(path=context, tag=tag, rm=True, forcerm=True, decode=True,
-                                        network_mode=network_mode, pull=pull, cache_from=cache_from or None)
+                                        network_mode=network_mode, pull=pull, cache_from=cache_from or None,
+                                        nocache=nocache)
                 for event in events:
                     builder.feed(event, stream)  # first: it notes a new build container
                     self.interrupt.check()
@@ -432,16 +386,6 @@ def _shutdown(response: Any) -> None:
             response.close()
         except Exception:  # noqa: BLE001 - best effort from another thread
             pass
-
-
-_AUTH_WORDS = ("unauthorized", "authentication required", "no basic auth credentials",
-               "denied", "forbidden", "incorrect username or password")
-
-
-def is_transient(message: str) -> bool:
-    """Authentication and permission failures never get better by retrying; most else may."""
-    low = message.lower()
-    return not any(w in low for w in _AUTH_WORDS)
 
 
 def split_tag(ref: str) -> tuple[str, str]:

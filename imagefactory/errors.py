@@ -79,6 +79,9 @@ class Cancelled(ImageFactoryError):
 class Interrupted(ImageFactoryError):
     """The run was stopped by a signal; exits 128 + the signal number (130 SIGINT, 143 SIGTERM)."""
 
-    def __init__(self, signum: int):
+    def __init__(self, signum: int,
+                 note: str = "the report marks the cells that were stopped; the next run resumes "
+                             "(finished cells are cached)"):
         super().__init__("interrupted" + (" (SIGTERM)" if signum == 15 else ""))
         self.exit_code = 128 + signum
+        self.note = note

@@ -26,10 +26,10 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Protocol
 
+from imagefactory.context import Pull
 from imagefactory.errors import ImageFactoryError
 
 DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
-PULL_MODES = ("always", "missing", "never")
 
 
 class BaseImageError(ImageFactoryError):
@@ -80,15 +80,14 @@ def local_digest(engine: DigestSource, ref: str) -> str | None:
     return sorted(found)[0] if found else None
 
 
-def resolve_one(engine: DigestSource, ref: str, pull: str) -> Base:
-    if pull not in PULL_MODES:
-        raise BaseImageError(f"--pull {pull}: not allowed (allowed: {', '.join(PULL_MODES)})")
+def resolve_one(engine: DigestSource, ref: str, pull: Pull) -> Base:
+    """`pull` is checked once, when the run's Options are made (context.py)."""
     if "@" in ref:  # the matrix pinned it already
         digest = _valid(ref.split("@", 1)[1])
         if digest is None:
             raise BaseImageError(f"base image {ref}: not a sha256 digest")
         return Base(ref, digest, "matrix")
-    if pull != "never":
+    if pull is not Pull.never:
         served = engine.registry_digest(ref)
         if served is not None:
             digest = _valid(served)
@@ -96,17 +95,17 @@ def resolve_one(engine: DigestSource, ref: str, pull: str) -> Base:
                 raise BaseImageError(f"base image {ref}: the registry answered a digest that is not "
                                      f"sha256:<64 hex> ({str(served)[:80]!r})")
             return Base(ref, digest, "registry")
-        if pull == "always":
+        if pull is Pull.always:
             raise BaseImageError(f"base image {ref}: the registry gave no digest (unreachable, unknown "
                                  "tag or no credentials; `docker login` to it), and --pull always needs one")
     local = local_digest(engine, ref)
     if local is None:
-        where = "no local copy with a registry digest" + ("" if pull == "never" else ", and the registry gave none")
-        hint = "pull or push it first, or use --pull missing" if pull == "never" else "check the name and the registry"
+        where = "no local copy with a registry digest" + ("" if pull is Pull.never else ", and the registry gave none")
+        hint = "pull or push it first, or use --pull missing" if pull is Pull.never else "check the name and the registry"
         raise BaseImageError(f"base image {ref}: {where}; {hint}")
     return Base(ref, local, "local")
 
 
-def resolve(engine: DigestSource, refs: Iterable[str], pull: str) -> dict[str, Base]:
+def resolve(engine: DigestSource, refs: Iterable[str], pull: Pull) -> dict[str, Base]:
     """{matrix base reference: its resolved Base}, each distinct reference asked once."""
     return {ref: resolve_one(engine, ref, pull) for ref in sorted(set(refs))}

@@ -99,6 +99,25 @@ class Interrupt:
                 self.cancel(self.signum or signal.SIGINT)
             thread.join(timeout=5)
 
+    @contextmanager
+    def raising(self) -> Iterator[None]:
+        """For work that runs in the main thread and can only be stopped there (a resolver
+        subprocess, `imagefactory lock`): SIGINT/SIGTERM set the interrupt and raise Cancelled
+        at once in the main thread (subprocess.run kills its child on the way out)."""
+
+        def handler(signum: int, frame: object) -> None:
+            if self.signum is None:
+                self.signum = signum
+            self._event.set()
+            raise Cancelled("interrupted")
+
+        previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for s, h in previous.items():
+                signal.signal(s, h)
+
 
 def _quietly(action: Callable[[], None]) -> None:
     try:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
-from imagefactory.engine import BuildProgress
+from imagefactory.engine_api import BuildProgress
 from imagefactory.report import BUILD_FAILED, BUILT, CACHED, PASSED, CellReport
 
 if TYPE_CHECKING:  # rich is imported only for the live display: start-up counts on CI
@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # rich is imported only for the live display: start-up counts
 class Plain:
     """One line per event, prefixed with the cell id; safe for interleaved parallel builds."""
 
-    def __init__(self, stream=None):
+    def __init__(self, stream: TextIO | None = None):
         self.stream = stream or sys.stdout
         self.lock = threading.Lock()
         self.started: dict[str, float] = {}
@@ -28,11 +28,11 @@ class Plain:
         with self.lock:
             print(f"[{cell}] {text}", file=self.stream, flush=True)
 
-    def __enter__(self):
+    def __enter__(self) -> Plain:
         return self
 
-    def __exit__(self, *exc):
-        return False
+    def __exit__(self, *exc: object) -> None:
+        return None
 
     def start(self, cell: str, what: str) -> None:
         self.started[cell] = time.monotonic()
@@ -68,7 +68,7 @@ class Live:
         self.tasks: dict[str, TaskID] = {}
         self.lock = threading.Lock()
 
-    def __enter__(self):
+    def __enter__(self) -> Live:
         self.progress.__enter__()
         return self
 
@@ -127,7 +127,8 @@ def _failure_text(r: CellReport) -> str:
     return ""
 
 
-def make(live: bool | None = None):
+def make(live: bool | None = None) -> Plain | Live:
+    """The display a run's UI protocol (context.UI) is given: Live on a terminal, else Plain."""
     if live is None:
         live = sys.stderr.isatty()
     return Live() if live else Plain()

@@ -12,19 +12,16 @@ release tags after it, so an interrupted publish leaves no release tag behind
 
 from __future__ import annotations
 
-import datetime as _dt
-import functools
 import os
 import re
 import subprocess
-from dataclasses import dataclass
 
-from typing import Any
 
 import tenacity
 
 from imagefactory import tags as tagging
-from imagefactory.engine import ContainerEngine, Engine, EngineFactory, PushOutcome
+from imagefactory.context import UI, Options, RunContext
+from imagefactory.engine_api import ContainerEngine, PushOutcome
 from imagefactory.errors import Cancelled, ConfigError, EngineError, PushError
 from imagefactory.interrupt import Interrupt
 from imagefactory.model import Matrix
@@ -32,15 +29,6 @@ from imagefactory.report import INTERRUPTED, NOT_PUBLISHED, PASSED, PUBLISH_FAIL
 
 USER_ENV = "IMAGEFACTORY_REGISTRY_USER"
 PASSWORD_ENV = "IMAGEFACTORY_REGISTRY_PASSWORD"
-
-
-@dataclass(frozen=True)
-class Options:
-    atomic: bool = False
-    attempts: int = 4  # tries per tag, the first included
-    backoff: float = 2.0  # seconds before the first retry; doubles each time, at most 60 s
-    git_sha: str | None = None
-    today: _dt.date | None = None
 
 
 def credentials() -> dict[str, str] | None:
@@ -86,13 +74,12 @@ def _redact(text: str, auth: dict[str, str] | None) -> str:
     return text
 
 
-def publish(matrix: Matrix, reports: list[CellReport], *, options: Options, ui: Any,
-            engine_factory: EngineFactory | None = None, interrupt: Interrupt | None = None) -> None:
+def publish(matrix: Matrix, reports: list[CellReport], run: RunContext) -> None:
     """Tag and push every passing cell of `reports`, updating each report in place. An
     interrupt stops at once: the cell being pushed is marked interrupted, later ones are
-    not published."""
+    not published. Reads run.options' atomic, attempts, backoff, git_sha and today."""
     auth = credentials()
-    interrupt = interrupt or Interrupt()
+    options, ui, interrupt = run.options, run.ui, run.interrupt
     failing = [r.cell for r in reports if r.status != PASSED]
     if options.atomic and failing:
         for r in reports:
@@ -100,7 +87,7 @@ def publish(matrix: Matrix, reports: list[CellReport], *, options: Options, ui: 
             if r.status == PASSED:
                 r.error = f"not published: --atomic and {len(failing)} cell(s) failed ({', '.join(failing)})"
         return
-    make_engine = engine_factory or functools.partial(Engine, interrupt=interrupt)
+    make_engine = run.engines()
     engine: ContainerEngine | None = None  # made when the first cell is published
     for r in reports:
         if r.status != PASSED or interrupt.is_set():
@@ -127,7 +114,7 @@ def publish(matrix: Matrix, reports: list[CellReport], *, options: Options, ui: 
 
 
 def _publish_cell(engine: ContainerEngine, r: CellReport, order: list[str], auth: dict[str, str] | None,
-                  options: Options, ui: Any, interrupt: Interrupt) -> None:
+                  options: Options, ui: UI, interrupt: Interrupt) -> None:
     """Tag the tested image (by id: a candidate name may since name another image) and push
     each tag in `order`: the immutable hash tag first, release tags after it."""
     for ref in order:
@@ -144,7 +131,7 @@ def _publish_cell(engine: ContainerEngine, r: CellReport, order: list[str], auth
                   + ("" if outcome.layers_pushed else " (registry had every layer)"))
 
 
-def _push_with_retries(engine: ContainerEngine, ref: str, auth: dict[str, str] | None, options: Options, ui: Any,
+def _push_with_retries(engine: ContainerEngine, ref: str, auth: dict[str, str] | None, options: Options, ui: UI,
                        cell: str, interrupt: Interrupt) -> PushOutcome:
     def announce(state: tenacity.RetryCallState) -> None:
         e = state.outcome.exception() if state.outcome else None

@@ -6,16 +6,13 @@ Dockerfile text. Same matrix in, same bytes out.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import json
 import os
 import shlex
 import shutil
-import signal
 import tempfile
-import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Mapping
@@ -25,6 +22,7 @@ import jinja2
 from imagefactory import __version__, digests, inputs, lockfile
 from imagefactory.availability import conda_build_spec
 from imagefactory.errors import ConfigError
+from imagefactory.interrupt import Interrupt
 from imagefactory.model import AUTO, Cell, Matrix
 
 HASH_LABEL = "io.imagefactory.content-hash"
@@ -323,27 +321,14 @@ def _check_out(out: Path, cells: list[Cell]) -> None:
             raise ConfigError(f"--out {out}: {cell.id} exists and is not a directory; remove it")
 
 
-@contextlib.contextmanager
-def _sigterm_as_interrupt():
-    """SIGTERM raises KeyboardInterrupt, so the staging folder is removed as on Ctrl-C."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def render(matrix: Matrix, out: Path, cells: list[Cell] | None = None,
-           bases: Mapping[str, str] | None = None) -> list[Context]:
+           bases: Mapping[str, str] | None = None, interrupt: Interrupt | None = None) -> list[Context]:
     """Render every cell into out/<cell-id>/, all or nothing: contexts are written to a
     temporary folder and moved into place only when every cell rendered.
+
+    Render owns no signal: the caller does (the CLI turns SIGINT/SIGTERM into `interrupt`).
+    Once `interrupt` is set, render stops before the next cell with Cancelled and leaves
+    nothing behind.
 
     `bases` maps a cell's base image to its pinned form (name:tag@sha256:..., see
     freshness.py); the pinned FROM is then part of the content hash. Without it the
@@ -355,20 +340,24 @@ def render(matrix: Matrix, out: Path, cells: list[Cell] | None = None,
     _check_out(out, cells)
     locks = lockfile.load_all(matrix, cells)  # every stale lock reported at once, before anything is written
     out.mkdir(parents=True, exist_ok=True)
-    with _sigterm_as_interrupt():
-        staging: Path | None = None
-        try:
-            staging = Path(tempfile.mkdtemp(prefix=".render-", dir=out))
-            staged = [render_cell(matrix, cell, staging / cell.id, locks[cell.id]) for cell in cells]
-            _check_out(out, cells)
-            contexts = []
-            for ctx in staged:
-                final = out / ctx.cell.id
-                if final.exists():
-                    shutil.rmtree(final)
-                ctx.path.rename(final)
-                contexts.append(Context(ctx.cell, final, ctx.content_hash))
-            return contexts
-        finally:
-            if staging is not None:
-                shutil.rmtree(staging, ignore_errors=True)
+    check = interrupt.check if interrupt is not None else (lambda: None)
+    staging: Path | None = None
+    try:
+        staging = Path(tempfile.mkdtemp(prefix=".render-", dir=out))
+        staged = []
+        for cell in cells:
+            check()
+            staged.append(render_cell(matrix, cell, staging / cell.id, locks[cell.id]))
+        check()
+        _check_out(out, cells)
+        contexts = []
+        for ctx in staged:
+            final = out / ctx.cell.id
+            if final.exists():
+                shutil.rmtree(final)
+            ctx.path.rename(final)
+            contexts.append(Context(ctx.cell, final, ctx.content_hash))
+        return contexts
+    finally:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)

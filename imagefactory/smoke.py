@@ -12,11 +12,12 @@ from dataclasses import dataclass
 from importlib import resources
 
 from imagefactory import checks
-from imagefactory.engine import ContainerEngine, RunResult
+from imagefactory.context import DEFAULT_PROBE_TIMEOUT
+from imagefactory.engine_api import ContainerEngine, RunResult
 from imagefactory.errors import EngineError, EngineGone
 from imagefactory.model import Cell
 
-DEFAULT_TIMEOUT = 300.0
+DEFAULT_TIMEOUT = DEFAULT_PROBE_TIMEOUT  # defined once, in context.py
 
 
 def probe_source() -> str:

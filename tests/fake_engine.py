@@ -1,4 +1,5 @@
-"""An in-memory ContainerEngine for the orchestration unit tests (build.py, smoke.py, publish.py).
+"""The in-memory ContainerEngine for every unit test that needs an engine (build.py, smoke.py,
+publish.py, bench.py, doctor.py, the CLI).
 
 One `World` is what a Docker engine plus a registry would hold: images with labels and tags,
 what each cell's build and probe do, what each push does, what the registry serves. `World.engine`
@@ -16,17 +17,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from imagefactory.engine import BuildProgress, ContainerEngine, PushOutcome, RunResult, is_transient
+from imagefactory.context import UI, Options, RunContext, Silent
+from imagefactory.engine_api import BuildProgress, ContainerEngine, EngineInfo, PushOutcome, RunResult, is_transient
 from imagefactory.errors import BuildError, Cancelled, EngineError, EngineGone, PushError
 from imagefactory.interrupt import Interrupt
+from imagefactory.schedule import instructions
 
-HASH_RE = re.compile(r'io\.imagefactory\.content-hash="([0-9a-f]{64})"')
+LABEL_RE = re.compile(r'(\S+)="([^"]*)"')
+ENGINE_INFO = EngineInfo("27.3.1", "1.47", ("runc",), (), cpus=16)
 
 # What a cell's build does: "ok", "error" (the stream reports an error event), "hang" (until
 # interrupted), "gone" (the engine stops answering).
 # What its probe does: a dict (printed as the probe's JSON), ("timeout", dict) (printed the dict,
 # then was killed at the timeout), "hang" (until interrupted), "crash" (the default).
 # What a push of a ref does, try by try: "ok", "unauthorized", "transient", "hang".
+# A build reports one progress step per Dockerfile instruction; `hold[cell]` makes it wait
+# before its step 2 until the event is set. `run_outputs`, when not empty, answers the next
+# runs in order (a RunResult, or an exception to raise) whatever the image: the bench's
+# workload containers. Calls are recorded: ("build", cell), ("step", (cell, n)),
+# ("probe", cell) and ("run", image) for each container, ("build_args", {...}) with the
+# build's pull/cache_from/nocache.
 
 
 @dataclass
@@ -46,7 +56,13 @@ class World:
     wrong_digest: set[str] = field(default_factory=set)  # refs the registry serves another digest for
     label_lookup_fails: bool = False
     images: dict[str, Image] = field(default_factory=dict)
-    registry: dict[str, str] = field(default_factory=dict)  # ref -> digest served
+    registry: dict[str, str] = field(default_factory=dict)  # ref -> digest served (base images too)
+    local: dict[str, list[str]] | None = None  # ref -> local RepoDigests (None: one per ref, see below)
+    hold: dict[str, threading.Event] = field(default_factory=dict)  # cell id -> set before its step 2
+    run_outputs: list[Any] = field(default_factory=list)  # RunResult | Exception, answered in order
+    run_calls: list[dict] = field(default_factory=list)  # each run's arguments
+    info: EngineInfo = ENGINE_INFO
+    gpus: bool = False
     calls: list[tuple] = field(default_factory=list)  # (operation, argument), in order
     running: set[str] = field(default_factory=set)  # containers now running
     on_call: Callable[[str, Any], None] = lambda op, arg: None
@@ -55,6 +71,10 @@ class World:
     def engine(self) -> ContainerEngine:
         return FakeEngine(self)
 
+    def context(self, options: Options | None = None, ui: UI | None = None) -> RunContext:
+        """A run on this world: its engines share the world's interrupt."""
+        return RunContext(options or Options(), ui or Silent(), self.interrupt, self.engine)
+
     def record(self, op: str, arg: Any) -> None:
         with self.lock:
             self.calls.append((op, arg))
@@ -62,6 +82,9 @@ class World:
 
     def ops(self, op: str) -> list[Any]:
         return [arg for o, arg in self.calls if o == op]
+
+    def count(self, op: str) -> list[Any]:
+        return sorted(self.ops(op))
 
     def image_by_ref(self, ref: str) -> Image | None:
         return self.images.get(ref) or next((i for i in self.images.values() if ref in i.tags), None)
@@ -78,6 +101,9 @@ class FakeEngine:
         while not self.interrupt.is_set():
             self.interrupt._event.wait(0.05)
         raise Cancelled("interrupted")
+
+    def describe(self) -> EngineInfo:
+        return self.world.info
 
     # -- images --------------------------------------------------------------------------
     def images_with_label(self, key: str, value: str) -> dict[str, list[str]]:
@@ -104,18 +130,27 @@ class FakeEngine:
         for image in self.world.images.values():
             image.tags.discard(ref)
 
+    def remove_image(self, ref: str) -> None:
+        self.world.record("remove_image", ref)
+        image = self.world.image_by_ref(ref)
+        if image is not None:
+            del self.world.images[image.id]
+
     # -- build ---------------------------------------------------------------------------
     def build(self, context: str, tag: str, *, network_mode: str | None = "host",
               log: Callable[[str], None] = lambda line: None,
               progress: Callable[[BuildProgress], None] = lambda p: None,
-              pull: bool = False, cache_from: list[str] | None = None) -> str:
+              pull: bool = False, cache_from: list[str] | None = None, nocache: bool = False) -> str:
         self.interrupt.check()
         cell = Path(context).name
         self.world.record("build", cell)
+        self.world.record("build_args", {"cell": cell, "pull": pull, "cache_from": cache_from, "nocache": nocache})
         dockerfile = (Path(context) / "Dockerfile").read_text()
         behaviour = self.world.builds.get(cell, "ok")
-        progress(BuildProgress(1, 2, "FROM base"))
-        log("Step 1/2 : FROM base")
+        steps = instructions(dockerfile) or ["FROM base"]
+        progress(BuildProgress(1, len(steps), steps[0]))
+        self.world.record("step", (cell, 1))
+        log(f"Step 1/{len(steps)} : {steps[0]}")
         if behaviour == "error":
             raise BuildError("The command '/bin/sh -c pip install x' returned a non-zero code: 1",
                              step="step 2/2: RUN pip install x", log_tail=["ERROR: no such package"])
@@ -127,9 +162,14 @@ class FakeEngine:
                 self._hang()
             finally:
                 self.world.running.discard(f"build-{cell}")
-        m = HASH_RE.search(dockerfile)
+        for n, line in enumerate(steps[1:], 2):
+            if n == 2 and cell in self.world.hold:
+                assert self.world.hold[cell].wait(10)
+            self.interrupt.check()
+            self.world.record("step", (cell, n))
+            progress(BuildProgress(n, len(steps), line))
         image = Image("sha256:" + hashlib.sha256(f"{cell}{len(self.world.images)}".encode()).hexdigest(),
-                      {"io.imagefactory.content-hash": m[1] if m else ""}, {tag}, cell)
+                      dict(LABEL_RE.findall(dockerfile)), {tag}, cell)
         with self.world.lock:
             for other in self.world.images.values():
                 other.tags.discard(tag)
@@ -138,14 +178,22 @@ class FakeEngine:
 
     # -- run -----------------------------------------------------------------------------
     def gpus_available(self) -> bool:
-        return False
+        return self.world.gpus
 
     def run(self, image: str, command: list[str], *, timeout: float, gpus: bool = False,
-            environment: dict[str, str] | None = None) -> RunResult:
+            environment: dict[str, str] | None = None, cpus: float | None = None) -> RunResult:
         self.interrupt.check()
         self.world.record("run", image)
+        self.world.run_calls.append({"image": image, "command": command, "timeout": timeout, "gpus": gpus,
+                                     "cpus": cpus, "environment": environment})
+        if self.world.run_outputs:
+            out = self.world.run_outputs.pop(0)
+            if isinstance(out, Exception):
+                raise out
+            return out
         target = self.world.image_by_ref(image)
         cell = target.cell if target else "?"
+        self.world.record("probe", cell)
         behaviour = self.world.probes.get(cell, "crash")
         if behaviour == "hang":
             self.world.running.add(f"probe-{cell}")
@@ -190,8 +238,11 @@ class FakeEngine:
         return served
 
     def local_repo_digests(self, ref: str) -> list[str]:
-        """Every base image is here, pulled from its registry: one repo digest per reference."""
+        """`world.local`, else: every base image is here, pulled from its registry, one repo digest
+        per reference."""
         self.world.record("local_repo_digests", ref)
+        if self.world.local is not None:
+            return self.world.local.get(ref, [])
         name = ref.split("@", 1)[0]
         if ":" in name.rsplit("/", 1)[-1]:
             name = name.rsplit(":", 1)[0]

@@ -1,5 +1,5 @@
 """bench: the host side judges crafted workload JSON (GPU figures included); the orchestration
-runs against a small fake engine; the workload itself runs natively here (NumPy only)."""
+runs against the in-memory engine (tests/fake_engine.py); the workload itself runs natively here (NumPy only)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ import sys
 
 import pytest
 
-from imagefactory import bench, build, matrix
-from imagefactory.engine import EngineInfo, RunResult
+from imagefactory import bench, build, matrix, render, tags
+from imagefactory.engine_api import RunResult
 from imagefactory.errors import EngineError
 from tests.conftest import REPO
+from tests.fake_engine import Image, World
 
 WORKLOAD = REPO / "imagefactory" / "resources" / "workload.py"
 GOLDEN = REPO / "tests" / "golden" / "matrix.yaml"
@@ -92,10 +93,10 @@ def test_output_without_workload_json_is_refused(stdout):
 
 
 def test_a_killed_workload_keeps_the_figures_it_printed(golden, tmp_path):
-    m, cell, built = golden
+    m, cell, _ = golden
     progress = json.dumps({"figure": ok()}) + "\n" + '{"figure": {"name": "dataloader", "uni'
-    engine = FakeEngine(built, [RunResult(None, progress, "")])
-    (r,) = bench.bench(m, [cell], bench.Options(work_dir=tmp_path), engine_factory=lambda: engine,
+    engine = fake(golden, [RunResult(None, progress, "")])
+    (r,) = bench.bench(m, [cell], engine.context(bench.Options(work_dir=tmp_path)),
                        say=lambda line: None)[0]
     assert r.status == bench.FAILED and r.error.endswith("killed after 65 s (1 figure(s) kept)")
     assert [f.name for f in r.figures] == ["gemm.torch"]
@@ -116,54 +117,38 @@ def test_markdown_table_escapes_and_shows_both_values():
 
 # -- orchestration against a fake engine ------------------------------------------------------------
 
-class FakeEngine:
-    def __init__(self, built: dict[str, list[str]], outputs: list[RunResult | Exception]):
-        self.built, self.outputs, self.calls = built, list(outputs), []
-
-    def gpus_available(self) -> bool:
-        return False
-
-    def describe(self) -> EngineInfo:
-        return EngineInfo("27.3.1", "1.47", ("runc",), (), cpus=16)
-
-    def images_with_label(self, key, value):
-        return self.built
-
-    def registry_digest(self, ref, *, auth_config=None):  # the base image, as the registry serves it
-        return "sha256:" + "1" * 64
-
-    def local_repo_digests(self, ref):
-        return []
-
-    def run(self, image, command, *, timeout, gpus=False, environment=None, cpus=None):
-        self.calls.append({"image": image, "command": command, "timeout": timeout, "gpus": gpus, "cpus": cpus})
-        out = self.outputs.pop(0)
-        if isinstance(out, Exception):
-            raise out
-        return out
+def fake(golden, outputs: list, *, built: bool = True) -> World:
+    """The base image as its registry serves it, the cell's image when `built`, and the
+    workload containers' results in order."""
+    m, cell, content_hash = golden
+    world = World(registry={cell.base_image: "sha256:" + "1" * 64}, run_outputs=list(outputs))
+    if built:
+        world.images["sha256:abc"] = Image("sha256:abc", {render.HASH_LABEL: content_hash},
+                                           {tags.candidate(cell, content_hash)}, cell.id)
+    return world
 
 
 @pytest.fixture
 def golden(tmp_path):
     m = matrix.load(GOLDEN)
     cell = m.cell("py3.11-cpu-openblas-pip")
-    ctx = build.render_pinned(m, [cell], tmp_path / "pre", FakeEngine({}, []), "missing")[0]
-    from imagefactory import tags
-    return m, cell, {"sha256:abc": [tags.candidate(cell, ctx.content_hash)]}
+    base = World(registry={cell.base_image: "sha256:" + "1" * 64})
+    ctx = build.render_pinned(m, [cell], tmp_path / "pre", base.engine(), "missing")[0]
+    return m, cell, ctx.content_hash
 
 
 def test_bench_runs_two_containers_per_image(golden, tmp_path):
-    m, cell, built = golden
-    engine = FakeEngine(built, [RunResult(0, doc(ok()), ""),
+    m, cell, _ = golden
+    engine = fake(golden, [RunResult(0, doc(ok()), ""),
                                 RunResult(0, doc(ok("oversub.torch", base=40.0, cand=80.0)), "")])
-    results, cores = bench.bench(m, [cell], bench.Options(work_dir=tmp_path, budget=40),
-                                 engine_factory=lambda: engine, say=lambda line: None)
+    results, cores = bench.bench(m, [cell], engine.context(bench.Options(work_dir=tmp_path, budget=40)),
+                                 say=lambda line: None)
     assert cores == 16
     (r,) = results
     assert r.status == bench.MEASURED and r.image == "sha256:abc"
     assert [(f.name, f.container, f.speedup) for f in r.figures] == [
         ("gemm.torch", "default", 2.0), ("oversub.torch", "--cpus 1", 2.0)]
-    main, oversub = engine.calls
+    main, oversub = engine.run_calls
     assert main["cpus"] is None and oversub["cpus"] == 1.0
     assert main["command"][:2] == ["python", "-c"] and "WORKLOAD_VERSION" in main["command"][2]
     assert main["command"][3:] == ["--budget", "28", "--sections", "gemm,dataloader,compile,gpu"]
@@ -172,24 +157,24 @@ def test_bench_runs_two_containers_per_image(golden, tmp_path):
 
 
 def test_a_cell_without_an_image_or_without_json_fails_alone(golden, tmp_path):
-    m, cell, built = golden
-    none = FakeEngine({}, [])
-    (r,) = bench.bench(m, [cell], bench.Options(work_dir=tmp_path), engine_factory=lambda: none,
+    m, cell, _ = golden
+    none = fake(golden, [], built=False)
+    (r,) = bench.bench(m, [cell], none.context(bench.Options(work_dir=tmp_path)),
                        say=lambda line: None)[0]
-    assert r.status == bench.NOT_BUILT and "imagefactory build" in r.error and none.calls == []
+    assert r.status == bench.NOT_BUILT and "imagefactory build" in r.error and none.run_calls == []
 
-    killed = FakeEngine(built, [RunResult(None, "", "")])
-    (r,) = bench.bench(m, [cell], bench.Options(work_dir=tmp_path), engine_factory=lambda: killed,
+    killed = fake(golden, [RunResult(None, "", "")])
+    (r,) = bench.bench(m, [cell], killed.context(bench.Options(work_dir=tmp_path)),
                        say=lambda line: None)[0]
     assert r.status == bench.FAILED and r.error == f"default: killed after {35 + bench.GRACE:.0f} s"
 
-    crashed = FakeEngine(built, [RunResult(0, doc(ok()), ""), RunResult(137, "", "Killed\n")])
-    (r,) = bench.bench(m, [cell], bench.Options(work_dir=tmp_path), engine_factory=lambda: crashed,
+    crashed = fake(golden, [RunResult(0, doc(ok()), ""), RunResult(137, "", "Killed\n")])
+    (r,) = bench.bench(m, [cell], crashed.context(bench.Options(work_dir=tmp_path)),
                        say=lambda line: None)[0]
     assert r.status == bench.FAILED and r.error.startswith("--cpus 1: exit code 137, no workload JSON: Killed")
 
-    refused = FakeEngine(built, [EngineError("could not create a container of x: no python")])
-    (r,) = bench.bench(m, [cell], bench.Options(work_dir=tmp_path), engine_factory=lambda: refused,
+    refused = fake(golden, [EngineError("could not create a container of x: no python")])
+    (r,) = bench.bench(m, [cell], refused.context(bench.Options(work_dir=tmp_path)),
                        say=lambda line: None)[0]
     assert r.status == bench.FAILED and "no python" in r.error
 

@@ -5,17 +5,14 @@ The real-engine counterpart is tests/integration/test_freshness.py."""
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import threading
-from pathlib import Path
 
 import pytest
 
 from imagefactory import build, freshness, matrix, schedule
-from imagefactory.engine import BuildProgress, RunResult
+from tests.fake_engine import World
 from imagefactory.report import CACHED, NOT_BUILT, PASSED
-from imagefactory.schedule import instructions
 from tests.unit.helpers import good_probe
 
 MATRIX = """
@@ -31,82 +28,15 @@ threads: 2
 BASES = {f"python:{v}-slim-bookworm": "sha256:" + hashlib.sha256(v.encode()).hexdigest() for v in ("3.11", "3.12")}
 
 
-class Quiet:
-    def __getattr__(self, name):
-        return lambda *a, **k: None
-
-
-class FakeEngine:
-    """Images are dicts; a build 'runs' each instruction as a progress step."""
-
-    def __init__(self, cells, registry=None, local=None):
-        self.cells = {c.id: c for c in cells}
-        self.registry = dict(BASES if registry is None else registry)
-        self.local = dict(local or {})
-        self.images: dict[str, dict] = {}
-        self.events: list[tuple] = []
-        self.lock = threading.Lock()
-        self.hold: dict[str, threading.Event] = {}  # cell id -> released before its step 2
-
-    def _event(self, *e):
-        with self.lock:
-            self.events.append(e)
-
-    def gpus_available(self):
-        return False
-
-    def registry_digest(self, ref, *, auth_config=None):
-        return self.registry.get(ref)
-
-    def local_repo_digests(self, ref):
-        return self.local.get(ref, [])
-
-    def images_with_label(self, key, value):
-        return {i: sorted(img["tags"]) for i, img in self.images.items() if img["labels"].get(key) == value}
-
-    def image_id(self, ref):
-        return next((i for i, img in self.images.items() if ref in img["tags"] or ref == i), None)
-
-    def tag(self, image, ref):
-        for img in self.images.values():
-            img["tags"].discard(ref)
-        self.images[image]["tags"].add(ref)
-
-    def build(self, context, tag, *, network_mode="host", log=None, progress=None, pull=False, cache_from=None):
-        text = (Path(context) / "Dockerfile").read_text()
-        labels = dict(re.findall(r'(\S+)="([^"]*)"', text))
-        cell = labels["io.imagefactory.cell"]
-        self._event("build", cell, pull)
-        steps = instructions(text)
-        for n, line in enumerate(steps, 1):
-            if n == 2 and cell in self.hold:
-                assert self.hold[cell].wait(10)
-            self._event("step", cell, n)
-            progress(BuildProgress(n, len(steps), line))
-        image_id = "sha256:" + hashlib.sha256(text.encode()).hexdigest()
-        self.images[image_id] = {"labels": labels, "tags": set(), "from": steps[0]}
-        self.tag(image_id, tag)
-        return image_id
-
-    def run(self, image, command, *, timeout, gpus=False, environment=None):
-        image_id = self.image_id(image)
-        cell = self.cells[self.images[image_id]["labels"]["io.imagefactory.cell"]]
-        self._event("probe", cell.id)
-        return RunResult(0, json.dumps(good_probe(cell, cpus=2)) + "\n", "")
-
-    def count(self, kind):
-        return sorted(e[1] for e in self.events if e[0] == kind)
-
-
 @pytest.fixture
 def setup(tmp_path, write_matrix):
     m = matrix.load(write_matrix(MATRIX))
-    engine = FakeEngine(m.cells)
+    engine = World(probes={c.id: good_probe(c, cpus=2) for c in m.cells}, registry=dict(BASES))
 
     def run(work="w1", command=build.build, **options):
-        engine.events.clear()
+        engine.calls.clear()
         opts = build.Options(work_dir=tmp_path / work, verdicts_dir=tmp_path / "cache", **options)
-        reports = command(m, list(m.cells), opts, Quiet(), engine_factory=lambda: engine).reports
+        reports = command(m, list(m.cells), engine.context(opts)).reports
         return {r.cell: r for r in reports}
 
     return m, engine, run
@@ -144,11 +74,11 @@ def test_imagefactory_test_uses_the_verdicts_too(setup):
 def test_a_failing_retest_is_not_forgotten_by_the_next_run(setup):
     m, engine, run = setup
     run()
-    good = engine.run
-    engine.run = lambda *a, **k: RunResult(1, "", "Segmentation fault")
+    good = dict(engine.probes)
+    engine.probes = {cell: "crash" for cell in good}
     failed = run(retest=True)
     assert {r.status for r in failed.values()} == {"check-failed"}
-    engine.run = good
+    engine.probes = good
     run()
     assert len(engine.count("probe")) == 2  # probed again, not passed on the old record
 
@@ -204,7 +134,7 @@ def test_pull_never_uses_local_digests_and_always_pulls(setup):
     assert engine.count("build") == []  # same digests: same content, still cached
     engine.images.clear()
     run(pull="always")
-    assert {e[2] for e in engine.events if e[0] == "build"} == {True}
+    assert {args["pull"] for args in engine.ops("build_args")} == {True}
 
 
 def test_pull_always_without_a_registry_fails_before_any_build(setup):
@@ -212,7 +142,7 @@ def test_pull_always_without_a_registry_fails_before_any_build(setup):
     engine.registry.clear()
     with pytest.raises(freshness.BaseImageError, match="--pull always"):
         run(pull="always")
-    assert engine.events == []
+    assert engine.ops("build") == [] and engine.ops("run") == []
 
 
 def test_cells_sharing_layers_wait_for_the_leader(setup, write_matrix, tmp_path):
@@ -220,16 +150,16 @@ def test_cells_sharing_layers_wait_for_the_leader(setup, write_matrix, tmp_path)
     shared_base = MATRIX.replace('cuda: ["none"]', 'cuda: ["none", "12.9"]').replace('python: ["3.11", "3.12"]', 'python: ["3.11"]')
     m2 = matrix.load(write_matrix(shared_base + "base_images: {pip: 'python:3.11-slim-bookworm'}\n"))
     leader, follower = (c.id for c in m2.cells)
-    engine.cells.update({c.id: c for c in m2.cells})
+    engine.probes.update({c.id: good_probe(c, cpus=2) for c in m2.cells})
     engine.hold[leader] = threading.Event()
     threading.Timer(0.3, engine.hold[leader].set).start()  # the leader dawdles before its step 2
     opts = build.Options(work_dir=tmp_path / "j2", verdicts_dir=tmp_path / "c", jobs=2)
-    reports = build.build(m2, list(m2.cells), opts, Quiet(), engine_factory=lambda: engine).reports
+    reports = build.build(m2, list(m2.cells), engine.context(opts)).reports
     assert [r.cell for r in reports] == [leader, follower]  # matrix order, whatever the schedule
     shared = schedule.plan_paths([tmp_path / "j2/contexts" / c for c in (leader, follower)])[1].shared_steps
     assert shared >= 2
-    start = engine.events.index(("build", follower, False))
-    assert ("step", leader, shared + 1) in engine.events[:start]  # its shared steps were done
+    start = engine.calls.index(("build", follower))
+    assert ("step", (leader, shared + 1)) in engine.calls[:start]  # its shared steps were done
 
 
 def test_without_shared_layers_no_one_waits(setup, tmp_path):
@@ -238,14 +168,13 @@ def test_without_shared_layers_no_one_waits(setup, tmp_path):
     engine.hold[first] = threading.Event()
     try:
         opts = build.Options(work_dir=tmp_path / "j2", verdicts_dir=tmp_path / "c", jobs=2)
-        thread = threading.Thread(target=build.build, args=(m, list(m.cells), opts, Quiet()),
-                                  kwargs={"engine_factory": lambda: engine})
+        thread = threading.Thread(target=build.build, args=(m, list(m.cells), engine.context(opts)))
         thread.start()
         for _ in range(200):  # the other cell builds to its end while the first is held
-            if ("probe", m.cells[1].id) in engine.events:
+            if ("probe", m.cells[1].id) in engine.calls:
                 break
             threading.Event().wait(0.05)
-        assert ("probe", m.cells[1].id) in engine.events
+        assert ("probe", m.cells[1].id) in engine.calls
     finally:
         engine.hold[first].set()
         thread.join()

@@ -18,8 +18,9 @@ from imagefactory import matrix as matrix_mod
 from imagefactory import publish as publish_mod
 from imagefactory import render
 from imagefactory.checks import judge, passed
+from imagefactory.context import Options, RunContext
 from imagefactory.doctor import CANNOT, LIMITS, RUNS, Driver, EngineFacts
-from imagefactory.engine import RunResult
+from imagefactory.engine_api import RunResult
 from imagefactory.errors import EngineError, EngineGone
 from imagefactory.model import Cell
 from imagefactory.progress import Plain
@@ -59,9 +60,9 @@ def no_credentials(monkeypatch):
 
 
 def run(step, m, world, tmp_path, engine_factory=None, **options):
-    opts = build_mod.Options(work_dir=tmp_path / "work", gpus="none", **options)
-    return step(m, list(m.cells), opts, Plain(io.StringIO()), engine_factory=engine_factory or world.engine,
-                interrupt=world.interrupt)
+    opts = Options(work_dir=tmp_path / "work", gpus="none", **options)
+    return step(m, list(m.cells), RunContext(opts, Plain(io.StringIO()), world.interrupt,
+                                             engine_factory or world.engine))
 
 
 def by_cell(reports) -> dict:
@@ -69,8 +70,7 @@ def by_cell(reports) -> dict:
 
 
 def publish(m, world, reports, **options) -> dict:
-    publish_mod.publish(m, reports, options=publish_mod.Options(backoff=0, **options), ui=Plain(io.StringIO()),
-                        engine_factory=world.engine, interrupt=world.interrupt)
+    publish_mod.publish(m, reports, world.context(Options(backoff=0, **options), Plain(io.StringIO())))
     return by_cell(reports)
 
 

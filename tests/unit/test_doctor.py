@@ -10,9 +10,10 @@ import pytest
 
 from imagefactory import doctor
 from imagefactory.doctor import CANNOT, LIMITS, RUNS, Driver, EngineFacts
-from imagefactory.engine import EngineInfo
+from imagefactory.engine_api import EngineInfo
 from imagefactory.errors import DockerUnavailable
 from imagefactory.model import Cell
+from tests.fake_engine import World
 
 TABLE = doctor.load_table()
 ENGINE_OK = EngineFacts(reachable=True, version="27.3.1", api_version="1.47", nvidia_runtime=True)
@@ -196,18 +197,10 @@ def test_cdi_spec_is_found_in_the_engines_spec_dirs(tmp_path):
 
 # -- engine facts, exit codes and text --------------------------------------------------------------
 
-class FakeEngine:
-    def __init__(self, info: EngineInfo):
-        self.info = info
-
-    def describe(self) -> EngineInfo:
-        return self.info
-
-
 def test_engine_facts_read_version_and_runtime_and_refuse_odd_strings():
-    facts = doctor.engine_facts(lambda: FakeEngine(EngineInfo("27.3.1", "1.47", ("nvidia", "runc"), ())))
+    facts = doctor.engine_facts(World(info=EngineInfo("27.3.1", "1.47", ("nvidia", "runc"), ())).engine)
     assert (facts.reachable, facts.version, facts.api_version, facts.nvidia_runtime) == (True, "27.3.1", "1.47", True)
-    odd = doctor.engine_facts(lambda: FakeEngine(EngineInfo("27.3.1\n\x1b[2J", "1.47; x", ("runc",), ())))
+    odd = doctor.engine_facts(World(info=EngineInfo("27.3.1\n\x1b[2J", "1.47; x", ("runc",), ())).engine)
     assert (odd.version, odd.api_version, odd.nvidia_runtime) == ("(unreadable)", "(unreadable)", False)
 
 
@@ -220,7 +213,7 @@ def test_exit_codes():
     from imagefactory.model import Matrix
     from pathlib import Path
     m = Matrix(path=Path("/x/matrix.yaml"), image="reg.example/ml/train", cells=tuple(CELLS))
-    here = lambda: FakeEngine(EngineInfo("27.3.1", "1.47", ("nvidia",), ()))  # noqa: E731
+    here = World(info=EngineInfo("27.3.1", "1.47", ("nvidia",), ())).engine
     assert doctor.diagnose(m, engine_factory=here, driver_query=lambda: Driver("580.65.06", ["H200"])).exit_code == 0
     assert doctor.diagnose(m, engine_factory=here, driver_query=lambda: Driver("560.35.03", ["A100"])).exit_code == 1
     assert doctor.diagnose(None, engine_factory=here, driver_query=lambda: Driver(error="none")).exit_code == 0

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from imagefactory import freshness
+from imagefactory.context import Options, Pull
+from imagefactory.errors import ConfigError
 
 REF = "127.0.0.1:5000/library/python:3.11-slim-bookworm"
 D1, D2 = "sha256:" + "1" * 64, "sha256:" + "2" * 64
@@ -28,31 +30,31 @@ LOCAL = [f"127.0.0.1:5000/library/python@{D2}"]
 
 def test_missing_asks_the_registry_first():
     src = Source(registry=D1, local=LOCAL)
-    base = freshness.resolve_one(src, REF, "missing")
+    base = freshness.resolve_one(src, REF, Pull.missing)
     assert (base.digest, base.source, base.pinned) == (D1, "registry", f"{REF}@{D1}")
     assert src.asked == [("registry", REF)]
 
 
 def test_missing_falls_back_to_the_local_copy():
-    assert freshness.resolve_one(Source(None, LOCAL), REF, "missing").digest == D2
+    assert freshness.resolve_one(Source(None, LOCAL), REF, Pull.missing).digest == D2
 
 
 def test_never_does_not_touch_the_registry():
     src = Source(registry=D1, local=LOCAL)
-    assert freshness.resolve_one(src, REF, "never").digest == D2
+    assert freshness.resolve_one(src, REF, Pull.never).digest == D2
     assert all(side == "local" for side, _ in src.asked)
 
 
 def test_always_needs_the_registry():
     with pytest.raises(freshness.BaseImageError, match="--pull always"):
-        freshness.resolve_one(Source(None, LOCAL), REF, "always")
+        freshness.resolve_one(Source(None, LOCAL), REF, Pull.always)
 
 
 def test_no_digest_anywhere_is_an_error():
     with pytest.raises(freshness.BaseImageError, match="no local copy"):
-        freshness.resolve_one(Source(None, []), REF, "never")
+        freshness.resolve_one(Source(None, []), REF, Pull.never)
     with pytest.raises(freshness.BaseImageError, match="no local copy"):
-        freshness.resolve_one(Source(None, []), REF, "missing")
+        freshness.resolve_one(Source(None, []), REF, Pull.missing)
 
 
 @pytest.mark.parametrize("served", [
@@ -61,14 +63,14 @@ def test_no_digest_anywhere_is_an_error():
 ])
 def test_a_registry_digest_is_checked_whole(served):
     with pytest.raises(freshness.BaseImageError, match="not sha256"):
-        freshness.resolve_one(Source(served), REF, "missing")
+        freshness.resolve_one(Source(served), REF, Pull.missing)
 
 
 def test_local_digests_of_other_repositories_or_malformed_are_ignored():
     local = [f"127.0.0.1:5000/other/python@{D1}", "127.0.0.1:5000/library/python@sha256:xyz",
              f"127.0.0.1:5000/library/python@{D2}\nFROM x"]
     with pytest.raises(freshness.BaseImageError):
-        freshness.resolve_one(Source(None, local), REF, "never")
+        freshness.resolve_one(Source(None, local), REF, Pull.never)
 
 
 def test_docker_hub_names_are_normalised_when_matching_local_digests():
@@ -79,16 +81,17 @@ def test_docker_hub_names_are_normalised_when_matching_local_digests():
 
 def test_a_reference_pinned_in_the_matrix_is_kept_and_not_looked_up():
     src = Source(D1, LOCAL)
-    base = freshness.resolve_one(src, f"{REF}@{D2}", "always")
+    base = freshness.resolve_one(src, f"{REF}@{D2}", Pull.always)
     assert (base.pinned, base.source, src.asked) == (f"{REF}@{D2}", "matrix", [])
 
 
 def test_each_distinct_reference_is_resolved_once():
     src = Source(D1)
-    assert set(freshness.resolve(src, [REF, REF, "debian:12"], "missing")) == {REF, "debian:12"}
+    assert set(freshness.resolve(src, [REF, REF, "debian:12"], Pull.missing)) == {REF, "debian:12"}
     assert len(src.asked) == 2
 
 
-def test_unknown_pull_mode():
-    with pytest.raises(freshness.BaseImageError, match="allowed"):
-        freshness.resolve_one(Source(D1), REF, "sometimes")
+def test_an_unknown_pull_mode_is_refused_once_when_the_options_are_made():
+    with pytest.raises(ConfigError, match=r"^--pull sometimes: not allowed \(allowed: always, missing, never\)$"):
+        Options(pull="sometimes")  # type: ignore[arg-type]
+    assert Options(pull="never").pull is Pull.never  # type: ignore[arg-type]

@@ -18,7 +18,7 @@ import pytest
 import requests
 
 from imagefactory import build as build_mod
-from imagefactory import cli
+from imagefactory import cli, engine_api
 from imagefactory import matrix as matrix_mod
 from imagefactory import publish as publish_mod
 from imagefactory import render
@@ -73,13 +73,12 @@ def ui() -> Plain:
 
 def run_build(m, world, tmp_path, **options):
     opts = build_mod.Options(work_dir=tmp_path / "work", gpus="none", **options)
-    return build_mod.build(m, list(m.cells), opts, ui(), engine_factory=world.engine, interrupt=world.interrupt)
+    return build_mod.build(m, list(m.cells), world.context(opts, ui()))
 
 
 def run_publish(m, world, reports, the_ui=None, **options):
     opts = publish_mod.Options(backoff=0, **options)
-    publish_mod.publish(m, reports, options=opts, ui=the_ui or ui(), engine_factory=world.engine,
-                        interrupt=world.interrupt)
+    publish_mod.publish(m, reports, world.context(opts, the_ui or ui()))
     return {r.cell: r for r in reports}
 
 
@@ -155,10 +154,9 @@ def test_a_re_test_keeps_the_build_log(m, world, tmp_path):
     world.builds[A] = "error"
     build = by_cell(run_build(m, world, tmp_path))
     opts = build_mod.Options(work_dir=tmp_path / "work", gpus="none")
-    retest = by_cell(build_mod.test(m, list(m.cells), opts, ui(), engine_factory=world.engine,
-                                    interrupt=world.interrupt))
+    retest = by_cell(build_mod.test(m, list(m.cells), world.context(opts, ui())))
     assert retest[A].status == "not-built"
-    assert "Step 1/2 : FROM base" in Path(build[A].log).read_text()
+    assert "Step 1/18 : FROM python:3.11-slim-bookworm@" in Path(build[A].log).read_text()
 
 
 def test_the_tested_image_is_the_one_published_even_if_its_candidate_name_moves(m, world, tmp_path):
@@ -564,3 +562,40 @@ def test_signal_scope_ends_at_once_and_still_turns_a_signal_into_a_cancel():
         while not hit.is_set() and time.monotonic() < deadline:
             time.sleep(0.01)
     assert hit.is_set() and hit.signum == signal.SIGTERM
+
+
+def test_sigterm_while_build_is_still_rendering_exits_143_with_a_report(m, tmp_path, monkeypatch, capsys):
+    """The CLI owns the signals for the whole run: a SIGTERM that lands while `build` is
+    rendering is a cancellation like any other (143, a report marking the cells), not a
+    KeyboardInterrupt that skips the report (130)."""
+    world = World(probes={c.id: good_probe(c) for c in m.cells})
+
+    def engine(interrupt: Interrupt):  # the engines the CLI makes share its run's interrupt
+        world.interrupt = interrupt
+        return world.engine()
+
+    monkeypatch.setattr(engine_api, "docker_engine", engine)
+    real_render_cell = render.render_cell
+
+    def render_cell_then_sigterm(*args, **kwargs):
+        ctx = real_render_cell(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.2)  # the handler runs at once: before the next cell renders
+        return ctx
+
+    monkeypatch.setattr(render, "render_cell", render_cell_then_sigterm)
+
+    def exit_now(code: int) -> None:
+        raise SystemExit(code)
+
+    monkeypatch.setattr(cli.os, "_exit", exit_now)
+    report = tmp_path / "report.json"
+    monkeypatch.setattr(sys, "argv", ["imagefactory", "build", "--matrix", str(m.path), "--plain", "--gpus", "none",
+                                      "--work-dir", str(tmp_path / "work"), "--report", str(report)])
+    with pytest.raises(SystemExit) as e:
+        cli.main()
+    assert e.value.code == 143, capsys.readouterr().err
+    cells = {c["cell"]: c["status"] for c in json.loads(report.read_text())["cells"]}
+    assert set(cells) == {A, B} and set(cells.values()) <= {INTERRUPTED, SKIPPED}
+    assert world.ops("build") == []
+    assert not [p for p in (tmp_path / "work" / "contexts").iterdir() if p.name.startswith(".render-")]

@@ -1,0 +1,144 @@
+"""One run's settings and context: what every engine-driving command (build, test, push,
+bench) is given.
+
+`Options` is the one options object: the CLI declares each shared flag once (cli.py) and
+resolves them into it; the pipeline steps (build.py, publish.py, bench.py) read the fields
+they need. Choice values are checked here once, as enums. `RunContext` adds what the run
+holds: the display (a typed `UI`), the run's Interrupt (SIGINT/SIGTERM, interrupt.py) and
+the engine factory (engine_api.py). Defaults are defined here only.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field, fields
+from enum import Enum
+from pathlib import Path
+from typing import Protocol
+
+from imagefactory import engine_api
+from imagefactory.engine_api import BuildProgress, EngineFactory
+from imagefactory.errors import ConfigError
+from imagefactory.interrupt import Interrupt
+from imagefactory.report import CellReport
+
+DEFAULT_PROBE_TIMEOUT = 300.0  # seconds the in-image probe may run
+DEFAULT_PUSH_TRIES = 4  # tries per tag, the first included
+DEFAULT_RETRY_DELAY = 2.0  # seconds before the first push retry; doubles each time, at most 60 s
+DEFAULT_BENCH_BUDGET = 50.0  # seconds of bench workload per image (both containers together)
+
+
+class Gpus(str, Enum):
+    none = "none"
+    all = "all"
+    auto = "auto"
+
+
+class Network(str, Enum):
+    host = "host"
+    default = "default"
+
+
+class Pull(str, Enum):
+    always = "always"
+    missing = "missing"
+    never = "never"
+
+
+_CHOICES: dict[str, type[Enum]] = {"gpus": Gpus, "network": Network, "pull": Pull}
+
+
+@dataclass(frozen=True)
+class Options:
+    """Every setting of a run. Fields a command has no flag for keep their defaults."""
+
+    work_dir: Path = Path("build")
+    report: Path = Path("build/report.json")
+    jobs: int = 1
+    fail_fast: bool = False
+    gpus: Gpus = Gpus.auto
+    network: Network = Network.host
+    pull: Pull = Pull.missing  # how base images are resolved (freshness.py)
+    retest: bool = False  # probe even when a verdict for this image is cached (verdicts.py)
+    probe_timeout: float = DEFAULT_PROBE_TIMEOUT
+    cache_from: tuple[str, ...] = ()  # images whose layers a build may reuse (e.g. the previous release)
+    verdicts_dir: Path | None = None  # None: verdicts.cache_dir()
+    # publishing (push, build --push)
+    push: bool = False
+    atomic: bool = False
+    attempts: int = DEFAULT_PUSH_TRIES
+    backoff: float = DEFAULT_RETRY_DELAY
+    git_sha: str | None = None
+    today: dt.date | None = None
+    # bench
+    budget: float = DEFAULT_BENCH_BUDGET
+
+    def __post_init__(self) -> None:
+        """The one check of the choice values (the CLI hands enums already; code may hand strings)."""
+        for name, kind in _CHOICES.items():
+            value = getattr(self, name)
+            if not isinstance(value, kind):
+                try:
+                    object.__setattr__(self, name, kind(value))
+                except ValueError:
+                    allowed = ", ".join(str(m.value) for m in kind)
+                    raise ConfigError(f"--{name} {value}: not allowed (allowed: {allowed})") from None
+
+    def summary(self, names: tuple[str, ...]) -> str:
+        """The resolved settings `names` (the fields a command has flags for), on one line: what
+        a run prints when it starts."""
+        shown = []
+        for f in fields(self):
+            if f.name in names:
+                value = getattr(self, f.name)
+                value = value.value if isinstance(value, Enum) else value
+                value = ",".join(map(str, value)) or "-" if isinstance(value, tuple) else value
+                shown.append(f"{f.name.replace('_', '-')}={value}")
+        return " ".join(shown)
+
+
+class UI(Protocol):
+    """What the pipeline tells the display (progress.py: Plain lines or a Live view)."""
+
+    def start(self, cell: str, what: str) -> None: ...
+
+    def step(self, cell: str, p: BuildProgress) -> None: ...
+
+    def log(self, cell: str, line: str) -> None: ...
+
+    def status(self, cell: str, text: str) -> None: ...
+
+    def finish(self, r: CellReport) -> None: ...
+
+
+class Silent:
+    """A UI that shows nothing."""
+
+    def start(self, cell: str, what: str) -> None:
+        pass
+
+    def step(self, cell: str, p: BuildProgress) -> None:
+        pass
+
+    def log(self, cell: str, line: str) -> None:
+        pass
+
+    def status(self, cell: str, text: str) -> None:
+        pass
+
+    def finish(self, r: CellReport) -> None:
+        pass
+
+
+@dataclass
+class RunContext:
+    """One run: its options, its display, its cancellation and where its engines come from.
+    The engines `engine_factory` makes must share `interrupt` (docker_factory does)."""
+
+    options: Options = field(default_factory=Options)
+    ui: UI = field(default_factory=Silent)
+    interrupt: Interrupt = field(default_factory=Interrupt)
+    engine_factory: EngineFactory | None = None
+
+    def engines(self) -> EngineFactory:
+        return self.engine_factory or engine_api.docker_factory(self.interrupt)

@@ -1,0 +1,127 @@
+"""The run context the CLI gives build, test, push, bench and lock: shared options resolved once and
+printed when a run starts, the work-dir lock held, signals turned into a clean stop. The CLI runs
+in this process on the in-memory engine (tests/fake_engine.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+
+import pytest
+
+from imagefactory import build as build_mod
+from imagefactory import cli, engine_api
+from imagefactory import matrix as matrix_mod
+from imagefactory.context import Gpus, Options
+from imagefactory.errors import Cancelled, ConfigError
+from imagefactory.interrupt import Interrupt
+from tests.fake_engine import World
+from tests.unit.helpers import good_probe
+
+MATRIX = """\
+image: registry.example.com/ml/train
+matrix:
+  python: ["3.11", "3.12"]
+  cuda: ["none"]
+  blas: [openblas]
+  installer: [pip]
+torch: "2.13.0"
+threads: 2
+"""
+
+
+@pytest.fixture
+def world(tmp_path, monkeypatch) -> World:
+    """The CLI's engines are this world's; os._exit (an interrupted run) becomes SystemExit."""
+    (tmp_path / "matrix.yaml").write_text(MATRIX)
+    m = matrix_mod.load(tmp_path / "matrix.yaml")
+    w = World(probes={c.id: good_probe(c) for c in m.cells})
+
+    def engine(interrupt: Interrupt):
+        w.interrupt = interrupt
+        return w.engine()
+
+    def exit_now(code: int) -> None:
+        raise SystemExit(code)
+
+    monkeypatch.setattr(engine_api, "docker_engine", engine)
+    monkeypatch.setattr(cli.os, "_exit", exit_now)
+    monkeypatch.chdir(tmp_path)
+    return w
+
+
+def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
+    monkeypatch.setattr(sys, "argv", ["imagefactory", *args])
+    try:
+        cli.main()
+        code = 0
+    except SystemExit as e:
+        code = int(e.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_a_run_starts_by_printing_its_resolved_settings(world, monkeypatch, capsys):
+    code, _, err = run_cli(monkeypatch, capsys, "build", "--plain", "--fail-fast", "--gpus", "none", "-j", "2",
+                           "--only", "py3.12-cpu-openblas-pip", "--cache-from", "a:1", "--cache-from", "b:2")
+    assert code == 0, err
+    first = err.splitlines()[0]
+    assert first.startswith("imagefactory build: 1 cell(s) of ") and first.count("matrix.yaml") == 1
+    for setting in ("jobs=2", "fail-fast=True", "gpus=none", "network=host", "pull=missing",
+                    "probe-timeout=300.0", "cache-from=a:1,b:2", "push=False", "atomic=False", "attempts=4"):
+        assert f" {setting}" in first, first
+    assert world.ops("build") == ["py3.12-cpu-openblas-pip"]
+
+
+def test_choices_are_checked_once_into_enums():
+    assert Options(gpus="none").gpus is Gpus.none  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"^--gpus some: not allowed \(allowed: none, all, auto\)$"):
+        Options(gpus="some")  # type: ignore[arg-type]
+
+
+def test_bench_holds_the_work_dir_lock(world, tmp_path, monkeypatch, capsys):
+    with build_mod.locked(tmp_path / "build", tmp_path / "build" / "report.json"):  # a build is running
+        code, _, err = run_cli(monkeypatch, capsys, "bench", "--work-dir", "build")
+    assert code == 2 and "--work-dir build: another imagefactory run" in err, err
+    assert world.calls == []
+
+
+def test_sigterm_during_bench_stops_it_with_143_and_writes_what_it_has(world, tmp_path, monkeypatch, capsys):
+    assert run_cli(monkeypatch, capsys, "build", "--plain", "--gpus", "none")[0] == 0
+    first, second = sorted(world.probes)
+    world.probes[first] = "hang"  # the workload container of the first cell never ends
+
+    def sigterm_when_running() -> None:
+        for _ in range(500):
+            if f"probe-{first}" in world.running:
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+            threading.Event().wait(0.01)
+
+    threading.Thread(target=sigterm_when_running, daemon=True).start()
+    code, _, err = run_cli(monkeypatch, capsys, "bench", "--gpus", "none", "--budget", "10")
+    assert code == 143, err
+    results = {r["cell"]: r["status"] for r in json.loads((tmp_path / "build" / "bench.json").read_text())["cells"]}
+    assert results == {first: "interrupted", second: "interrupted"}
+    assert not world.running  # the container was stopped
+
+
+def test_raising_scope_turns_sigterm_into_cancelled_in_the_main_thread():
+    interrupt = Interrupt()
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Cancelled):
+        with interrupt.raising():
+            os.kill(os.getpid(), signal.SIGTERM)
+            threading.Event().wait(5)
+    assert interrupt.signum == signal.SIGTERM and interrupt.is_set()
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_second_lock_of_the_same_matrix_stops_before_resolving(world, tmp_path, monkeypatch, capsys):
+    with build_mod.exclusive(tmp_path / "matrix.yaml", "a running lock", own_file=False):
+        code, _, err = run_cli(monkeypatch, capsys, "lock")
+    assert code == 2 and "another imagefactory run" in err and "resolving" not in err, err
+    assert not (tmp_path / "locks").exists() and (tmp_path / "matrix.yaml").read_text() == MATRIX
