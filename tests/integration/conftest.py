@@ -96,6 +96,8 @@ def created_images(engine):
     else this run built: see remove_run_images)."""
     refs: list[str] = []
     yield refs
+    if _Started.build is not None:  # a session that ends before the CUDA test waited for its build
+        _Started.build.stop()
     if os.environ.get("IMAGEFACTORY_TEST_KEEP_IMAGES") == "1":
         return
     # No engine-wide prune: another run on the same engine may be mid-build, and a classic
@@ -154,7 +156,7 @@ def mkl_numpy(engine, base_registry, created_images, mkl_numpy_start) -> str:
 
 
 @pytest.fixture(scope="session")
-def cpu_build(tmp_path_factory, engine, base_registry, wheelhouse, session_id, created_images) -> Build:
+def cpu_build(request, tmp_path_factory, engine, base_registry, wheelhouse, session_id, created_images) -> Build:
     """The shared image: the one cold pip CPU build of the run (py3.11-cpu-openblas-pip),
     beside a cell that fails midway. A real build, not a leftover: this run's label gives
     both cells content hashes no earlier run had (so nothing needs removing first)."""
@@ -165,6 +167,10 @@ def cpu_build(tmp_path_factory, engine, base_registry, wheelhouse, session_id, c
     for cell in build.first_report.values():
         if cell["candidate"]:
             created_images.append(cell["candidate"])
+    if any(item.name == CUDA_TEST for item in request.session.items):
+        # The slow CUDA cell downloads ~3 GB: it builds beside the rest of the session, from
+        # now on (its first steps are cache hits on this build's), and its test runs last.
+        _start_cuda(tmp_path_factory, wheelhouse)
     return build
 
 
@@ -191,21 +197,21 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: "cuda_background" in getattr(item, "fixturenames", ()))
 
 
-@pytest.fixture(scope="session", autouse=True)
-def cuda_background_start(request, tmp_path_factory, verdict_cache):
-    """Start the pip CUDA cell's build (the slow test's) when the session starts, if that test
-    was selected. It needs the engine only once it runs; without one it fails fast, and the
-    test reports the missing engine as every other test does."""
-    if not any(item.name == CUDA_TEST for item in request.session.items):
-        yield None
-        return
-    wheels = request.getfixturevalue("wheelhouse")
-    build = Background(tmp_path_factory.mktemp("cuda-build"), cuda_matrix_text(wheels), "--gpus", "none")
-    yield build
-    build.stop()
+class _Started:
+    """The background CUDA build of this session, once started."""
+
+    build: Background | None = None
+
+
+def _start_cuda(tmp_path_factory, wheels: Path) -> Background:
+    if _Started.build is None:
+        _Started.build = Background(tmp_path_factory.mktemp("cuda-build"), cuda_matrix_text(wheels), "--gpus", "none")
+    return _Started.build
 
 
 @pytest.fixture(scope="session")
-def cuda_background(cuda_background_start, engine, base_registry) -> Background:
-    assert cuda_background_start is not None, f"{CUDA_TEST} is selected, so its build was started"
-    return cuda_background_start
+def cuda_background(engine, base_registry, tmp_path_factory, wheelhouse, created_images) -> Background:
+    """The pip CUDA cell's build, started by cpu_build once the shared image is built (so
+    that both do not race through their common steps: two builds of the same step at once
+    leave two copies, and later builds pick either one as their cache), or now."""
+    return _start_cuda(tmp_path_factory, wheelhouse)

@@ -167,10 +167,11 @@ def test_pip_cuda_cell_builds_and_its_cuda_build_is_verified(engine, cuda_backgr
     image). The build was started with the session (conftest.py) and runs beside the other
     tests; this test, sorted last, waits for it and judges it."""
     result = cuda_background.wait()
+    assert cuda_background.report_path.exists(), result.stdout[-3000:] + result.stderr[-3000:]
     (cell,) = cuda_background.report()
     if cell["candidate"]:
         created_images.append(cell["candidate"])
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert cell["status"] == "passed" and cell["cached"] is False, cell
     by = {c["name"]: c for c in cell["checks"]}
     assert by["torch.cuda_build"]["verdict"] == "pass" and by["torch.cuda_build"]["actual"] == "13.0"
