@@ -9,13 +9,14 @@ import json
 import pytest
 
 from imagefactory import matrix
-from tests.integration.conftest import TEST_REGISTRY, matrix_text, registry_digest, run_cli
+from tests.integration.helpers import TEST_REGISTRY, matrix_text, registry_digest, run_cli
 
 pytestmark = pytest.mark.docker
 
 
 def test_a_digest_pinned_base_image_builds_and_passes(tmp_path, engine, base_registry, wheelhouse, session_id,
-                                                     created_images):
+                                                     created_images, cpu_build):
+    """The shared cpu_build's good cell, its base named by digest: every layer is shared."""
     digest = registry_digest(base_registry, "library/python", "3.11-slim-bookworm", auth=None)
     assert digest and digest.startswith("sha256:"), "the base-image registry serves no python:3.11-slim-bookworm"
     path = tmp_path / "matrix.yaml"

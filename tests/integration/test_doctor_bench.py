@@ -11,8 +11,7 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO
-from tests.integration.conftest import TEST_REGISTRY, matrix_text, run_cli
+from tests.integration.helpers import REPO, TEST_REGISTRY, matrix_text, run_cli
 
 pytestmark = pytest.mark.docker
 
@@ -85,21 +84,17 @@ def test_doctor_exit_3_without_an_engine(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def cpu_image(tmp_path_factory, engine, base_registry, wheelhouse, session_id, created_images):
-    """The small pip CPU cell, built here or reused: an image with the same content (built by an
-    earlier run) is found by its content hash and kept; one built here is removed."""
+def cpu_image(tmp_path_factory, engine, base_registry, wheelhouse, session_id, created_images, cpu_build):
+    """The small pip CPU cell: the shared cpu_build's good cell under another name (same content
+    hash), so `imagefactory build` finds it built and tested, and bench measures that image."""
     root = tmp_path_factory.mktemp("bench")
     path = root / "matrix.yaml"
-    # Its own content hash (the env line), so no other test's clean-up of the same content can remove it
-    # between the build and the bench; the layers before that line come from the build cache.
-    path.write_text(matrix_text(image=f"{TEST_REGISTRY}/bench-{session_id}/train", wheelhouse=wheelhouse)
-                    + "env: {IMAGEFACTORY_BENCH_TEST: \"1\"}\n")
+    path.write_text(matrix_text(image=f"{TEST_REGISTRY}/bench-{session_id}/train", wheelhouse=wheelhouse))
     result = run_cli("build", "--matrix", str(path), "--plain", "--gpus", "none",
                      "--report", str(root / "report.json"), "--work-dir", str(root / "work"))
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     (cell,) = json.loads((root / "report.json").read_text())["cells"]
-    if not cell["cached"]:
-        created_images.append(cell["candidate"])
+    assert cell["candidate"] == cpu_build.good_image, (cell, cpu_build.good_image)
     return path, root
 
 

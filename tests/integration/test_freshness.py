@@ -1,9 +1,11 @@
 """Fresh bases and cached verdicts on the real engine and the real base registry, judged by
 outcome: which cell was rebuilt, which was probed, which digest was built on.
 
-The base is this session's own: `FROM 127.0.0.1:5000/library/python:3.11-slim-bookworm`
-plus a label, pushed under it-<session>/python:3.11-slim-bookworm. The shared
-library/* bases are never overwritten."""
+The base is this session's own name, it-<session>/python:3.11-slim-bookworm. It first
+holds the shared base itself (127.0.0.1:5000/library/python:3.11-slim-bookworm, the base of
+the shared cpu_build), so the first build takes its venv stage from the shared image's layers;
+then it moves to a new image (the same plus a label), and everything after FROM is built
+again: the one cold build of this module. The shared library/* bases are never overwritten."""
 
 from __future__ import annotations
 
@@ -14,9 +16,17 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.integration.conftest import BASE_REGISTRY, matrix_text, run_cli
+from tests.integration.helpers import BASE_REGISTRY, matrix_text, run_cli
+
+pytestmark = [pytest.mark.docker, pytest.mark.registry]
 
 BASE_TAG = "3.11-slim-bookworm"
+
+
+def push_shared_base(engine, ref: str) -> str:
+    """Give the shared base image this session's name; push it; its manifest digest."""
+    engine.tag(f"{BASE_REGISTRY}/library/python:{BASE_TAG}", ref)
+    return engine.push(ref).digest
 
 
 def push_base(engine, ref: str, variant: str, root: Path) -> str:
@@ -44,18 +54,19 @@ class Runs:
 
 
 @pytest.fixture(scope="module")
-def fresh(tmp_path_factory, engine, base_registry, wheelhouse, session_id, created_images):
+def fresh(tmp_path_factory, engine, base_registry, wheelhouse, session_id, created_images, cpu_build):
     root = tmp_path_factory.mktemp("fresh")
     repo = f"it-{session_id}/python"
     ref = f"{base_registry}/{repo}:{BASE_TAG}"
     created_images.append(ref)
     matrix = root / "matrix.yaml"
-    # compiler: false: every build here starts from a new base, so nothing after FROM is
-    # cached; the toolchain layer and the torch.compile child would add minutes and are not
-    # what this module is about.
+    # compiler: false: the build on the moved base starts from a new image, so nothing after
+    # FROM is cached there; the toolchain layer and the torch.compile child would add minutes
+    # and are not what this module is about. (The venv stage, which does not depend on it,
+    # still comes from cpu_build's layers on the first base.)
     matrix.write_text(matrix_text(image=f"127.0.0.1:5001/it-{session_id}/fresh", wheelhouse=wheelhouse)
                       + f"base_images:\n  pip: {repo}:{BASE_TAG}\ncompiler: false\n")
-    digest = push_base(engine, ref, "a", root)
+    digest = push_shared_base(engine, ref)
     yield engine, root, ref, digest, Runs(root, matrix, root / "cache"), created_images
     _delete_from_registry(base_registry, repo)
 

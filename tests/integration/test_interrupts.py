@@ -26,8 +26,8 @@ import docker
 import pytest
 
 from imagefactory import build, matrix, render, tags
-from tests.integration.conftest import (BASE_REGISTRY, TEST_PASSWORD, TEST_REGISTRY, TEST_USER, Build, Registry,
-                                        matrix_text, registry_tags)
+from tests.integration.helpers import (BASE_REGISTRY, LEFTOVERS, TEST_PASSWORD, TEST_REGISTRY, TEST_USER, Build,
+                                      Registry, matrix_text, registry_tags)
 
 pytestmark = [pytest.mark.docker, pytest.mark.registry]
 
@@ -44,6 +44,7 @@ class Run:
         self.proc = subprocess.Popen([sys.executable, "-m", "imagefactory", *args], stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True, env=full_env)
         self.lines: list[str] = []
+        self.work = next((Path(v) for k, v in zip(args, args[1:]) if k == "--work-dir"), None)
         self._queue: queue.Queue[str] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -77,9 +78,16 @@ class Run:
                 self.proc.kill()
         elapsed = time.monotonic() - sent
         time.sleep(0.5)
+        self.note_leftovers()
         return code, elapsed
 
+    def note_leftovers(self) -> None:
+        """What the interrupted build had made (its finished steps) is this run's to remove."""
+        if self.work is not None:
+            LEFTOVERS.from_work_dir(self.work)
+
     def output(self) -> str:
+        self.note_leftovers()
         while not self._queue.empty():
             self.lines.append(self._queue.get())
         return "\n".join(self.lines)

@@ -1,8 +1,10 @@
 """Locks on the pip route, for real: resolved through PyPI, built by the real engine, probed.
 
-One module-scoped build from a lock (the examples-like cell) serves most tests; the tampered
-lock fails within seconds of its first download; only the rebuild with the layer cache off
-is a second cold build (marked slow).
+One module-scoped build from a lock (the examples-like cell) serves most tests. Its venv stage
+(installing from the lock) is its own; its final stage up to the COPY of the venv is the shared
+cpu_build's (same base, same toolchain layer). The tampered lock fails within seconds of its
+first download; only the rebuild with the layer cache off is a second cold build (marked slow),
+of the venv stage alone: that stage is where packages are installed.
 """
 
 from __future__ import annotations
@@ -15,25 +17,27 @@ from pathlib import Path
 
 import pytest
 
-from imagefactory import build, lockfile, matrix, render, smoke
-from tests.integration.conftest import TEST_REGISTRY, matrix_text, run_cli
+from imagefactory import lockfile, smoke
+from tests.integration.helpers import LEFTOVERS, RUN_LABEL, RUN_ID, TEST_REGISTRY, matrix_text, run_cli
+
+pytestmark = pytest.mark.docker
 
 CELL = "py3.11-cpu-openblas-pip"
-
-
-def _remove_built(engine, matrix_path: Path, scratch: Path) -> None:
-    """A real build, not a leftover: remove images an earlier run made from the same content."""
-    m = matrix.load(matrix_path)
-    for ctx in build.render_pinned(m, list(m.cells), scratch, engine, "missing"):  # hashes as the build has them
-        for image in engine.client.images.list(filters={"label": f"{render.HASH_LABEL}={ctx.content_hash}"}):
-            engine.client.images.remove(image.id, force=True)
-    shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _installed(engine, image: str) -> dict[str, str]:
     result = smoke.run_probe(engine, image, timeout=300, compile_check=False)  # only its package list is read
     probe = smoke.parse_probe_output(result.stdout)
     assert probe is not None, result.stderr[-2000:]
+    return probe["packages"]["python"]
+
+
+def _installed_in_venv_stage(engine, image: str) -> dict[str, str]:
+    """The same probe, run by the venv's own interpreter (a venv stage has no PATH to it)."""
+    out = engine.client.containers.run(image, ["/opt/venv/bin/python", "-c", smoke.probe_source(), "--no-compile"],
+                                       network_mode="none", remove=True, stderr=False)
+    probe = smoke.parse_probe_output(out.decode())
+    assert probe is not None, out[-2000:]
     return probe["packages"]["python"]
 
 
@@ -53,11 +57,11 @@ class Locked:
 
 
 @pytest.fixture(scope="module")
-def locked(tmp_path_factory, engine, base_registry, wheelhouse, session_id, created_images):
+def locked(tmp_path_factory, engine, base_registry, wheelhouse, session_id, created_images, cpu_build):
+    """A real build from the lock (this run's label makes its content hash new to the engine)."""
     it = Locked(tmp_path_factory.mktemp("locked"), f"{TEST_REGISTRY}/lock-{session_id}/train", wheelhouse)
     it.lock_result = run_cli("lock", "--matrix", str(it.matrix))
     assert it.lock_result.returncode == 0, it.lock_result.stderr[-3000:]
-    _remove_built(engine, it.matrix, it.root / "precheck")
     it.result = it.build()
     it.first = it.report()
     if it.first.get("candidate"):
@@ -168,11 +172,20 @@ def test_rebuild_after_a_cache_wipe_installs_the_same_packages(locked, engine, s
     tag = f"imagefactory-test/lock-rebuild:{session_id}"
     created_images.append(tag)
     context = locked.root / "build" / "contexts" / CELL
-    for event in engine.client.api.build(path=str(context), tag=tag, nocache=True, rm=True, forcerm=True,
-                                         decode=True, network_mode="host"):
+    # The venv stage installs every package (the final stage copies /opt/venv as it is).
+    events = engine.client.api.build(path=str(context), tag=tag, target="venv", nocache=True, rm=True,
+                                     forcerm=True, decode=True, network_mode="host", labels={RUN_LABEL: RUN_ID})
+    stream = []
+    for event in LEFTOVERS.from_events(events):
         assert "error" not in event, event
-    assert engine.image_id(tag) != locked.first["image_id"]
-    again = _installed(engine, tag)
+        stream += str(event.get("stream", "")).splitlines()
+    assert not [line for line in stream if "Using cache" in line]
+    # a new image, none of the first build's (its log names every image it made or reused)
+    first_log = (locked.root / "build" / "logs" / f"{CELL}.log").read_text()
+    rebuilt = engine.image_id(tag)
+    assert rebuilt and re.findall(r"^ ---> ([0-9a-f]{12})$", first_log, re.M)
+    assert rebuilt.split(":")[-1][:12] not in first_log
+    again = _installed_in_venv_stage(engine, tag)
     assert again == first
     pins = dict(lockfile.parse(locked.lock, "pip").versions())
     assert {n: v for n, v in again.items() if n in pins} == pins

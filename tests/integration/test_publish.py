@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from tests.integration.conftest import (TEST_PASSWORD, TEST_REGISTRY, TEST_USER, Build, Registry,
-                                        registry_digest, registry_tags)
+from tests.integration.helpers import (TEST_PASSWORD, TEST_REGISTRY, TEST_USER, Build, Registry, registry_digest,
+                                      registry_tags)
 
 pytestmark = [pytest.mark.docker, pytest.mark.registry]
 

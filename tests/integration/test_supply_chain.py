@@ -25,8 +25,8 @@ import requests
 from imagefactory import matrix
 from imagefactory.errors import ConfigError
 
-from tests.integration.conftest import (BASE_REGISTRY, HOST_CAS, TEST_PASSWORD, TEST_REGISTRY, TEST_USER, matrix_text,
-                       registry_digest, run_cli)
+from tests.integration.helpers import (BASE_REGISTRY, HOST_CAS, RUN_ID, RUN_LABEL, TEST_PASSWORD, TEST_REGISTRY,
+                                       TEST_USER, matrix_text, registry_digest, run_cli)
 
 pytestmark = [pytest.mark.docker]
 
@@ -75,6 +75,7 @@ def conda_matrix(image: str, installer_url: str, sha256: str) -> str:
           installer: [conda]
         torch: "2.13.0"
         base_registry: {BASE_REGISTRY}
+        labels: {{{RUN_LABEL}: "{RUN_ID}"}}
         conda:
           installer_url: {installer_url}
           sha256: {json.dumps(sha256)}
@@ -129,7 +130,9 @@ def test_installer_url_must_be_a_whole_http_url(tmp_path, url):
 # --------------------------------------------------------------------------- secrets stay out
 
 def test_secrets_in_the_environment_stay_out_of_images_registry_logs_and_reports(
-        tmp_path, engine, base_registry, test_registry, wheelhouse, session_id, created_images):
+        tmp_path, engine, base_registry, test_registry, wheelhouse, session_id, created_images, cpu_build):
+    """A label variant of the shared cpu_build image: the build really runs (new content hash)
+    with the secrets in its environment; its heavy layers are the shared image's."""
     token = f"s3cr3t-TOKEN-{session_id}"
     secrets = [token, TEST_PASSWORD]
     env = {
@@ -142,9 +145,8 @@ def test_secrets_in_the_environment_stay_out_of_images_registry_logs_and_reports
     }
     image = f"{test_registry}/it-{session_id}/secrets"
     path = tmp_path / "matrix.yaml"
-    # A label unique to this session: imagefactory really builds (docker may reuse its layers).
-    path.write_text(matrix_text(image=image, wheelhouse=wheelhouse)
-                    + f"labels: {{io.example.session: it-{session_id}}}\n")
+    # A label of its own: imagefactory really builds (docker reuses the shared image's layers).
+    path.write_text(matrix_text(image=image, wheelhouse=wheelhouse, labels={"io.example.session": f"it-{session_id}"}))
     report_path, work = tmp_path / "report.json", tmp_path / "work"
 
     result = run_cli("build", "--matrix", str(path), "--plain", "--gpus", "none", "--push", "--report",

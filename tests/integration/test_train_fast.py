@@ -18,12 +18,9 @@ import docker
 import pytest
 
 from imagefactory import matrix, smoke
-from tests.conftest import REPO
-from tests.integration.conftest import TEST_REGISTRY, Build, judged, matrix_text, run_cli
+from tests.integration.helpers import TEST_REGISTRY, Build, judged, matrix_text, run_cli
 
 pytestmark = pytest.mark.docker
-
-FIXTURES = REPO / "tests" / "fixtures"
 
 
 def failing(result: smoke.SmokeResult) -> dict[str, str]:
@@ -61,20 +58,6 @@ def no_compiler(tmp_path_factory, cpu_build, wheelhouse, session_id, created_ima
     text = matrix_text(image=f"{TEST_REGISTRY}/it-{session_id}/nocc", wheelhouse=wheelhouse) + "compiler: false\n"
     cell, path = build_variant(tmp_path_factory.mktemp("no-compiler"), text, created_images)
     return cell, matrix.load(path).cells[0]
-
-
-@pytest.fixture(scope="module")
-def derive(engine, created_images):
-    """Build tests/fixtures/<name> FROM `base`; returns the tag."""
-
-    def make(name: str, base: str, **buildargs: str) -> str:
-        tag = f"imagefactory-test/{name}:{abs(hash(base)) % 10**8}"
-        engine.client.images.build(path=str(FIXTURES / name), tag=tag, rm=True, network_mode="none",
-                                   buildargs={"BASE": base, **buildargs})
-        created_images.append(tag)
-        return tag
-
-    return make
 
 
 def good(cpu_build: Build) -> tuple:

@@ -1,0 +1,371 @@
+"""Helpers the integration tests share (constants, the CLI runner, matrices, registries, the
+shared two-cell build, and this run's clean-up). Fixtures live in conftest.py; test modules
+import from here, never from conftest.py or from each other."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from dataclasses import replace
+from pathlib import Path
+from typing import Iterable
+
+import pytest
+import requests
+
+REPO = Path(__file__).resolve().parents[2]
+FIXTURES = REPO / "tests" / "fixtures"
+BASE_REGISTRY = "127.0.0.1:5000"
+TEST_REGISTRY = os.environ.get("IMAGEFACTORY_TEST_REGISTRY", "127.0.0.1:5001")
+TEST_USER = os.environ.get("IMAGEFACTORY_TEST_REGISTRY_USER", "imagefactory")
+TEST_PASSWORD = os.environ.get("IMAGEFACTORY_TEST_REGISTRY_PASSWORD", "ci-password")
+CACHE = Path(os.environ.get("IMAGEFACTORY_CI_CACHE", Path.home() / ".cache" / "imagefactory-ci"))
+TORCH_CPU = "2.13.0"
+HOST_CAS = sorted(glob.glob("/usr/local/share/ca-certificates/*.crt"))
+
+# One id per pytest process (one run). Every matrix the tests write carries it as a label, so
+# (1) each cell's content hash is new to the engine: a build is a real build without removing
+# anybody's images first (the layer cache still serves the heavy steps), and (2) everything
+# this run built, and everything built FROM it, is found by that label at the end of the run.
+RUN_ID = uuid.uuid4().hex[:8]
+RUN_LABEL = "io.imagefactory-test.run"
+
+
+def unavailable(reason: str):
+    if os.environ.get("CI"):
+        pytest.fail(f"{reason} (CI must provide it: .ci/run runs scripts/ci-setup.sh)")
+    pytest.skip(f"{reason}; run `sudo bash scripts/ci-setup.sh` first")
+
+
+def judged(cell):
+    """A cell as tests about other checks judge it: without the torch.compile child (about
+    10 s per probe here). test_train_fast's torch.compile tests judge cells as built."""
+    return replace(cell, compiler=False)
+
+
+def matrix_text(*, image: str, wheelhouse: Path, cells: str | None = None, labels: dict[str, str] | None = None,
+                extra: str = "") -> str:
+    """A pip-route matrix that builds here: base images from the local registry, torch's CPU
+    wheel from the wheelhouse, the rest from PyPI through the proxy (whose CAs are added).
+    It carries this run's label (RUN_LABEL) besides `labels`; `extra` is appended as is."""
+    cells = cells or """
+        matrix:
+          python: ["3.11"]
+          cuda: ["none"]
+          blas: [openblas]
+          installer: [pip]
+    """
+    all_labels = {RUN_LABEL: RUN_ID, **(labels or {})}
+    text = textwrap.dedent(cells).strip() + "\n" + textwrap.dedent(f"""
+        image: {image}
+        torch: "{TORCH_CPU}"
+        threads: 2
+        base_registry: {BASE_REGISTRY}
+        pip:
+          torch_index_url: null
+          wheelhouse: {wheelhouse}
+    """).strip() + "\n"
+    text += f"labels: {json.dumps(all_labels)}\n"
+    if HOST_CAS:
+        text += f"ca_certificates: {json.dumps(HOST_CAS)}\n"
+    return text + extra
+
+
+# --------------------------------------------------------------------------- this run's leftovers
+
+_STEP_RE = re.compile(r"^Step \d+/\d+ : (\S+)")
+_IMAGE_RE = re.compile(r"^ ---> ([0-9a-f]{12,64})$")
+
+
+def images_created(lines: Iterable[str]) -> list[str]:
+    """The image ids a classic-builder build stream says it created: each step's result that
+    was not a cache hit, in order. FROM steps (the base) and cached steps (another build's
+    images) are left out, so these are this build's own. A multi-stage build's earlier stage
+    ends as a dangling image that nothing else removes; its ids are among these."""
+    created: list[str] = []
+    step, cached = None, False
+    for line in lines:
+        m = _STEP_RE.match(line)
+        if m:
+            step, cached = m[1].upper(), False
+            continue
+        if line.strip() == "---> Using cache":
+            cached = True
+            continue
+        m = _IMAGE_RE.match(line)
+        if m and step not in (None, "FROM") and not cached:
+            created.append(m[1])
+    return created
+
+
+class Leftovers:
+    """The images this run's builds created, for removal at the end of the run."""
+
+    def __init__(self) -> None:
+        self.ids: list[str] = []
+
+    def add(self, ids: Iterable[str]) -> None:
+        self.ids += [i for i in ids if i not in self.ids]
+
+    def from_work_dir(self, work_dir: Path) -> None:
+        """Read every build log of an `imagefactory ... --work-dir` run (a later build in the
+        same work dir rewrites them, so read them after each command)."""
+        for log in sorted((work_dir / "logs").glob("*.log")):
+            self.add(images_created(log.read_text(errors="replace").splitlines()))
+
+    def from_events(self, events: Iterable[dict]) -> Iterable[dict]:
+        """Pass a decoded build stream through, noting what it created."""
+        lines: list[str] = []
+        for event in events:
+            lines += str(event.get("stream", "")).splitlines()
+            yield event
+        self.add(images_created(lines))
+
+    def remove(self, client) -> list[str]:
+        """Remove the untagged ones, newest first, one image each (noprune): an image that
+        another build has since used as its parent keeps its child and is refused, as is a
+        tagged one. Returns the ids removed."""
+        import docker
+
+        removed = []
+        for image_id in reversed(self.ids):
+            try:
+                if client.images.get(image_id).tags:
+                    continue
+                client.images.remove(image_id, noprune=True)
+                removed.append(image_id)
+            except docker.errors.APIError:  # gone already (pruned with its child), or in use
+                pass
+        return removed
+
+
+LEFTOVERS = Leftovers()
+
+
+def remove_run_images(client, refs: list[str], run_id: str, leftovers: Leftovers) -> None:
+    """A run's images: the references its tests registered, every image carrying its label
+    (its builds, and images built FROM them), then the untagged images its builds created
+    (a multi-stage build's earlier stage, a failed build's last step). Nothing else."""
+    import docker
+
+    for ref in reversed(refs):
+        try:
+            client.images.remove(ref, force=True)
+        except docker.errors.APIError:
+            pass
+    labelled = client.images.list(filters={"label": f"{RUN_LABEL}={run_id}"})
+    # children before parents: an image built FROM another is newer
+    for image in sorted(labelled, key=lambda i: i.attrs.get("Created", ""), reverse=True):
+        try:
+            client.images.remove(image.id, force=True)
+        except docker.errors.APIError:
+            pass
+    leftovers.remove(client)
+
+
+def _work_dir(args: tuple[str, ...]) -> Path | None:
+    for flag, value in zip(args, args[1:]):
+        if flag == "--work-dir":
+            return Path(value)
+    return None
+
+
+def run_cli(*args: str, env: dict | None = None, timeout: float = 1800) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, **(env or {})}
+    for key in ("IMAGEFACTORY_REGISTRY_USER", "IMAGEFACTORY_REGISTRY_PASSWORD"):
+        if env is None or key not in env:
+            full_env.pop(key, None)
+    try:
+        return subprocess.run([sys.executable, "-m", "imagefactory", *args], capture_output=True, text=True,
+                              env=full_env, timeout=timeout)
+    finally:
+        work = _work_dir(args)
+        if work is not None:
+            LEFTOVERS.from_work_dir(work)
+
+
+class Background:
+    """An `imagefactory build` started now, in the background, and judged later: a cold build
+    that mostly waits on the network and the disk (the CUDA cell downloads ~3 GB) overlaps
+    the CPU-bound tests instead of adding its whole time to the run."""
+
+    def __init__(self, root: Path, text: str, *args: str):
+        root.mkdir(parents=True, exist_ok=True)
+        self.root, self.matrix, self.report_path = root, root / "matrix.yaml", root / "report.json"
+        self.matrix.write_text(text)
+        self.args = ("build", "--matrix", str(self.matrix), "--plain", "--report", str(self.report_path),
+                     "--work-dir", str(root / "work"), *args)
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("IMAGEFACTORY_REGISTRY_USER", "IMAGEFACTORY_REGISTRY_PASSWORD")}
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen([sys.executable, "-m", "imagefactory", *self.args], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, env=env)
+        self._done: subprocess.CompletedProcess | None = None
+
+    def wait(self, timeout: float = 1800) -> subprocess.CompletedProcess:
+        if self._done is None:
+            try:
+                out, err = self.proc.communicate(timeout=timeout)
+            finally:
+                if self.proc.poll() is None:
+                    self.proc.kill()
+                    self.proc.wait()
+                LEFTOVERS.from_work_dir(self.root / "work")
+            self._done = subprocess.CompletedProcess(self.args, self.proc.returncode, out, err)
+        return self._done
+
+    def stop(self) -> None:
+        """A session that ends without waiting (the test deselected on the way, or failed
+        before): interrupt the build as a user would, so it cleans up after itself."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(2)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        LEFTOVERS.from_work_dir(self.root / "work")
+
+    def report(self) -> list[dict]:
+        return json.loads(self.report_path.read_text())["cells"]
+
+
+def cuda_matrix_text(wheelhouse: Path) -> str:
+    """The pip CUDA cell: torch 2.14.1 (CUDA 13.0, with its nvidia-* wheels) from PyPI."""
+    cells = """
+        matrix:
+          python: ["3.11"]
+          cuda: ["13.0"]
+          blas: [openblas]
+          installer: [pip]
+    """
+    return (matrix_text(image=f"{TEST_REGISTRY}/it-{RUN_ID}/cuda", wheelhouse=wheelhouse, cells=cells)
+            .replace(f'torch: "{TORCH_CPU}"', 'torch: "2.14.1"'))
+
+
+# --------------------------------------------------------------------------- registries
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Registry:
+    """A throwaway CNCF distribution registry on loopback, started and stopped by a test."""
+
+    def __init__(self, root: Path):
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        config = root / "config.yml"
+        config.write_text(textwrap.dedent(f"""
+            version: 0.1
+            storage:
+              filesystem: {{rootdirectory: {root / 'data'}}}
+              delete: {{enabled: true}}
+            http: {{addr: {self.address}}}
+        """))
+        self.config = config
+        self.data = root / "data"
+        self.start()
+
+    def start(self) -> None:
+        exe = shutil.which("docker-registry")
+        if exe is None:
+            unavailable("docker-registry is not installed")
+        self.proc = subprocess.Popen([exe, "serve", str(self.config)], stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL, start_new_session=True)
+        for _ in range(100):
+            try:
+                requests.get(f"http://{self.address}/v2/", timeout=1)
+                return
+            except requests.RequestException:
+                time.sleep(0.1)
+        raise RuntimeError("the throwaway registry did not start")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+    def receiving(self) -> bool:
+        """Whether an upload has started (the registry keeps partial uploads under _uploads)."""
+        return any(p.name == "_uploads" for p in self.data.rglob("_uploads"))
+
+
+def registry_tags(registry: str, repo: str, auth=(TEST_USER, TEST_PASSWORD)) -> list[str]:
+    r = requests.get(f"http://{registry}/v2/{repo}/tags/list", auth=auth, timeout=10)
+    if r.status_code == 404:
+        return []
+    r.raise_for_status()
+    return sorted(r.json().get("tags") or [])
+
+
+def registry_digest(registry: str, repo: str, tag: str, auth=(TEST_USER, TEST_PASSWORD)) -> str | None:
+    r = requests.head(f"http://{registry}/v2/{repo}/manifests/{tag}", auth=auth, timeout=10, headers={
+        "Accept": "application/vnd.docker.distribution.manifest.v2+json, "
+                  "application/vnd.oci.image.manifest.v1+json"})
+    return r.headers.get("Docker-Content-Digest") if r.status_code == 200 else None
+
+
+# --------------------------------------------------------------------------- the shared build
+
+class Build:
+    """One real `imagefactory build` of a two-cell matrix, shared by the tests that inspect it:
+    py3.11-cpu-openblas-pip builds and passes; py3.11-cpu-mkl-pip fails midway (its extra
+    package does not exist)."""
+
+    GOOD = "py3.11-cpu-openblas-pip"
+    BAD = "py3.11-cpu-mkl-pip"
+    MISSING_PACKAGE = "imagefactory-no-such-package-4b1d"
+
+    def __init__(self, root: Path, image: str, wheelhouse: Path):
+        self.root = root
+        self.image = image
+        self.wheelhouse = wheelhouse
+        self.matrix = root / "matrix.yaml"
+        self.matrix.write_text(self.text(image, wheelhouse))
+        self.report_path = root / "report.json"
+        self.work_dir = root / "work"
+
+    @classmethod
+    def text(cls, image: str, wheelhouse: Path) -> str:
+        cells = """
+            matrix:
+              python: ["3.11"]
+              cuda: ["none"]
+              blas: [mkl, openblas]
+              installer: [pip]
+              include:
+                - {blas: mkl, packages: [%s]}
+        """ % cls.MISSING_PACKAGE
+        text = matrix_text(image=image, wheelhouse=wheelhouse, cells=cells)
+        # a pip + mkl cell needs an index that serves MKL NumPy; this one never gets that far.
+        return text.replace("  torch_index_url: null\n",
+                            "  torch_index_url: null\n  numpy_index_url: https://pypi.org/simple\n")
+
+    def run(self, *args: str, env: dict | None = None, matrix: Path | None = None):
+        return run_cli(*args, "--matrix", str(matrix or self.matrix), "--plain", "--report",
+                       str(self.report_path), "--work-dir", str(self.work_dir), env=env)
+
+    def report(self) -> dict:
+        return {c["cell"]: c for c in json.loads(self.report_path.read_text())["cells"]}
+
+    def with_image(self, image: str) -> Path:
+        """The same cells (same content hashes) published under another name."""
+        path = self.root / f"matrix-{abs(hash(image))}.yaml"
+        path.write_text(self.matrix.read_text().replace(f"image: {self.image}\n", f"image: {image}\n"))
+        return path
+
+    @property
+    def good_image(self) -> str:
+        return self.first_report[self.GOOD]["candidate"]
