@@ -17,6 +17,7 @@ from imagefactory.engine import BuildProgress, RunResult
 from imagefactory.report import CACHED, NOT_BUILT, PASSED
 from imagefactory.schedule import instructions
 from tests.unit.test_checks import good_probe
+from tests.fake_engine import as_launched
 
 MATRIX = """
 image: 127.0.0.1:5001/it/fast
@@ -88,11 +89,13 @@ class FakeEngine:
         self.tag(image_id, tag)
         return image_id
 
-    def run(self, image, command, *, timeout, gpus=False, environment=None):
+    def run(self, image, command, *, timeout, gpus=False, environment=None, options=None):
         image_id = self.image_id(image)
         cell = self.cells[self.images[image_id]["labels"]["io.imagefactory.cell"]]
-        self._event("probe", cell.id)
-        return RunResult(0, json.dumps(good_probe(cell, cpus=2)) + "\n", "")
+        if not (options or {}).get("user"):  # one probe event per image: its hpc mode's run
+            self._event("probe", cell.id)
+        probe = as_launched(good_probe(cell, cpus=2), options or {}, environment or {})
+        return RunResult(0, json.dumps(probe) + "\n", "")
 
     def count(self, kind):
         return sorted(e[1] for e in self.events if e[0] == kind)

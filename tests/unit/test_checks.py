@@ -46,7 +46,7 @@ def good_probe(cell: Cell, *, gpu: bool = False, cpus: int = 8) -> dict:
     ok = {"ok": True, "returncode": 0, "error": None, "info": {}}
     local = "+cpu" if cell.cuda is None else "+cu" + cell.cuda.replace(".", "")
     return {
-        "probe_version": 3,
+        "probe_version": 4,
         "python": {"version": cell.python + ".7", "executable": "/opt/venv/bin/python"},
         "user": {"uid": 1000, "gid": 1000, "name": "trainer"},
         "cpus": {"os_cpu_count": cpus, "affinity": cpus, "cgroup_quota": None, "physical_cores": cpus},
@@ -65,9 +65,17 @@ def good_probe(cell: Cell, *, gpu: bool = False, cpus: int = 8) -> dict:
                             *(dict(e, user_api="openmp") for e in openmp)],
         "bytecode": {"checked": 812, "missing": 0, "stale": 0, "examples": [], "dont_write": False},
         "activation": activation,
+        "launch": {"home": "/home/trainer", "home_writable": True, "root_read_only": False, "tmp": "/tmp",
+                   "tmp_writable": True, "tmp_noexec": False, "shm_bytes": 1 << 30, "error": None},
         "compute": {"numpy_matmul": ok, "torch_matmul": ok, "numpy_complex": dict(ok, info={"scipy": None}),
                     "torch_complex": ok,
-                    "torch_compile": dict(ok, info={"devices": ["cpu"], "seconds": 9.1, "cxx": "/usr/bin/g++"})},
+                    "compile_place": dict(ok, info={"dir": "/tmp", "env": None, "triton": None, "writable": True,
+                                                    "noexec": False}),
+                    "torch_compile": dict(ok, info={"devices": ["cpu"], "seconds": 9.1, "cxx": "/usr/bin/g++"}),
+                    "dataloader_shm": dict(ok, info={"workers": 2, "batch_mib": 80}),
+                    "gloo_all_reduce": dict(ok, info={"backend": "gloo", "world_size": 2}),
+                    **({"nccl_all_reduce": dict(ok, info={"backend": "nccl", "world_size": 1, "devices": 1})}
+                       if gpu else {})},
     }
 
 
@@ -96,7 +104,7 @@ ALL_NAMES = {
     "env.OPENBLAS_NUM_THREADS", "threads.torch", "threads.numpy_blas", "openmp.single_runtime",
     "user.non_root", "probe.numpy", "probe.torch", "numpy.matmul", "torch.matmul",
     "numpy.complex_blas", "torch.complex_blas", "torch.compile", "python.bytecode", "env.activation",
-    "probe.import_time", "packages.locked",
+    "probe.import_time", "packages.locked", "shm.dataloader", "torch.distributed.gloo", "torch.distributed.nccl",
 }
 
 
@@ -163,7 +171,7 @@ def test_cuda_minor_mismatch():
 def test_gpu_required_without_gpu():
     p = good_probe(CUDA_MKL, gpu=False)
     checks = judge(CUDA_MKL, p, gpu_required=True)
-    assert failures(checks) == {"torch.gpu_available", "torch.gpu_matmul"}
+    assert failures(checks) == {"torch.gpu_available", "torch.gpu_matmul", "torch.distributed.nccl"}
     assert by_name(checks)["torch.gpu_available"].actual == "not available"
 
 
@@ -417,11 +425,11 @@ def test_torch_import_error(cell, gpu_required):
     checks = by_name(judge(cell, p, gpu_required=gpu_required))
     assert checks["probe.torch"].verdict == "fail" and "libcudnn" in checks["probe.torch"].detail
     torch_derived = ["torch.version", "torch.cuda_build", "threads.torch", "torch.matmul", "torch.complex_blas",
-                     "torch.compile"]
+                     "torch.compile", "shm.dataloader", "torch.distributed.gloo"]
     if cell.blas == "mkl":
         torch_derived.append("torch.mkl")
     if gpu_required:
-        torch_derived += ["torch.gpu_available", "torch.gpu_matmul"]
+        torch_derived += ["torch.gpu_available", "torch.gpu_matmul", "torch.distributed.nccl"]
     for name in torch_derived:
         assert checks[name].verdict == "fail", checks[name]
         assert checks[name].actual == "torch not importable"
