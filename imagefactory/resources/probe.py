@@ -342,7 +342,9 @@ SECTIONS = {
         "    shutil.rmtree(cache, ignore_errors=True)\n"
     ),
     # DataLoader workers hand their batches to the loader through shared memory (/dev/shm):
-    # one batch of 80 MiB from each of 2 workers outgrows Docker's default 64 MB.
+    # one batch of 80 MiB from each of 2 workers outgrows Docker's default 64 MB. A worker
+    # that cannot allocate its batch there fails in its queue's feeder thread and the loader
+    # would wait forever: hence the loader's own timeout.
     "dataloader_shm": (
         "import multiprocessing as mp\n"
         "import torch\n"
@@ -353,7 +355,7 @@ SECTIONS = {
         "        return 2\n"
         "    def __getitem__(self, i):\n"
         "        return torch.full((MIB << 18,), float(i + 1))\n"
-        "loader = DataLoader(Big(), batch_size=None, num_workers=2, prefetch_factor=1, timeout=90,\n"
+        "loader = DataLoader(Big(), batch_size=None, num_workers=2, prefetch_factor=1, timeout=20,\n"
         "                    multiprocessing_context=mp.get_context('fork'))\n"
         "got = sorted(float(b[0]) + float(b[-1]) for b in loader)\n"
         "assert got == [2.0, 4.0], 'batches came back as %r' % (got,)\n"

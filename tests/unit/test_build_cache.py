@@ -92,7 +92,7 @@ class FakeEngine:
     def run(self, image, command, *, timeout, gpus=False, environment=None, options=None):
         image_id = self.image_id(image)
         cell = self.cells[self.images[image_id]["labels"]["io.imagefactory.cell"]]
-        if not (options or {}).get("user"):  # one probe event per image: its hpc mode's run
+        if (options or {}).get("user"):  # one probe event per image: its hpc mode's run
             self._event("probe", cell.id)
         probe = as_launched(good_probe(cell, cpus=2), options or {}, environment or {})
         return RunResult(0, json.dumps(probe) + "\n", "")
