@@ -11,8 +11,10 @@ it is numpy's BLAS we see and not one torch drags in; threadpool_info() is taken
 after torch to list every OpenMP runtime (by its real path: one runtime can be loaded
 under several names) and MKL's threading layer as loaded in the process.
 
-Work that could crash or hang the probe (a BLAS call, torch.compile) runs in three child
-processes, started first and run concurrently with the rest. The probe's own imports of
+Work that could crash or hang the probe (a BLAS call, torch.compile, a DataLoader through
+/dev/shm, a gloo all_reduce; NCCL where a GPU is visible) runs in child processes, started
+early and run concurrently with the rest. The "launch" section says how the container was
+started as seen from inside (HOME, read-only root, /tmp, the size of /dev/shm). The probe's own imports of
 NumPy and torch are timed (information; the children run meanwhile).
 
     python probe.py [--no-compile]
