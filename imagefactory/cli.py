@@ -19,6 +19,7 @@ from imagefactory import progress as progress_mod
 from imagefactory import publish as publish_mod
 from imagefactory import render as render_mod
 from imagefactory import report as report_mod
+from imagefactory import smoke
 from imagefactory.errors import CellFailure, ConfigError, DockerUnavailable, ImageFactoryError, Interrupted
 from imagefactory.interrupt import Interrupt
 
@@ -179,15 +180,18 @@ class Pull(str, Enum):
 PullOpt = typer.Option(Pull.missing, "--pull", help="Base images are resolved to a digest that is pinned in FROM: "
                                                     "always (from the registry, and re-pulled), missing (from the "
                                                     "registry, else the local copy), never (the local copy only).")
+ShmOpt = typer.Option("1g", "--probe-shm", help="/dev/shm of the probe containers: a size (1g, 512m: --shm-size), "
+                                                "host (--ipc=host) or default (Docker's 64 MB, too small for "
+                                                "the DataLoader check).")
 RetestOpt = typer.Option(False, "--retest", help="Probe every image, even one whose passing verdicts are "
                                                  "cached for this probe version, GPU and thread mode.")
 
 
 def _options(work_dir, jobs, keep_going, gpus, network, probe_timeout, cache_from=(), *,
-             pull: Pull = Pull.missing, retest: bool = False) -> build_mod.Options:
+             pull: Pull = Pull.missing, retest: bool = False, probe_shm: str = "1g") -> build_mod.Options:
     return build_mod.Options(work_dir=work_dir, jobs=jobs, fail_fast=not keep_going, gpus=gpus.value,
                              network=network.value, probe_timeout=probe_timeout, cache_from=tuple(cache_from or ()),
-                             pull=pull.value, retest=retest)
+                             pull=pull.value, retest=retest, probe_shm=smoke.check_shm(probe_shm))
 
 
 @app.command()
@@ -211,6 +215,7 @@ def build(
                                    "release pulled from the registry (repeatable)."),
     pull: Pull = PullOpt,
     retest: bool = RetestOpt,
+    probe_shm: str = ShmOpt,
 ) -> None:
     """Build every cell through the Docker SDK, then smoke-test each image in a container.
 
@@ -218,7 +223,8 @@ def build(
     get a local candidate name (imagefactory-candidate/...); release tags are applied only by
     --push, and only to cells that passed. Full logs: WORK_DIR/logs/<cell>.log."""
     m, cells = _load(matrix, only)
-    options = _options(work_dir, jobs, keep_going, gpus, network, probe_timeout, cache_from, pull=pull, retest=retest)
+    options = _options(work_dir, jobs, keep_going, gpus, network, probe_timeout, cache_from, pull=pull, retest=retest,
+                       probe_shm=probe_shm)
     if atomic and not push:
         raise ConfigError("--atomic: only meaningful with --push")
     publish_options = _publish_options(m, cells, atomic, push_tries, retry_delay) if push else None
@@ -286,13 +292,15 @@ def test_cmd(
     live: Optional[bool] = LiveOpt,
     pull: Pull = PullOpt,
     retest: bool = RetestOpt,
+    probe_shm: str = ShmOpt,
 ) -> None:
     """Re-run the smoke tests on the images already built for the matrix's current content.
 
     An image that already passed this probe version (same GPU and thread mode) is reported
     with its cached verdicts; --retest probes it again."""
     m, cells = _load(matrix, only)
-    options = _options(work_dir, jobs, keep_going, gpus, Network.host, probe_timeout, pull=pull, retest=retest)
+    options = _options(work_dir, jobs, keep_going, gpus, Network.host, probe_timeout, pull=pull, retest=retest,
+                       probe_shm=probe_shm)
     _pipeline(work_dir, report, live, lambda ui, interrupt: build_mod.test(m, cells, options, ui,
                                                                            interrupt=interrupt))
 

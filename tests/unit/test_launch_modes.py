@@ -196,3 +196,24 @@ def test_good_probes_of_every_mode_pass_for_every_cell_shape():
         found = smoke.judge(cell, all_modes(cell, gpu=gpu), gpu_required=gpu)
         assert checks.passed(found), [c for c in found if c.verdict == "fail"]
         assert copy.deepcopy(checks.launches(found)) == {m: "pass" for m in smoke.DEFAULT_MODES}
+
+
+def test_probe_shm_option_reaches_the_probe_containers_and_the_verdict_key(tmp_path):
+    from imagefactory import build, cli
+
+    options = cli._options(tmp_path, 1, True, cli.Gpus.none, cli.Network.host, 60.0, probe_shm="host")
+    assert options.probe_shm == "host"
+    with pytest.raises(ConfigError, match="--probe-shm"):
+        cli._options(tmp_path, 1, True, cli.Gpus.none, cli.Network.host, 60.0, probe_shm="1g --privileged")
+    assert build.Options().probe_shm == smoke.DEFAULT_SHM == "1g"
+
+
+def test_the_cli_refuses_a_bad_probe_shm():
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    r = subprocess.run([sys.executable, "-m", "imagefactory", "test", "--matrix", str(REPO / "tests" / "golden" /
+                        "matrix.yaml"), "--plain", "--probe-shm", "lots"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--probe-shm: 'lots' is not host, default or a size" in r.stderr + r.stdout
