@@ -95,3 +95,19 @@ def test_a_setting_only_the_entrypoint_makes_fails_the_modes_that_bypass_it(engi
     assert sorted((m, n) for m, n, _ in failing(result)) == [("bare", "env.OMP_NUM_THREADS"),
                                                             ("hpc", "env.OMP_NUM_THREADS")]
     assert "'7'" in failing(result)[0][2]
+
+
+def test_doctor_prints_this_nodes_launch_flags(engine, tmp_path):
+    """On this real host (an engine, no GPU): shm flags, no GPU flag, a cpuset within its CPUs."""
+    import json
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "imagefactory", "doctor", "--format", "json"], capture_output=True,
+                       text=True, cwd=tmp_path, timeout=120)
+    launch = json.loads(r.stdout)["launch"]
+    cpus = engine.client.info()["NCPU"]
+    assert launch["shm"] == ["--ipc=host"] and launch["gpus"] == []
+    assert launch["cpus"] == ([f"--cpuset-cpus=0-{cpus // 2 - 1}"] if cpus >= 4 else ["--cpuset-cpus=0"])
+    assert launch["line"] == "docker run --ipc=host IMAGE python train.py"
+    assert any("--shm-size=" in n and "emptyDir" in n for n in launch["notes"])
