@@ -18,6 +18,11 @@ Figures:
 - `imagefactory test` (verdicts cached, and --retest: the probe; for the cell as built and
   for the same cell with `compiler: false`, whose probe runs no torch.compile child) vs
   `docker run --rm --network none IMAGE python -c 'import torch, numpy'`.
+- the probe in every launch mode (docker, bare, hpc: three containers side by side, as
+  `imagefactory build`/`test` run it) vs the probe in the `docker` mode alone, on the built
+  cell: with its torch.compile child, and as a `compiler: false` cell would be probed (the
+  same image, the probe told to leave torch.compile out). Timed in-process through
+  smoke.test_image, the engine call the CLI makes.
 - -j 2 vs -j 1, cold, on a two-cell matrix (the openblas cell and an mkl cell whose NumPy
   comes from PyPI: its build is real work, its BLAS check fails, which does not matter
   for build time). "Cold": each run builds on a new base (the bench's own base, one new
@@ -232,6 +237,33 @@ pip:
                      note=f"the torch.compile check alone took {seconds} in the last probe")
         return [cached, probed, self.test_without_compiler(n)]
 
+    def launch_modes(self, n: int) -> list[Row]:
+        """Every launch mode, side by side, vs the docker mode alone: what the modes cost."""
+        from dataclasses import replace
+
+        from imagefactory import matrix, smoke
+
+        cell = matrix.load(self.matrix).cell(GOOD)
+        image = self.report()[GOOD]["candidate"]
+
+        def probe(c, modes: tuple[str, ...]) -> float:
+            started = time.perf_counter()
+            result = smoke.test_image(self.engine, c, image, gpus=False, modes=modes)
+            took = time.perf_counter() - started
+            if not result.passed:
+                raise SystemExit(f"the probe failed in {modes}: "
+                                 f"{[(x.mode, x.name) for x in result.checks if x.verdict == 'fail']}")
+            return took
+
+        rows = []
+        for label, c in (("with torch.compile", cell), ("`compiler: false`", replace(cell, compiler=False))):
+            say(f"launch modes, {label}: all three vs docker alone")
+            a, b = pairs(n, lambda c=c: probe(c, smoke.DEFAULT_MODES), lambda c=c: probe(c, ("docker",)))
+            rows.append(Row(f"probe in 3 launch modes, {label}", "docker + bare + hpc (side by side)",
+                            "docker mode alone", a, b, "information (3 probes of work)",
+                            note=f"{os.cpu_count()} cores: the three containers share them"))
+        return rows
+
     def compile_seconds(self, work: str = "work") -> str:
         checks = {c["name"]: c for c in self.report(work)[GOOD]["checks"]}
         actual = checks.get("torch.compile", {}).get("actual", "")
@@ -337,6 +369,8 @@ def main() -> None:
                     default=Path(os.environ.get("IMAGEFACTORY_CI_CACHE", Path.home() / ".cache/imagefactory-ci"))
                     / "wheels")
     ap.add_argument("--skip-cold", action="store_true", help="leave out the cold -j figure")
+    ap.add_argument("--only-modes", action="store_true",
+                    help="only the launch-mode figures (builds the cell once, then times the probes)")
     ap.add_argument("--keep", action="store_true", help="keep the images and the work folder")
     args = ap.parse_args()
     if not list(args.wheelhouse.glob(f"torch-{TORCH}+cpu-*.whl")):
@@ -347,13 +381,19 @@ def main() -> None:
     rows: list[Row] = []
     try:
         bench.new_base()
+        if args.only_modes:
+            bench.cli("build")
+            rows.extend(bench.launch_modes(args.pairs))
+            return
         if not args.skip_cold:
             rows.append(bench.cold_parallel(args.cold_pairs))
         rows.extend(bench.noop(args.pairs))
         rows.extend(bench.test(args.pairs))
+        rows.extend(bench.launch_modes(args.pairs))
         rows.extend(bench.sizes())
     finally:
-        cold = " --skip-cold" if args.skip_cold else f" --cold-pairs {args.cold_pairs}"
+        cold = " --only-modes" if args.only_modes else (
+            " --skip-cold" if args.skip_cold else f" --cold-pairs {args.cold_pairs}")
         print(f"\n{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cores, "
               f"load {os.getloadavg()[0]:.1f}; `python bench/factory.py --pairs {args.pairs}{cold}`\n")
         print("| figure | A | B | A/B (median) | goal | runs |")

@@ -120,14 +120,16 @@ class _Cell:
     def test(self, image: str) -> bool:
         r, cell = self.report, self.ctx.cell
         vdir = self.options.verdicts_dir or verdicts.cache_dir()
-        vkey = verdicts.key(r.image_id or self.engine.image_id(image) or "", cell, gpus=self.gpus)
+        vkey = verdicts.key(r.image_id or self.engine.image_id(image) or "", cell, gpus=self.gpus,
+                            shm=self.options.probe_shm)
         hit = None if self.options.retest else verdicts.lookup(vdir, vkey, cell)
         if hit is not None:
             r.checks, r.status, r.verdicts, r.verdicts_at = hit.checks, PASSED, CACHED, hit.at
             self.log(f"verdicts cached: image {vkey.image_id[:19]} passed probe {vkey.probe_version} at {hit.at}")
             return True
         self.ui.status(cell.id, "testing")
-        result = smoke.test_image(self.engine, cell, image, gpus=self.gpus, timeout=self.options.probe_timeout)
+        result = smoke.test_image(self.engine, cell, image, gpus=self.gpus, timeout=self.options.probe_timeout,
+                                  shm=self.options.probe_shm)
         r.verdicts = "probed"
         if result.passed and result.probe is not None:
             r.verdicts_at = verdicts.store(vdir, vkey, result.probe) or ""

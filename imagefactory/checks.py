@@ -24,10 +24,20 @@ class Check:
     actual: str
     verdict: str  # "pass" | "fail" | "skip" | "info"
     detail: str = ""  # one line, why, for failures
+    mode: str = ""  # the launch mode whose probe this judges (smoke.MODES), "" when judged alone
 
 
 def passed(checks: Iterable[Check]) -> bool:
     return all(c.verdict != FAIL for c in checks)
+
+
+def launches(found: Iterable[Check]) -> dict[str, str]:
+    """{launch mode: "pass" | "fail"} from checks tagged with their mode, in the order first seen."""
+    out: dict[str, str] = {}
+    for c in found:
+        if c.mode:
+            out[c.mode] = FAIL if c.verdict == FAIL or out.get(c.mode) == FAIL else PASS
+    return out
 
 
 def _get(d: Any, *keys: str) -> Any:
@@ -155,7 +165,11 @@ def _judge(cell: Cell, probe: dict, gpu_required: bool) -> list[Check]:
                          else "threadpoolctl saw no BLAS in numpy"))
     checks.append(_openmp(probe.get("openmp")))
     checks += _compute(probe.get("compute"), no_torch, torch_why)
-    checks.append(_torch_compile(cell, _get(probe, "compute", "torch_compile"), no_torch, torch_why))
+    checks.append(_torch_compile(cell, _get(probe, "compute", "torch_compile"), _get(probe, "compute", "compile_place"),
+                                 no_torch, torch_why))
+    checks.append(_dataloader_shm(_get(probe, "compute", "dataloader_shm"), _get(probe, "launch", "shm_bytes"),
+                                  no_torch, torch_why))
+    checks += _distributed(cell, probe.get("compute"), no_torch, torch_why, gpu_required)
     checks.append(_import_time(_get(probe, "numpy", "import_seconds"), _get(probe, "torch", "import_seconds")))
     checks.append(_locked_packages(cell, probe.get("packages")))
     return checks
@@ -205,8 +219,15 @@ def _compute(compute: Any, no_torch: str | None, torch_why: str | None) -> list[
     return out
 
 
-def _torch_compile(cell: Cell, result: Any, no_torch: str | None, torch_why: str | None) -> Check:
-    """torch.compile (Inductor: C++ on CPU, Triton on GPU) compiled a function that matches eager."""
+COMPILE_FIX = ("launch with --tmpfs /tmp:exec (Kubernetes: an emptyDir at /tmp), or point TORCHINDUCTOR_CACHE_DIR "
+               "and TRITON_CACHE_DIR at a writable directory on a mount that allows exec")
+
+
+def _torch_compile(cell: Cell, result: Any, place: Any, no_torch: str | None, torch_why: str | None) -> Check:
+    """torch.compile (Inductor: C++ on CPU, Triton on GPU) compiled a function that matches eager.
+    Inductor maps the code it compiles from its cache directory: when that place is not
+    writable or is mounted noexec (a read-only root and Docker's --tmpfs /tmp), the failure
+    says so and names the fix."""
     ok = _get(result, "ok") is True and not no_torch
     if ok:
         info = _get(result, "info") or {}
@@ -216,8 +237,79 @@ def _torch_compile(cell: Cell, result: Any, no_torch: str | None, torch_why: str
     if not cell.compiler:  # the probe was told not to run it (--no-compile)
         return Check("torch.compile", "not checked (compiler: false: no C/C++ compiler in the image)",
                      _one_line(actual) if result is not None else "not run", SKIP)
-    return _check("torch.compile", "compiles and matches eager", actual, ok,
-                  torch_why or f"torch.compile failed: {actual}")
+    detail = torch_why or f"torch.compile failed: {actual}"
+    where = _get(place, "info", "dir")
+    problems = [p for p, bad in (("not writable", _get(place, "info", "writable") is False),
+                                 ("mounted noexec", _get(place, "info", "noexec") is True)) if bad]
+    if not ok and problems:
+        detail = (f"Inductor's cache directory {where} is {' and '.join(problems)}: torch.compile has nowhere "
+                  f"to write and load its kernels; {COMPILE_FIX} ({actual})")
+    return _check("torch.compile", "compiles and matches eager", actual, ok, detail)
+
+
+SHM_FIX = ("launch with --ipc=host or --shm-size=1g (or more); on Kubernetes mount an emptyDir with "
+           "medium: Memory at /dev/shm")
+
+
+def _mib(n: Any) -> str:
+    return f"{n / 2**20:.0f} MiB" if isinstance(n, int) and not isinstance(n, bool) else "size unknown"
+
+
+def _dataloader_shm(result: Any, shm_bytes: Any, no_torch: str | None, torch_why: str | None) -> Check:
+    """A DataLoader with 2 workers whose batches (80 MiB each) outgrow Docker's default 64 MB
+    /dev/shm: workers hand batches over through shared memory."""
+    name, expected = "shm.dataloader", "2 workers pass 80 MiB batches through /dev/shm"
+    where = f"/dev/shm: {_mib(shm_bytes)}"
+    if no_torch:
+        return _check(name, expected, no_torch, False, torch_why or no_torch)
+    ok = _get(result, "ok") is True
+    info = _get(result, "info") or {}
+    actual = (f"{info.get('workers')} workers, {info.get('batch_mib')} MiB batches ({where})" if ok
+              else f"{_get(result, 'error') or 'not reported'} ({where})")
+    return _check(name, expected, actual, ok,
+                  f"DataLoader workers could not hand over their batches through /dev/shm ({_mib(shm_bytes)}): "
+                  f"{SHM_FIX} ({_get(result, 'error') or 'not reported'})")
+
+
+def _distributed(cell: Cell, compute: Any, no_torch: str | None, torch_why: str | None, gpu_required: bool) -> list[Check]:
+    """A 2-process torch.distributed all_reduce: gloo on CPU always, NCCL where GPUs are given."""
+    out = []
+    for backend, key, wanted in (("gloo", "gloo_all_reduce", True),
+                                 ("nccl", "nccl_all_reduce", cell.cuda is not None and gpu_required)):
+        name, result = f"torch.distributed.{backend}", _get(compute, key)
+        if not wanted:
+            why = "CPU cell" if cell.cuda is None else "no GPU requested"
+            out.append(Check(name, f"not checked ({why})", "not run" if result is None else
+                             _one_line(_get(result, "error") or "ran"), SKIP))
+            continue
+        if no_torch:
+            out.append(_check(name, "all_reduce sums across ranks", no_torch, False, torch_why or no_torch))
+            continue
+        info = _get(result, "info") or {}
+        ok = _get(result, "ok") is True
+        actual = (f"{info.get('world_size')} ranks agree" if ok else _get(result, "error") or "not reported")
+        out.append(_check(name, "all_reduce sums across ranks", actual, ok,
+                          f"{backend} all_reduce failed: {actual}"))
+    return out
+
+
+def launch_conditions(expect: dict[str, Any], probe: Any) -> Check:
+    """What the launch mode asked of the container, as the probe saw it from inside: an engine
+    (or a runtime) that ignored an option would otherwise prove a launch that never happened."""
+    name = "launch.conditions"
+    launch = _get(probe, "launch")
+    seen: dict[str, Any] = {
+        "uid": _get(probe, "user", "uid"), "user name": _get(probe, "user", "name"),
+        "root read-only": _get(launch, "root_read_only"), "/tmp writable": _get(launch, "tmp_writable"),
+        "/tmp noexec": _get(launch, "tmp_noexec"), "HOME writable": _get(launch, "home_writable"),
+        "CPUs (affinity)": _get(probe, "cpus", "affinity"),
+    }
+    actual = ", ".join(f"{k}: {seen[k]}" for k in (expect or seen))
+    if not expect:
+        return Check(name, "as the image declares (information)", _one_line(actual), INFO)
+    wrong = [f"{k} is {seen.get(k)!r}, the mode asks for {v!r}" for k, v in expect.items() if seen.get(k) != v]
+    return _check(name, ", ".join(f"{k}: {v}" for k, v in expect.items()), actual, not wrong,
+                  "the container did not run as this launch mode asks: " + "; ".join(wrong))
 
 
 def _import_time(numpy_s: Any, torch_s: Any) -> Check:

@@ -30,6 +30,7 @@ from imagefactory import report as report_mod
 from imagefactory.errors import Cancelled, CellFailure, ConfigError, DockerUnavailable, ImageFactoryError, Interrupted
 from imagefactory.context import Gpus, Network, Pull, RunContext
 from imagefactory.engine_api import ContainerEngine
+from imagefactory import smoke
 from imagefactory.interrupt import Interrupt
 from imagefactory.model import Cell
 
@@ -94,6 +95,10 @@ FLAGS: dict[str, tuple[Any, Any]] = {
                                                              "local copy only).")),
     "retest": (bool, typer.Option(False, "--retest", help="Probe every image, even one whose passing verdicts are "
                                                           "cached for this probe version, GPU and thread mode.")),
+    "probe_shm": (str, typer.Option(context.DEFAULT_PROBE_SHM, "--probe-shm",
+                                    help="/dev/shm of the probe containers: a size (1g, 512m: --shm-size), host "
+                                         "(--ipc=host) or default (Docker's 64 MB, too small for the DataLoader "
+                                         "check).")),
 }
 # flag name -> the context.Options field it sets (the same name where not listed)
 FIELD = {"keep_going": "fail_fast", "push_tries": "attempts", "retry_delay": "backoff"}
@@ -145,6 +150,8 @@ def _invocation(command: str, values: dict[str, Any], fixed: dict[str, Any]) -> 
         settings["fail_fast"] = not settings["fail_fast"]
     if "cache_from" in settings:
         settings["cache_from"] = tuple(settings["cache_from"] or ())
+    if "probe_shm" in settings:
+        settings["probe_shm"] = smoke.check_shm(settings["probe_shm"])
     settings.update(fixed)
     if settings.get("atomic") and not settings.get("push"):
         raise ConfigError("--atomic: only meaningful with --push")
@@ -271,7 +278,7 @@ def _pipeline(inv: Invocation, steps: Callable[[RunContext], build_mod.Outcome])
 
 
 BUILD_FLAGS = ("matrix", "only", "jobs", "keep_going", "gpus", "network", "report", "work_dir", "probe_timeout",
-               "live", "push", "atomic", "push_tries", "retry_delay", "cache_from", "pull", "retest")
+               "live", "push", "atomic", "push_tries", "retry_delay", "cache_from", "pull", "retest", "probe_shm")
 
 
 @app.command()
@@ -313,7 +320,7 @@ def push(inv: Invocation) -> None:
 
 @app.command("test")
 @shared("matrix", "only", "jobs", "keep_going", "gpus", "report", "work_dir", "probe_timeout", "live", "pull",
-        "retest")
+        "retest", "probe_shm")
 def test_cmd(inv: Invocation) -> None:
     """Re-run the smoke tests on the images already built for the matrix's current content.
 

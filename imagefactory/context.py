@@ -26,6 +26,7 @@ DEFAULT_PROBE_TIMEOUT = 300.0  # seconds the in-image probe may run
 DEFAULT_PUSH_TRIES = 4  # tries per tag, the first included
 DEFAULT_RETRY_DELAY = 2.0  # seconds before the first push retry; doubles each time, at most 60 s
 DEFAULT_BENCH_BUDGET = 50.0  # seconds of bench workload per image (both containers together)
+DEFAULT_PROBE_SHM = "1g"  # /dev/shm of the probe containers (smoke.shm_options)
 
 
 class Gpus(str, Enum):
@@ -60,6 +61,7 @@ class Options:
     network: Network = Network.host
     pull: Pull = Pull.missing  # how base images are resolved (freshness.py)
     retest: bool = False  # probe even when a verdict for this image is cached (verdicts.py)
+    probe_shm: str = DEFAULT_PROBE_SHM  # /dev/shm of the probe containers: a size, host or default
     probe_timeout: float = DEFAULT_PROBE_TIMEOUT
     cache_from: tuple[str, ...] = ()  # images whose layers a build may reuse (e.g. the previous release)
     verdicts_dir: Path | None = None  # None: verdicts.cache_dir()

@@ -181,6 +181,7 @@ class EngineFacts:
     api_version: str = ""
     nvidia_runtime: bool = False
     cdi: bool = False
+    cpus: int = 0  # CPUs of the engine's host (0: not said)
     error: str = ""
 
 
@@ -203,8 +204,65 @@ def engine_facts(engine_factory: EngineFactory | None = None) -> EngineFacts:
         return EngineFacts(error=e.message)
     version = info.version if ENGINE_VERSION_RE.fullmatch(info.version) else "(unreadable)"
     api = info.api_version if re.fullmatch(r"[0-9]+\.[0-9]+", info.api_version) else "(unreadable)"
+    cpus = info.cpus if isinstance(info.cpus, int) and 0 < info.cpus <= 4096 else 0
     return EngineFacts(reachable=True, version=version, api_version=api,
-                       nvidia_runtime="nvidia" in info.runtimes, cdi=_cdi_specs(info.cdi_spec_dirs))
+                       nvidia_runtime="nvidia" in info.runtimes, cdi=_cdi_specs(info.cdi_spec_dirs), cpus=cpus)
+
+
+# -- launch flags --------------------------------------------------------------------------------
+
+@dataclass
+class LaunchFlags:
+    """The `docker run` flags a training container needs on this node, each with why."""
+    shm: list[str]
+    gpus: list[str]
+    cpus: list[str]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def line(self) -> str:
+        return " ".join(["docker run", *self.shm, *self.gpus, "IMAGE", "python", "train.py"])
+
+
+def host_memory_bytes() -> int:
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (OSError, ValueError):
+        return 0
+
+
+def launch_flags(engine: EngineFacts, driver: Driver, memory: int | None = None) -> LaunchFlags:
+    """Shared memory: DataLoader workers hand batches over through /dev/shm, and Docker gives a
+    container 64 MB. GPUs: `--gpus all` through the NVIDIA runtime, or CDI device names. CPUs: a
+    cpuset (what Slurm gives) or a quota; `threads: auto` images size their threads to either."""
+    memory = host_memory_bytes() if memory is None else memory
+    shm_gib = max(1, memory // 4 // 2**30)
+    flags = LaunchFlags(shm=["--ipc=host"], gpus=[], cpus=[])
+    flags.notes.append(f"shm: --ipc=host, or --shm-size={shm_gib}g (a quarter of this host's "
+                       f"{memory / 2**30:.0f} GiB) where the host's IPC namespace must not be shared; "
+                       "Kubernetes: an emptyDir with medium: Memory mounted at /dev/shm")
+    gpu = driver.version is not None and bool(driver.gpus)
+    if gpu and engine.nvidia_runtime:
+        flags.gpus = ["--gpus", "all"]
+        flags.notes.append("GPUs: --gpus all (NVIDIA runtime); one GPU: --gpus device=0")
+    elif gpu and engine.cdi:
+        flags.gpus = ["--device", "nvidia.com/gpu=all"]
+        flags.notes.append("GPUs: --device nvidia.com/gpu=all (CDI); one GPU: --device nvidia.com/gpu=0")
+    elif gpu:
+        flags.notes.append(f"GPUs: none can be given to containers yet: {CONTAINER_TOOLKIT_FIX}")
+    else:
+        flags.notes.append("GPUs: none (no NVIDIA GPU here): no GPU flag")
+    if engine.cpus:
+        n = engine.cpus
+        half = max(1, n // 2)
+        flags.cpus = [f"--cpuset-cpus=0-{half - 1}" if half > 1 else "--cpuset-cpus=0"]
+        flags.notes.append(f"CPUs: {n} on this host; to share it, give each container a cpuset "
+                           f"({flags.cpus[0]}, as Slurm does) or a quota (--cpus={half}): "
+                           "threads: auto images size OpenMP/MKL/OpenBLAS to it; a fixed-threads image "
+                           "needs -e OMP_NUM_THREADS=N to match")
+    else:
+        flags.notes.append("CPUs: the engine did not say how many: no CPU flag")
+    return flags
 
 
 # -- judging cells -------------------------------------------------------------------------------
@@ -310,6 +368,7 @@ class Report:
     matrix: str | None
     cells: list[CellVerdict]
     recommended: str | None
+    launch: LaunchFlags | None = None
     docker_host: str = field(default_factory=lambda: os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock"))
 
     @property
@@ -325,7 +384,8 @@ class Report:
     def to_json(self) -> dict:
         return {"exit_code": self.exit_code, "engine": asdict(self.engine), "docker_host": self.docker_host,
                 "driver": asdict(self.driver), "gpu": self.gpu, "matrix": self.matrix,
-                "cells": [asdict(v) for v in self.cells], "recommended": self.recommended}
+                "cells": [asdict(v) for v in self.cells], "recommended": self.recommended,
+                "launch": None if self.launch is None else {**asdict(self.launch), "line": self.launch.line}}
 
 
 def diagnose(matrix: Matrix | None, *, engine_factory: EngineFactory | None = None,
@@ -335,7 +395,8 @@ def diagnose(matrix: Matrix | None, *, engine_factory: EngineFactory | None = No
     cells = list(matrix.cells) if matrix else []
     verdicts = judge(cells, driver, engine, table)
     return Report(engine=engine, driver=driver, matrix=str(matrix.path) if matrix else None,
-                  cells=verdicts, recommended=recommend(cells, verdicts) if cells else None)
+                  cells=verdicts, recommended=recommend(cells, verdicts) if cells else None,
+                  launch=launch_flags(engine, driver) if engine.reachable else None)
 
 
 def text(report: Report) -> str:
@@ -355,6 +416,9 @@ def text(report: Report) -> str:
         lines.append("GPUs:     none: this host has no usable NVIDIA GPU, so only CPU cells can run here")
     if d.ignored_lines:
         lines.append(f"note:     {d.ignored_lines} line(s) of nvidia-smi output did not parse and were ignored")
+    if report.launch is not None:
+        lines.append(f"launch:   {report.launch.line}")
+        lines += [f"          {note}" for note in report.launch.notes]
     if report.matrix is None:
         lines.append("matrix:   none given and no matrix.yaml here: host facts only")
         return "\n".join(lines) + "\n"

@@ -243,17 +243,20 @@ class Engine:
                                                               os.path.exists("/dev/nvidia0"))
 
     def run(self, image: str, command: list[str], *, timeout: float, gpus: bool = False,
-            environment: dict[str, str] | None = None, cpus: float | None = None) -> RunResult:
+            environment: dict[str, str] | None = None, cpus: float | None = None,
+            options: dict[str, Any] | None = None) -> RunResult:
         """Run `command` in a fresh container of `image` as the image's default user, with no
         network; kill it after `timeout` seconds (or when the run is interrupted). The
-        container is always removed. `cpus` is `docker run --cpus` (a CFS quota)."""
+        container is always removed. `cpus` is `docker run --cpus` (a CFS quota); `options`
+        are more container-create options (a launch mode's: entrypoint, user, read_only,
+        tmpfs, cpuset_cpus, shm_size, ipc_mode; see smoke.LaunchMode)."""
         device_requests = [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])] if gpus else None
         limits = {"nano_cpus": int(cpus * 1e9)} if cpus else {}
         self.interrupt.check()
         try:
             container = self.client.containers.create(
                 image, command=command, network_mode="none", detach=True,
-                device_requests=device_requests, environment=environment or {}, **limits,
+                device_requests=device_requests, environment=environment or {}, **limits, **(options or {}),
             )
         except _SDK_ERRORS as e:
             self._failed(f"could not create a container of {image}", e)

@@ -12,7 +12,7 @@ when the engine stopped answering), and Cancelled once the engine's Interrupt is
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 from imagefactory.interrupt import Interrupt
 
@@ -78,9 +78,11 @@ class ContainerEngine(Protocol):
     def gpus_available(self) -> bool: ...
 
     def run(self, image: str, command: list[str], *, timeout: float, gpus: bool = False,
-            environment: dict[str, str] | None = None, cpus: float | None = None) -> RunResult:
+            environment: dict[str, str] | None = None, cpus: float | None = None,
+            options: dict[str, Any] | None = None) -> RunResult:
         """Run `command` in a fresh, network-less container of `image`; kill it after
-        `timeout` s (exit_code None). `cpus` is `docker run --cpus` (a CFS quota)."""
+        `timeout` s (exit_code None). `cpus` is `docker run --cpus` (a CFS quota); `options`
+        are more container-create options (a launch mode's, see smoke.LaunchMode)."""
         ...
 
     def push(self, ref: str, *, auth_config: dict[str, str] | None = None,

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from imagefactory import fsutil
-from imagefactory.checks import Check
+from imagefactory.checks import Check, launches
 
 # Cell states, in pipeline order.
 BUILT, CACHED, BUILD_FAILED, PASSED, CHECK_FAILED, NOT_BUILT, SKIPPED = (
@@ -41,6 +41,11 @@ class CellReport:
     verdicts_at: str = ""  # when the verdicts were made (UTC)
 
     @property
+    def launches(self) -> dict[str, str]:
+        """{launch mode: "pass" | "fail"} (smoke.MODES), from the checks; {} when untested."""
+        return launches(self.checks)
+
+    @property
     def ok(self) -> bool:
         return self.status == PASSED and self.publish in ("", PUBLISHED)
 
@@ -51,7 +56,7 @@ def write(reports: list[CellReport], path: Path, *, gpus: bool) -> tuple[Path, P
     doc = {
         "ok": all(r.ok for r in reports),
         "gpus": gpus,
-        "cells": [asdict(r) for r in reports],
+        "cells": [{**asdict(r), "launches": r.launches} for r in reports],
     }
     fsutil.atomic_write(path, json.dumps(doc, indent=2) + "\n")
     md = path.with_suffix(".md")
@@ -72,24 +77,34 @@ def _cell(text: str) -> str:
 _ICON = {"pass": "✅", "fail": "❌", "skip": "➖"}
 
 
+def _named(c: Check) -> str:
+    """A check as the summary names it: with its launch mode (`hpc: torch.compile`)."""
+    return f"{c.mode}: {c.name}" if c.mode else c.name
+
+
 def summary(reports: list[CellReport]) -> str:
-    lines = ["# imagefactory report", "", "| cell | status | publish | failed checks |", "|---|---|---|---|"]
+    lines = ["# imagefactory report", "", "| cell | status | launches | publish | failed checks |",
+             "|---|---|---|---|---|"]
     for r in reports:
-        failed = ", ".join(c.name for c in r.checks if c.verdict == "fail") or ("—" if r.checks else "")
+        failed = ", ".join(_named(c) for c in r.checks if c.verdict == "fail") or ("—" if r.checks else "")
         status = r.status + (" (cached)" if r.cached else "") + (
             f" (verdicts cached from {r.verdicts_at})" if r.verdicts == CACHED else "")
-        lines.append(f"| `{r.cell}` | {status} | {r.publish or '—'} | {failed} |")
+        modes = " ".join(f"{m} {_ICON.get(v, v)}" for m, v in r.launches.items()) or "—"
+        lines.append(f"| `{r.cell}` | {status} | {modes} | {r.publish or '—'} | {failed} |")
     for r in reports:
         lines += ["", f"## `{r.cell}`: {r.status}", ""]
         if r.error:
             lines += [f"**{r.failed_step or 'error'}**: {r.error}", ""]
             if r.log_tail:
                 lines += ["```", *r.log_tail, "```", ""]
+        if r.launches:
+            lines += ["Launch modes: " + ", ".join(f"{m} {_ICON.get(v, v)} {v}" for m, v in r.launches.items()), ""]
         if r.checks:
-            lines += ["| check | expected | actual | verdict |", "|---|---|---|---|"]
+            lines += ["| mode | check | expected | actual | verdict |", "|---|---|---|---|---|"]
             for c in r.checks:
                 actual = c.actual + (f" — {c.detail}" if c.detail else "")
-                lines.append(f"| {c.name} | {_cell(c.expected)} | {_cell(actual)} | {_ICON.get(c.verdict, c.verdict)} {c.verdict} |")
+                lines.append(f"| {c.mode or '—'} | {c.name} | {_cell(c.expected)} | {_cell(actual)} | "
+                             f"{_ICON.get(c.verdict, c.verdict)} {c.verdict} |")
         for p in r.pushed:
             lines.append(f"- pushed `{p['ref']}` → `{p['digest']}`"
                          + ("" if p.get("layers_pushed") else " (registry had every layer)"))

@@ -1,23 +1,114 @@
-"""Step 4: prove an image in-container.
+"""Step 4: prove an image in-container, the ways GPU nodes launch it.
 
 The probe (resources/probe.py, standard library plus what it inspects) runs inside
-the image as its default user, with no network and a timeout; the host parses its
-JSON and judges it against the cell (checks.py).
+the image with no network and a timeout; the host parses its JSON and judges it against
+the cell (checks.py). It runs once per launch mode, the modes' containers side by side:
+
+- `docker`: `docker run IMAGE python ...`, through the image's ENTRYPOINT, as its user;
+- `bare`: the ENTRYPOINT bypassed (`--entrypoint python`), as Kubernetes `command:`,
+  Slurm's pyxis and `apptainer exec` start a container;
+- `hpc`: bare, and as an arbitrary UID without a passwd entry (4242:4242), a read-only
+  root, `/tmp` a tmpfs that allows exec, `HOME` unwritable, a cpuset of 1 CPU.
+
+Every mode is judged by the same checks (thread expectations follow the mode's own CPU
+budget) plus `launch.conditions`, which proves the container really ran as the mode asked.
+Each check names its mode; a cell passes only if every mode passes.
+
+The probe containers get a proper /dev/shm (`--shm-size 1g` by default; `host` is
+`--ipc=host`, `default` is Docker's 64 MB, which the DataLoader check does not fit in).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import re
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
 from importlib import resources
+from typing import Any
 
 from imagefactory import checks
-from imagefactory.context import DEFAULT_PROBE_TIMEOUT
+from imagefactory.context import DEFAULT_PROBE_SHM, DEFAULT_PROBE_TIMEOUT
 from imagefactory.engine_api import ContainerEngine, RunResult
-from imagefactory.errors import EngineError, EngineGone
+from imagefactory.errors import ConfigError, EngineError, EngineGone
 from imagefactory.model import Cell
 
 DEFAULT_TIMEOUT = DEFAULT_PROBE_TIMEOUT  # defined once, in context.py
+DEFAULT_SHM = DEFAULT_PROBE_SHM
+SHM_RE = re.compile(r"host|default|[1-9][0-9]{0,5}[kmg]")
+HPC_UID = 4242
+
+
+@dataclass(frozen=True)
+class LaunchMode:
+    """How a probe container is started. `expect` is what the probe must see inside it
+    (launch.conditions): keys of the probe's "launch"/"user"/"cpus" facts."""
+
+    name: str
+    entrypoint: bool = True  # run through the image's ENTRYPOINT
+    user: str | None = None  # None: the image's USER
+    read_only: bool = False
+    tmp_exec: bool = False  # /tmp a tmpfs with exec (only with read_only)
+    home: str | None = None  # HOME in the container's environment
+    cpuset: str | None = None
+
+    def options(self, shm: str) -> dict[str, Any]:
+        """Container-create options (Docker SDK names) for this mode under `shm`."""
+        opts: dict[str, Any] = {}
+        if not self.entrypoint:
+            opts["entrypoint"] = ["python"]
+        if self.user:
+            opts["user"] = self.user
+        if self.read_only:
+            opts["read_only"] = True
+            opts["tmpfs"] = {"/tmp": "rw,exec,nosuid,nodev,mode=1777" if self.tmp_exec else "rw,nosuid,nodev,mode=1777"}
+        if self.cpuset:
+            opts["cpuset_cpus"] = self.cpuset
+        opts.update(shm_options(shm))
+        return opts
+
+    def environment(self) -> dict[str, str]:
+        return {"HOME": self.home} if self.home else {}
+
+    def expect(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.user:
+            out["uid"] = int(self.user.split(":")[0])
+            out["user name"] = None  # no passwd entry
+        if self.read_only:
+            out["root read-only"] = True
+            out["/tmp writable"] = True
+            out["/tmp noexec"] = not self.tmp_exec
+        if self.home:
+            out["HOME writable"] = False
+        if self.cpuset:
+            out["CPUs (affinity)"] = len(self.cpuset.split(","))
+        return out
+
+
+MODES: dict[str, LaunchMode] = {
+    "docker": LaunchMode("docker"),
+    "bare": LaunchMode("bare", entrypoint=False),
+    "hpc": LaunchMode("hpc", entrypoint=False, user=f"{HPC_UID}:{HPC_UID}", read_only=True, tmp_exec=True,
+                      home="/nonexistent", cpuset="0"),
+}
+DEFAULT_MODES = tuple(MODES)
+
+
+def check_shm(value: str, *, where: str = "--probe-shm") -> str:
+    if not isinstance(value, str) or not SHM_RE.fullmatch(value):
+        raise ConfigError(f"{where}: {value!r} is not host, default or a size such as 1g, 512m")
+    return value
+
+
+def shm_options(shm: str) -> dict[str, Any]:
+    """`host`: --ipc=host; `default`: Docker's own 64 MB; a size: --shm-size."""
+    check_shm(shm)
+    if shm == "host":
+        return {"ipc_mode": "host"}
+    if shm == "default":
+        return {}
+    return {"shm_size": shm}
 
 
 def probe_source() -> str:
@@ -27,7 +118,7 @@ def probe_source() -> str:
 @dataclass(frozen=True)
 class SmokeResult:
     checks: list[checks.Check]
-    probe: dict | None
+    probe: dict | None  # {mode: the probe's JSON}, None unless every mode reported one
     stdout: str
     stderr: str
 
@@ -49,24 +140,44 @@ def parse_probe_output(stdout: str) -> dict | None:
 
 
 def run_probe(engine: ContainerEngine, image: str, *, timeout: float = DEFAULT_TIMEOUT,
-              gpus: bool = False, compile_check: bool = True) -> RunResult:
-    """Run the probe in `image`. Without `compile_check` the probe leaves out its
-    torch.compile child (a cell built without a compiler: the check is skipped)."""
+              gpus: bool = False, compile_check: bool = True, mode: str = "docker",
+              shm: str = DEFAULT_SHM) -> RunResult:
+    """Run the probe in `image`, launched as `mode` says. Without `compile_check` the probe
+    leaves out its torch.compile child (a cell built without a compiler: the check is skipped)."""
+    launch = MODES[mode]
     args = [] if compile_check else ["--no-compile"]
-    return engine.run(image, ["python", "-c", probe_source(), *args], timeout=timeout, gpus=gpus)
+    command = ["-c", probe_source(), *args] if not launch.entrypoint else ["python", "-c", probe_source(), *args]
+    return engine.run(image, command, timeout=timeout, gpus=gpus, environment=launch.environment(),
+                      options=launch.options(shm))
 
 
-def test_image(engine: ContainerEngine, cell: Cell, image: str, *, gpus: bool, timeout: float = DEFAULT_TIMEOUT) -> SmokeResult:
-    """Run the probe in `image` and judge it against `cell`. A probe that could not run
-    (timeout, crash, no JSON, an engine error) is itself a failing check, never an exception;
-    only a lost engine (EngineGone) is raised, for the run to report."""
+def judge(cell: Cell, probes: dict[str, Any], *, gpu_required: bool) -> list[checks.Check]:
+    """Every mode's probe judged against `cell`, each check tagged with its mode. A mode
+    without a probe (or with anything but a dict) fails as not run."""
+    out: list[checks.Check] = []
+    for name in probes:
+        mode = MODES.get(name)
+        probe = probes[name]
+        if mode is None or not isinstance(probe, dict):
+            out.append(checks.Check("probe.ran", "probe JSON on stdout", "no probe", checks.FAIL,
+                                    f"no probe report for launch mode {name}", mode=name))
+            continue
+        judged = checks.judge(cell, probe, gpu_required=gpu_required) + [checks.launch_conditions(mode.expect(), probe)]
+        out += [replace(c, mode=name) for c in judged]
+    return out
+
+
+def _one(engine: ContainerEngine, cell: Cell, image: str, mode: str, *, gpus: bool, timeout: float,
+         shm: str) -> tuple[list[checks.Check], dict | None, str, str]:
+    """One mode: (checks, probe or None, stdout, stderr). A probe that could not run
+    (timeout, crash, no JSON) is itself a failing check, never an exception."""
     try:
-        result = run_probe(engine, image, timeout=timeout, gpus=gpus, compile_check=cell.compiler)
+        result = run_probe(engine, image, timeout=timeout, gpus=gpus, compile_check=cell.compiler, mode=mode, shm=shm)
     except EngineGone:  # not the image's fault: the run reports a lost engine (build.py, exit 3)
         raise
     except EngineError as e:  # e.g. no `python` in the image, or GPUs asked of a host without any
-        failed = checks.Check("probe.ran", "probe JSON on stdout", e.message, checks.FAIL, e.message)
-        return SmokeResult([failed], None, "", e.message)
+        failed = checks.Check("probe.ran", "probe JSON on stdout", e.message, checks.FAIL, e.message, mode=mode)
+        return [failed], None, "", e.message
     probe = parse_probe_output(result.stdout)
     why = None
     if result.exit_code is None:  # killed at the timeout: whatever it printed is not a verdict
@@ -75,6 +186,30 @@ def test_image(engine: ContainerEngine, cell: Cell, image: str, *, gpus: bool, t
         tail = " | ".join(result.stderr.strip().splitlines()[-3:]) or "no output"
         why = f"exit code {result.exit_code}, no probe JSON: {tail}"
     if why is not None or probe is None:
-        failed = checks.Check("probe.ran", "probe JSON on stdout", str(why), checks.FAIL, str(why))
-        return SmokeResult([failed], None, result.stdout, result.stderr)
-    return SmokeResult(checks.judge(cell, probe, gpu_required=gpus), probe, result.stdout, result.stderr)
+        failed = checks.Check("probe.ran", "probe JSON on stdout", str(why), checks.FAIL, str(why), mode=mode)
+        return [failed], None, result.stdout, result.stderr
+    return judge(cell, {mode: probe}, gpu_required=gpus), probe, result.stdout, result.stderr
+
+
+def test_image(engine: ContainerEngine, cell: Cell, image: str, *, gpus: bool, timeout: float = DEFAULT_TIMEOUT,
+               modes: tuple[str, ...] = DEFAULT_MODES, shm: str = DEFAULT_SHM) -> SmokeResult:
+    """Run the probe in `image` once per launch mode, the modes' containers concurrently
+    (each under `timeout`), and judge each against `cell`."""
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or not modes:
+        raise ConfigError(f"launch modes {', '.join(unknown) or '(none)'}: allowed: {', '.join(MODES)}")
+    check_shm(shm)
+    with ThreadPoolExecutor(max_workers=len(modes), thread_name_prefix="probe") as pool:
+        futures = {m: pool.submit(_one, engine, cell, image, m, gpus=gpus, timeout=timeout, shm=shm) for m in modes}
+        done = {m: f.result() for m, f in futures.items()}  # a Cancelled in any mode propagates
+    found: list[checks.Check] = []
+    probes: dict[str, dict] = {}
+    stdout, stderr = [], []
+    for m, (judged, probe, out, err) in done.items():
+        found += judged
+        if probe is not None:
+            probes[m] = probe
+        stdout.append(f"--- launch mode {m} ---\n{out.rstrip()}")
+        stderr.append(f"--- launch mode {m} ---\n{err.rstrip()}")
+    return SmokeResult(found, probes if len(probes) == len(modes) else None, "\n".join(stdout), "\n".join(stderr))
+

@@ -1,7 +1,9 @@
 """Verdict cache: an image that already passed the probe is not probed again.
 
 A record says: image <id>, probed by probe <version> (and exact probe text), with GPUs
-given or not, at <threads> threads, passed at <time>; it keeps the probe's raw JSON.
+given or not, at <threads> threads, in launch modes <modes> with /dev/shm <shm>, passed at
+<time>; it keeps each mode's raw probe JSON. A record from before the launch modes (no
+"modes" in its key) never matches: that image is probed again in every mode.
 
 Where the records live, and why: one JSON file per image id under
 `$IMAGEFACTORY_CACHE_DIR/verdicts/` (default `$XDG_CACHE_HOME/imagefactory/verdicts/`, i.e.
@@ -31,6 +33,7 @@ from pathlib import Path
 
 from imagefactory import checks, fsutil, inputs, smoke
 from imagefactory.model import Cell, Threads
+from imagefactory.smoke import DEFAULT_MODES, DEFAULT_SHM
 
 IMAGE_ID_RE = re.compile(r"sha256:([0-9a-f]{64})")
 _VERSION_RE = re.compile(r"^PROBE_VERSION = (\d+)$", re.MULTILINE)
@@ -62,14 +65,17 @@ class Key:
     probe_version: str
     gpus: bool
     threads: Threads  # a count, or "auto" (the entrypoint's budget)
+    modes: tuple[str, ...] = DEFAULT_MODES  # launch modes (smoke.MODES), each proven
+    shm: str = DEFAULT_SHM  # the probe containers' /dev/shm setting
 
     def as_dict(self) -> dict:
         return {"image_id": self.image_id, "probe_version": self.probe_version,
-                "gpus": self.gpus, "threads": self.threads}
+                "gpus": self.gpus, "threads": self.threads, "modes": list(self.modes), "shm": self.shm}
 
 
-def key(image_id: str, cell: Cell, *, gpus: bool) -> Key:
-    return Key(image_id, probe_version(), gpus, cell.threads)
+def key(image_id: str, cell: Cell, *, gpus: bool, modes: tuple[str, ...] = DEFAULT_MODES,
+        shm: str = DEFAULT_SHM) -> Key:
+    return Key(image_id, probe_version(), gpus, cell.threads, tuple(modes), shm)
 
 
 @dataclass(frozen=True)
@@ -107,17 +113,18 @@ def lookup(directory: Path, k: Key, cell: Cell) -> Hit | None:
         at, probe = record.get("at"), record.get("probe")
         if record.get("key") != k.as_dict() or not isinstance(at, str) or not _AT_RE.fullmatch(at):
             continue
-        if not isinstance(probe, dict):
+        if not isinstance(probe, dict) or sorted(probe) != sorted(k.modes):  # {mode: probe JSON}
             continue
-        judged = checks.judge(cell, probe, gpu_required=k.gpus)
+        judged = smoke.judge(cell, {m: probe[m] for m in k.modes}, gpu_required=k.gpus)
         if checks.passed(judged):
             return Hit(judged, at)
     return None
 
 
 def store(directory: Path, k: Key, probe: dict, *, now: dt.datetime | None = None) -> str | None:
-    """Record a pass; returns its time, or None when the cache cannot be written (never fatal:
-    the next run simply probes again)."""
+    """Record a pass (`probe`: {launch mode: its probe JSON}, every mode of the key); returns
+    its time, or None when the cache cannot be written (never fatal: the next run simply
+    probes again)."""
     at = (now or dt.datetime.now(dt.timezone.utc)).astimezone(dt.timezone.utc).isoformat(timespec="seconds")
     return at if _write(directory, k, {"key": k.as_dict(), "at": at, "probe": probe}) else None
 

@@ -90,6 +90,26 @@ class World:
         return self.images.get(ref) or next((i for i in self.images.values() if ref in i.tags), None)
 
 
+def as_launched(probe: dict, options: dict[str, Any], environment: dict[str, str]) -> dict:
+    """The probe a well-behaved engine's container would report under these create options:
+    the user, read-only root, /tmp, HOME and cpuset the launch asked for."""
+    probe = json.loads(json.dumps(probe))
+    launch = probe.setdefault("launch", {})
+    if not isinstance(launch, dict):
+        return probe
+    if "user" in options and isinstance(probe.get("user"), dict):
+        uid, gid = (int(x) for x in str(options["user"]).split(":"))
+        probe["user"].update(uid=uid, gid=gid, name=None)
+    if options.get("read_only"):
+        launch.update(root_read_only=True, tmp_writable=True,
+                      tmp_noexec="exec" not in str((options.get("tmpfs") or {}).get("/tmp", "")).split(","))
+    if "HOME" in environment:
+        launch.update(home=environment["HOME"], home_writable=False)
+    if "cpuset_cpus" in options and isinstance(probe.get("cpus"), dict):
+        probe["cpus"]["affinity"] = len(str(options["cpuset_cpus"]).split(","))
+    return probe
+
+
 class FakeEngine:
     """Implements imagefactory.engine.ContainerEngine in memory."""
 
@@ -181,11 +201,13 @@ class FakeEngine:
         return self.world.gpus
 
     def run(self, image: str, command: list[str], *, timeout: float, gpus: bool = False,
-            environment: dict[str, str] | None = None, cpus: float | None = None) -> RunResult:
+            environment: dict[str, str] | None = None, cpus: float | None = None,
+            options: dict[str, Any] | None = None) -> RunResult:
         self.interrupt.check()
         self.world.record("run", image)
+        self.world.record("run_options", (image, dict(options or {}), dict(environment or {})))
         self.world.run_calls.append({"image": image, "command": command, "timeout": timeout, "gpus": gpus,
-                                     "cpus": cpus, "environment": environment})
+                                     "cpus": cpus, "environment": environment, "options": options})
         if self.world.run_outputs:
             out = self.world.run_outputs.pop(0)
             if isinstance(out, Exception):
@@ -193,14 +215,19 @@ class FakeEngine:
             return out
         target = self.world.image_by_ref(image)
         cell = target.cell if target else "?"
-        self.world.record("probe", cell)
+        if not {"entrypoint", "user"} & set(options or {}):  # one ("probe", cell) per image: its docker mode
+            self.world.record("probe", cell)
         behaviour = self.world.probes.get(cell, "crash")
+        if callable(behaviour):  # per launch: behaviour(options, environment)
+            behaviour = behaviour(dict(options or {}), dict(environment or {}))
         if behaviour == "hang":
             self.world.running.add(f"probe-{cell}")
             try:
                 self._hang()
             finally:
                 self.world.running.discard(f"probe-{cell}")
+        if isinstance(behaviour, dict):
+            behaviour = as_launched(behaviour, dict(options or {}), dict(environment or {}))
         if behaviour == "crash":
             return RunResult(1, "", "Traceback: boom")
         if isinstance(behaviour, tuple) and behaviour[0] == "timeout":

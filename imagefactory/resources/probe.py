@@ -11,8 +11,10 @@ it is numpy's BLAS we see and not one torch drags in; threadpool_info() is taken
 after torch to list every OpenMP runtime (by its real path: one runtime can be loaded
 under several names) and MKL's threading layer as loaded in the process.
 
-Work that could crash or hang the probe (a BLAS call, torch.compile) runs in three child
-processes, started first and run concurrently with the rest. The probe's own imports of
+Work that could crash or hang the probe (a BLAS call, torch.compile, a DataLoader through
+/dev/shm, a gloo all_reduce; NCCL where a GPU is visible) runs in child processes, started
+early and run concurrently with the rest. The "launch" section says how the container was
+started as seen from inside (HOME, read-only root, /tmp, the size of /dev/shm). The probe's own imports of
 NumPy and torch are timed (information; the children run meanwhile).
 
     python probe.py [--no-compile]
@@ -32,7 +34,7 @@ import subprocess
 import sys
 import time
 
-PROBE_VERSION = 3
+PROBE_VERSION = 4
 ENV_VARS = (
     "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_THREADING_LAYER",
     "MKL_INTERFACE_LAYER", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "CXX", "CC",
@@ -230,6 +232,20 @@ _COMPLEX_DATA = (
     "def same(got, want, what):\n"
     "    assert complex(got) == want, '%s: got %r, want %r' % (what, complex(got), want)\n"
 )
+# One NCCL rank (argv: rank, world size, rendezvous file), run as `python -c`.
+_NCCL_RANK = (
+    "import datetime, sys, torch, torch.distributed as dist\n"
+    "rank, world, store = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]\n"
+    "torch.cuda.set_device(rank)\n"
+    "dist.init_process_group('nccl', init_method='file://' + store, rank=rank, world_size=world,\n"
+    "                        timeout=datetime.timedelta(seconds=90))\n"
+    "t = torch.full((1024,), float(rank + 1), device='cuda')\n"
+    "dist.all_reduce(t)\n"
+    "torch.cuda.synchronize()\n"
+    "got, want = (float(t.min()), float(t.max())), world * (world + 1) / 2.0\n"
+    "dist.destroy_process_group()\n"
+    "assert got == (want, want), 'rank %d got %r, want %r' % (rank, got, want)\n"
+)
 SECTIONS = {
     "numpy_matmul": (
         "import numpy as np\n"
@@ -285,12 +301,28 @@ SECTIONS = {
     # no compile-worker pool, no precompiled header (building one costs more than the one
     # kernel it would serve), and an empty cache of its own so nothing compiled earlier on
     # this machine can stand in for the compiler.
+    # Where Inductor (and Triton) would write and then map compiled code from: the image's
+    # TORCHINDUCTOR_CACHE_DIR, else the temporary directory. A read-only root with a noexec
+    # /tmp (Docker's --tmpfs default) leaves torch.compile nowhere to load a kernel from.
+    "compile_place": (
+        "import os, tempfile\n"
+        "base = os.environ.get('TORCHINDUCTOR_CACHE_DIR') or tempfile.gettempdir()\n"
+        "probe = base\n"
+        "while probe and not os.path.exists(probe):\n"
+        "    probe = os.path.dirname(probe)\n"
+        "flags = os.statvfs(probe or '/').f_flag\n"
+        "report(dir=base, env=os.environ.get('TORCHINDUCTOR_CACHE_DIR'), triton=os.environ.get('TRITON_CACHE_DIR'),\n"
+        "       writable=os.access(probe or '/', os.W_OK | os.X_OK) and not flags & os.ST_RDONLY,\n"
+        "       noexec=bool(flags & os.ST_NOEXEC))\n"
+    ),
     "torch_compile": (
         "import os, shutil, tempfile, time\n"
         "os.environ.setdefault('TORCHINDUCTOR_VEC_ISA_OK', '0')\n"
         "os.environ.setdefault('TORCHINDUCTOR_COMPILE_THREADS', '1')\n"
         "os.environ.setdefault('TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS', '0')\n"
-        "cache = tempfile.mkdtemp(prefix='probe-inductor-')\n"
+        "base = os.environ.get('TORCHINDUCTOR_CACHE_DIR') or tempfile.gettempdir()\n"
+        "os.makedirs(base, exist_ok=True)\n"
+        "cache = tempfile.mkdtemp(prefix='probe-inductor-', dir=base)\n"
         "os.environ['TORCHINDUCTOR_CACHE_DIR'] = cache\n"
         "os.environ['TRITON_CACHE_DIR'] = os.path.join(cache, 'triton')\n"
         "try:\n"
@@ -311,14 +343,93 @@ SECTIONS = {
         "finally:\n"
         "    shutil.rmtree(cache, ignore_errors=True)\n"
     ),
+    # DataLoader workers hand their batches to the loader through shared memory (/dev/shm):
+    # one batch of 80 MiB from each of 2 workers outgrows Docker's default 64 MB. A worker
+    # that cannot allocate its batch there fails in its queue's feeder thread and the loader
+    # would wait forever: hence the loader's own timeout.
+    "dataloader_shm": (
+        "import multiprocessing as mp\n"
+        "import torch\n"
+        "from torch.utils.data import DataLoader, Dataset\n"
+        "MIB = 80\n"
+        "class Big(Dataset):\n"
+        "    def __len__(self):\n"
+        "        return 2\n"
+        "    def __getitem__(self, i):\n"
+        "        return torch.full((MIB << 18,), float(i + 1))\n"
+        "loader = DataLoader(Big(), batch_size=None, num_workers=2, prefetch_factor=1, timeout=20,\n"
+        "                    multiprocessing_context=mp.get_context('fork'))\n"
+        "got = sorted(float(b[0]) + float(b[-1]) for b in loader)\n"
+        "assert got == [2.0, 4.0], 'batches came back as %r' % (got,)\n"
+        "report(workers=2, batch_mib=MIB)\n"
+    ),
+    # Two processes (this one and a fork of it) all_reduce over gloo, rendezvous through a
+    # file: what a CPU DDP job does, on loopback only (probe containers have no network).
+    "gloo_all_reduce": (
+        "import datetime, os, tempfile\n"
+        "import torch, torch.distributed as dist\n"
+        "store = os.path.join(tempfile.mkdtemp(prefix='probe-dist-'), 'store')\n"
+        "WORLD = 2\n"
+        "def rank_main(rank):\n"
+        "    dist.init_process_group('gloo', init_method='file://' + store, rank=rank, world_size=WORLD,\n"
+        "                            timeout=datetime.timedelta(seconds=60))\n"
+        "    try:\n"
+        "        t = torch.full((1024,), float(rank + 1))\n"
+        "        dist.all_reduce(t)\n"
+        "        return float(t.min()), float(t.max())\n"
+        "    finally:\n"
+        "        dist.destroy_process_group()\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    code = 1\n"
+        "    try:\n"
+        "        code = 0 if rank_main(1) == (3.0, 3.0) else 2\n"
+        "    finally:\n"
+        "        os._exit(code)\n"
+        "try:\n"
+        "    got = rank_main(0)\n"
+        "except BaseException:\n"
+        "    os.kill(pid, 9)\n"
+        "    raise\n"
+        "finally:\n"
+        "    status = os.waitpid(pid, 0)[1]\n"
+        "assert got == (3.0, 3.0), 'rank 0 got %r, want 3.0 everywhere' % (got,)\n"
+        "assert status == 0, 'rank 1 ended with wait status %d' % status\n"
+        "report(backend='gloo', world_size=WORLD)\n"
+    ),
+    # NCCL (GPU only): each rank a fresh interpreter on its own device (NCCL refuses two ranks
+    # on one GPU, so one GPU gives a 1-rank all_reduce: still NCCL's init and a kernel).
+    "nccl_all_reduce": "RANK_CODE = %r\n" % _NCCL_RANK + (
+        "import os, subprocess, sys, tempfile\n"
+        "import torch\n"
+        "devices = torch.cuda.device_count()\n"
+        "world = min(2, devices)\n"
+        "assert world >= 1, 'no CUDA device visible'\n"
+        "store = os.path.join(tempfile.mkdtemp(prefix='probe-nccl-'), 'store')\n"
+        "procs = [subprocess.Popen([sys.executable, '-c', RANK_CODE, str(r), str(world), store],\n"
+        "                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)\n"
+        "         for r in range(world)]\n"
+        "try:\n"
+        "    outs = [p.communicate(timeout=150)[0].decode(errors='replace') for p in procs]\n"
+        "finally:\n"
+        "    for p in procs:\n"
+        "        if p.poll() is None:\n"
+        "            p.kill()\n"
+        "bad = ['rank %d: exit %s: %s' % (r, p.returncode, (out.strip().splitlines() or [''])[-1])\n"
+        "       for r, (p, out) in enumerate(zip(procs, outs)) if p.returncode]\n"
+        "assert not bad, '; '.join(bad)\n"
+        "report(backend='nccl', world_size=world, devices=devices)\n"
+    ),
 }
 # Which child runs which sections, in order.
 CHILDREN = {
     "numpy": ("numpy_matmul", "numpy_complex"),
     "torch": ("torch_matmul", "torch_complex"),
-    "compile": ("torch_compile",),
+    "compile": ("compile_place", "torch_compile"),
+    "launch": ("dataloader_shm", "gloo_all_reduce"),
+    "nccl": ("nccl_all_reduce",),
 }
-CHILD_TIMEOUT = {"numpy": 120, "torch": 120, "compile": 240}
+CHILD_TIMEOUT = {"numpy": 120, "torch": 120, "compile": 240, "launch": 150, "nccl": 180}
 
 
 def child_code(sections):
@@ -582,6 +693,31 @@ def probe_activation():
     return out
 
 
+def _mount(path):
+    """(read-only, noexec, size in bytes) of the filesystem holding `path`."""
+    st = os.statvfs(path)
+    return bool(st.f_flag & os.ST_RDONLY), bool(st.f_flag & os.ST_NOEXEC), st.f_blocks * st.f_frsize
+
+
+def probe_launch():
+    """How this container was launched, as the process sees it: the launch mode's checks
+    compare it with what the mode asked for (an engine that ignored an option shows here).
+    /dev/shm's size is what DataLoader workers can hand over at once."""
+    import tempfile
+    out = {"home": os.environ.get("HOME"), "home_writable": None, "root_read_only": None,
+           "tmp": tempfile.gettempdir(), "tmp_writable": None, "tmp_noexec": None, "shm_bytes": None, "error": None}
+    try:
+        home = out["home"]
+        out["home_writable"] = bool(home) and os.path.isdir(home) and os.access(home, os.W_OK)
+        out["root_read_only"] = _mount("/")[0]
+        read_only, out["tmp_noexec"], _ = _mount(out["tmp"])
+        out["tmp_writable"] = not read_only and os.access(out["tmp"], os.W_OK)
+        out["shm_bytes"] = _mount("/dev/shm")[2] if os.path.isdir("/dev/shm") else 0
+    except Exception as exc:
+        out["error"] = _err(exc)
+    return out
+
+
 def probe_compiler():
     import shutil
     names = [os.environ.get("CXX"), os.environ.get("CC"), "g++", "gcc", "cc", "c++"]
@@ -609,16 +745,20 @@ def run(argv=()):
     if "--no-compile" not in argv:  # the longest child starts first
         _start(children, result, Child.spawn, "compile")
     _sections(result, (("python", probe_python), ("user", probe_user), ("cpus", probe_cpus),
+                       ("launch", probe_launch),
                        ("env", lambda: {k: os.environ.get(k) for k in ENV_VARS}),
                        ("numpy", probe_numpy)))  # before torch, see module docstring
     _start(children, result, Child.fork, "numpy")  # NumPy is loaded, torch is not
     torch, result["torch"] = import_torch()
     _start(children, result, Child.fork, "torch")  # torch is loaded, CUDA untouched
+    _start(children, result, Child.fork, "launch")  # DataLoader workers, gloo ranks: forks too
     _sections(result, (("torch", lambda: probe_torch(torch, result["torch"])),
                        ("bytecode", probe_bytecode),  # after the imports it inspects
                        ("activation", probe_activation),
                        ("compiler", probe_compiler),
                        ("packages", probe_packages)))
+    if isinstance(result.get("torch"), dict) and result["torch"].get("cuda_available") is True:
+        _start(children, result, Child.spawn, "nccl")  # CUDA is in use here now: fresh interpreters
     result["openmp"], result["mkl"], result["threadpool_info"], result["threadpool_error"] = probe_threadpools()
     result["compute"] = collect(children)
     return result

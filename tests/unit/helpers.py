@@ -6,6 +6,7 @@ module ties every importer to that module's edits (tests/unit/test_lint.py check
 
 from __future__ import annotations
 
+from imagefactory.checks import Check, judge, passed
 from imagefactory.model import Cell
 
 CPU_OPENBLAS = Cell(python="3.11", cuda=None, blas="openblas", installer="pip", torch="2.13.0",
@@ -44,7 +45,7 @@ def good_probe(cell: Cell, *, gpu: bool = False, cpus: int = 8) -> dict:
     ok = {"ok": True, "returncode": 0, "error": None, "info": {}}
     local = "+cpu" if cell.cuda is None else "+cu" + cell.cuda.replace(".", "")
     return {
-        "probe_version": 3,
+        "probe_version": 4,
         "python": {"version": cell.python + ".7", "executable": "/opt/venv/bin/python"},
         "user": {"uid": 1000, "gid": 1000, "name": "trainer"},
         "cpus": {"os_cpu_count": cpus, "affinity": cpus, "cgroup_quota": None, "physical_cores": cpus},
@@ -63,9 +64,17 @@ def good_probe(cell: Cell, *, gpu: bool = False, cpus: int = 8) -> dict:
                             *(dict(e, user_api="openmp") for e in openmp)],
         "bytecode": {"checked": 812, "missing": 0, "stale": 0, "examples": [], "dont_write": False},
         "activation": activation,
+        "launch": {"home": "/home/trainer", "home_writable": True, "root_read_only": False, "tmp": "/tmp",
+                   "tmp_writable": True, "tmp_noexec": False, "shm_bytes": 1 << 30, "error": None},
         "compute": {"numpy_matmul": ok, "torch_matmul": ok, "numpy_complex": dict(ok, info={"scipy": None}),
                     "torch_complex": ok,
-                    "torch_compile": dict(ok, info={"devices": ["cpu"], "seconds": 9.1, "cxx": "/usr/bin/g++"})},
+                    "compile_place": dict(ok, info={"dir": "/tmp", "env": None, "triton": None, "writable": True,
+                                                    "noexec": False}),
+                    "torch_compile": dict(ok, info={"devices": ["cpu"], "seconds": 9.1, "cxx": "/usr/bin/g++"}),
+                    "dataloader_shm": dict(ok, info={"workers": 2, "batch_mib": 80}),
+                    "gloo_all_reduce": dict(ok, info={"backend": "gloo", "world_size": 2}),
+                    **({"nccl_all_reduce": dict(ok, info={"backend": "nccl", "world_size": 1, "devices": 1})}
+                       if gpu else {})},
     }
 
 
@@ -86,3 +95,22 @@ def assert_torch_section(report: dict, threads: int) -> None:
     else:
         assert torch["device_count"] == 0 and torch["devices"] == [], torch
         assert torch["gpu_matmul"] is None
+
+
+def by_name(checks: list[Check]) -> dict[str, Check]:
+    names = [c.name for c in checks]
+    assert len(names) == len(set(names)), names
+    return {c.name: c for c in checks}
+
+
+def failures(checks: list[Check]) -> set[str]:
+    return {c.name for c in checks if c.verdict == "fail"}
+
+
+def only_failure(cell: Cell, probe: dict, name: str, *, gpu_required: bool = False) -> Check:
+    checks = judge(cell, probe, gpu_required=gpu_required)
+    assert failures(checks) == {name}, [c for c in checks if c.verdict == "fail"]
+    assert not passed(checks)
+    check = by_name(checks)[name]
+    assert check.detail and "\n" not in check.detail
+    return check

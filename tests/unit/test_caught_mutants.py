@@ -198,7 +198,8 @@ class ProbeFails(FakeEngine):
     error: EngineError = EngineError("could not run a container of x: 500 Server Error: no space left")
 
     def run(self, image: str, command: list[str], *, timeout: float, gpus: bool = False,
-            environment: dict[str, str] | None = None) -> RunResult:
+            environment: dict[str, str] | None = None, cpus: float | None = None,
+            options: dict | None = None) -> RunResult:
         self.world.record("run", image)
         raise self.error
 

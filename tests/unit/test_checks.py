@@ -9,26 +9,7 @@ import pytest
 
 from imagefactory.checks import Check, judge, passed
 from imagefactory.model import Cell
-from tests.unit.helpers import CPU_OPENBLAS, CUDA_MKL, good_probe, openmp_entry
-
-
-def by_name(checks: list[Check]) -> dict[str, Check]:
-    names = [c.name for c in checks]
-    assert len(names) == len(set(names)), names
-    return {c.name: c for c in checks}
-
-
-def failures(checks: list[Check]) -> set[str]:
-    return {c.name for c in checks if c.verdict == "fail"}
-
-
-def only_failure(cell: Cell, probe: dict, name: str, *, gpu_required: bool = False) -> Check:
-    checks = judge(cell, probe, gpu_required=gpu_required)
-    assert failures(checks) == {name}, [c for c in checks if c.verdict == "fail"]
-    assert not passed(checks)
-    check = by_name(checks)[name]
-    assert check.detail and "\n" not in check.detail
-    return check
+from tests.unit.helpers import CPU_OPENBLAS, CUDA_MKL, by_name, failures, good_probe, only_failure, openmp_entry
 
 
 ALL_NAMES = {
@@ -37,7 +18,7 @@ ALL_NAMES = {
     "env.OPENBLAS_NUM_THREADS", "threads.torch", "threads.numpy_blas", "openmp.single_runtime",
     "user.non_root", "probe.numpy", "probe.torch", "numpy.matmul", "torch.matmul",
     "numpy.complex_blas", "torch.complex_blas", "torch.compile", "python.bytecode", "env.activation",
-    "probe.import_time", "packages.locked",
+    "probe.import_time", "packages.locked", "shm.dataloader", "torch.distributed.gloo", "torch.distributed.nccl",
 }
 
 
@@ -104,7 +85,7 @@ def test_cuda_minor_mismatch():
 def test_gpu_required_without_gpu():
     p = good_probe(CUDA_MKL, gpu=False)
     checks = judge(CUDA_MKL, p, gpu_required=True)
-    assert failures(checks) == {"torch.gpu_available", "torch.gpu_matmul"}
+    assert failures(checks) == {"torch.gpu_available", "torch.gpu_matmul", "torch.distributed.nccl"}
     assert by_name(checks)["torch.gpu_available"].actual == "not available"
 
 
@@ -358,11 +339,11 @@ def test_torch_import_error(cell, gpu_required):
     checks = by_name(judge(cell, p, gpu_required=gpu_required))
     assert checks["probe.torch"].verdict == "fail" and "libcudnn" in checks["probe.torch"].detail
     torch_derived = ["torch.version", "torch.cuda_build", "threads.torch", "torch.matmul", "torch.complex_blas",
-                     "torch.compile"]
+                     "torch.compile", "shm.dataloader", "torch.distributed.gloo"]
     if cell.blas == "mkl":
         torch_derived.append("torch.mkl")
     if gpu_required:
-        torch_derived += ["torch.gpu_available", "torch.gpu_matmul"]
+        torch_derived += ["torch.gpu_available", "torch.gpu_matmul", "torch.distributed.nccl"]
     for name in torch_derived:
         assert checks[name].verdict == "fail", checks[name]
         assert checks[name].actual == "torch not importable"

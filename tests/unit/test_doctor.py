@@ -224,3 +224,56 @@ def test_text_says_plainly_there_is_no_gpu():
                            cells=[], recommended=None)
     out = doctor.text(report)
     assert "only CPU cells can run here" in out and "host facts only" in out
+
+
+# -- launch flags --------------------------------------------------------------------------------------
+
+GiB = 2**30
+
+
+def diagnosed(info: EngineInfo, driver: Driver) -> doctor.Report:
+    return doctor.diagnose(None, engine_factory=World(info=info).engine, driver_query=lambda: driver)
+
+
+def test_launch_flags_for_a_gpu_node_with_the_nvidia_runtime():
+    report = diagnosed(EngineInfo("27.3.1", "1.47", ("nvidia", "runc"), (), cpus=64), Driver("580.65.06", ["H200"] * 8))
+    flags = report.launch
+    assert flags is not None and flags.shm == ["--ipc=host"] and flags.gpus == ["--gpus", "all"]
+    assert flags.cpus == ["--cpuset-cpus=0-31"]
+    assert flags.line == "docker run --ipc=host --gpus all IMAGE python train.py"
+    data = report.to_json()["launch"]
+    assert data["line"] == flags.line and data["gpus"] == ["--gpus", "all"]
+    out = doctor.text(report)
+    assert "launch:   docker run --ipc=host --gpus all IMAGE" in out
+    assert "--shm-size=" in out and "emptyDir with medium: Memory mounted at /dev/shm" in out
+    assert "64 on this host" in out and "--cpus=32" in out
+
+
+def test_launch_flags_through_cdi_and_without_any_gpu_plumbing(tmp_path):
+    (tmp_path / "nvidia.yaml").write_text("cdiVersion: 0.5.0\n")
+    cdi = diagnosed(EngineInfo("27.3.1", "1.47", ("runc",), (str(tmp_path),), cpus=8), Driver("580.65.06", ["L4"]))
+    assert cdi.launch is not None and cdi.launch.gpus == ["--device", "nvidia.com/gpu=all"]
+    bare = diagnosed(EngineInfo("27.3.1", "1.47", ("runc",), (), cpus=8), Driver("580.65.06", ["L4"]))
+    assert bare.launch is not None and bare.launch.gpus == []
+    assert any("nvidia-ctk" in n for n in bare.launch.notes)  # the fix, not a flag that cannot work
+
+
+def test_launch_flags_on_a_cpu_node():
+    report = diagnosed(EngineInfo("20.10.24", "1.41", ("runc",), (), cpus=2), Driver(error="nvidia-smi: not found"))
+    assert report.launch is not None and report.launch.gpus == [] and report.launch.cpus == ["--cpuset-cpus=0"]
+    assert "GPUs: none (no NVIDIA GPU here)" in doctor.text(report)
+    odd = diagnosed(EngineInfo("20.10.24", "1.41", ("runc",), (), cpus=-3), Driver(error="none"))
+    assert odd.engine.cpus == 0 and odd.launch is not None and odd.launch.cpus == []
+
+
+def test_shm_size_is_a_quarter_of_memory_and_at_least_1g():
+    facts = doctor.EngineFacts(reachable=True, cpus=4)
+    assert "--shm-size=16g" in doctor.launch_flags(facts, Driver(error="x"), memory=64 * GiB).notes[0]
+    assert "--shm-size=1g" in doctor.launch_flags(facts, Driver(error="x"), memory=2 * GiB).notes[0]
+
+
+def test_no_launch_flags_without_an_engine():
+    def unreachable():
+        raise DockerUnavailable("no Docker engine answered at unix:///x")
+    gone = doctor.diagnose(None, engine_factory=unreachable, driver_query=lambda: Driver(error="none"))
+    assert gone.launch is None and gone.to_json()["launch"] is None and "launch:" not in doctor.text(gone)

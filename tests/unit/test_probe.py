@@ -68,8 +68,8 @@ def test_probe_imports_only_stdlib_and_what_it_inspects():
 
 
 def test_report_shape(report):
-    assert report["probe_version"] == 3
-    for key in ("python", "user", "cpus", "env", "numpy", "torch", "openmp", "threadpool_info"):
+    assert report["probe_version"] == 4
+    for key in ("python", "user", "cpus", "launch", "env", "numpy", "torch", "openmp", "threadpool_info"):
         assert key in report, key
     assert report["python"]["version"].count(".") == 2
     assert os.path.isabs(report["python"]["executable"])
@@ -137,7 +137,7 @@ def test_runs_as_dash_c_from_any_cwd(tmp_path):
     if not _has("numpy"):
         pytest.fail(f"{PYTHON} lacks numpy: install the test extra (pip install -e '.[test]')")
     report, _, _ = run_probe("-c", PROBE.read_text(), cwd=tmp_path)
-    assert report["probe_version"] == 3
+    assert report["probe_version"] == 4
     assert report["env"]["OMP_NUM_THREADS"] is None
 
 
@@ -176,7 +176,11 @@ def test_new_sections_on_the_host(report):
     act = report["activation"]
     assert act["error"] is None and isinstance(act["scripts"], list) and isinstance(act["missing"], list)
     compute = report["compute"]
-    assert set(compute) == {"numpy_matmul", "torch_matmul", "numpy_complex", "torch_complex", "torch_compile"}
+    assert set(compute) == {"numpy_matmul", "torch_matmul", "numpy_complex", "torch_complex", "compile_place",
+                            "torch_compile", "dataloader_shm", "gloo_all_reduce"}
+    launch = report["launch"]
+    assert launch["error"] is None and launch["shm_bytes"] > 0 and launch["tmp_writable"] is True
+    assert compute["compile_place"]["ok"] is True and compute["compile_place"]["info"]["writable"] is True
     assert isinstance(report["numpy"]["import_seconds"], float)
     if _has("numpy"):
         assert compute["numpy_complex"]["ok"] is True, compute["numpy_complex"]
@@ -246,7 +250,8 @@ def test_forked_child_sees_what_the_probe_imported(monkeypatch):
 
 def test_no_compile_leaves_the_compile_child_out(tmp_path):
     report, _, _ = run_probe(str(PROBE), "--no-compile", cwd=tmp_path)
-    assert set(report["compute"]) == {"numpy_matmul", "torch_matmul", "numpy_complex", "torch_complex"}
+    assert set(report["compute"]) == {"numpy_matmul", "torch_matmul", "numpy_complex", "torch_complex",
+                                      "dataloader_shm", "gloo_all_reduce"}
 
 
 def test_smoke_runs_the_probe_without_the_compile_child_only_for_compiler_false_cells():
@@ -260,12 +265,12 @@ def test_smoke_runs_the_probe_without_the_compile_child_only_for_compiler_false_
     commands: list[list[str]] = []
 
     class Recorder:
-        def run(self, image, command, *, timeout, gpus=False, environment=None):
+        def run(self, image, command, *, timeout, gpus=False, environment=None, options=None):
             commands.append(command)
             return RunResult(0, "", "")
 
     for cell in (CPU_OPENBLAS, replace(CPU_OPENBLAS, compiler=False)):
-        smoke.test_image(Recorder(), cell, "image", gpus=False)  # type: ignore[arg-type]
+        smoke.test_image(Recorder(), cell, "image", gpus=False, modes=("docker",))  # type: ignore[arg-type]
     with_compiler, without = commands
     assert with_compiler[:2] == ["python", "-c"] and with_compiler[3:] == []
     assert without[3:] == ["--no-compile"]

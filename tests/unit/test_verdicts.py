@@ -7,10 +7,17 @@ import dataclasses
 import json
 import os
 
-from imagefactory import verdicts
+from imagefactory import checks, smoke, verdicts
+from tests.fake_engine import as_launched
 from tests.unit.helpers import CPU_OPENBLAS, good_probe
 
 IMAGE = "sha256:" + "ab" * 32
+
+
+def probes(cell, **kw) -> dict:
+    """Every launch mode's probe of a good image, as each mode's container reports it."""
+    return {m: as_launched(good_probe(cell, **kw), smoke.MODES[m].options(smoke.DEFAULT_SHM),
+                           smoke.MODES[m].environment()) for m in smoke.DEFAULT_MODES}
 
 
 def key(**changes) -> verdicts.Key:
@@ -18,22 +25,22 @@ def key(**changes) -> verdicts.Key:
 
 
 def test_a_stored_pass_is_found_with_its_time(tmp_path):
-    at = verdicts.store(tmp_path, key(), good_probe(CPU_OPENBLAS))
+    at = verdicts.store(tmp_path, key(), probes(CPU_OPENBLAS))
     hit = verdicts.lookup(tmp_path, key(), CPU_OPENBLAS)
     assert hit is not None and hit.at == at and verdicts.checks.passed(hit.checks)
     assert [p.name for p in tmp_path.iterdir()] == ["ab" * 32 + ".json"]  # no temporary file left
 
 
 def test_every_part_of_the_key_matters(tmp_path):
-    verdicts.store(tmp_path, key(), good_probe(CPU_OPENBLAS))
+    verdicts.store(tmp_path, key(), probes(CPU_OPENBLAS))
     for other in (key(probe_version="2+0"), key(gpus=True), key(threads=8)):
         assert verdicts.lookup(tmp_path, other, CPU_OPENBLAS) is None
     assert verdicts.lookup(tmp_path, key(image_id="sha256:" + "cd" * 32), CPU_OPENBLAS) is None
 
 
 def test_modes_of_one_image_are_kept_side_by_side(tmp_path):
-    verdicts.store(tmp_path, key(), good_probe(CPU_OPENBLAS))
-    verdicts.store(tmp_path, key(gpus=True), good_probe(CPU_OPENBLAS, gpu=True))
+    verdicts.store(tmp_path, key(), probes(CPU_OPENBLAS))
+    verdicts.store(tmp_path, key(gpus=True), probes(CPU_OPENBLAS, gpu=True))
     assert verdicts.lookup(tmp_path, key(), CPU_OPENBLAS) is not None
     assert verdicts.lookup(tmp_path, key(gpus=True), CPU_OPENBLAS) is not None
 
@@ -43,8 +50,37 @@ def test_probe_version_is_read_from_the_probe_text():
     assert number == str(good_probe(CPU_OPENBLAS)["probe_version"]) and len(digest) == 16
 
 
+def test_launch_modes_and_shm_are_part_of_the_key(tmp_path):
+    verdicts.store(tmp_path, key(), probes(CPU_OPENBLAS))
+    hit = verdicts.lookup(tmp_path, key(), CPU_OPENBLAS)
+    assert hit is not None and checks.launches(hit.checks) == {"docker": "pass", "bare": "pass", "hpc": "pass"}
+    for other in (key(modes=("docker",)), key(modes=("docker", "bare")), key(shm="host")):
+        assert verdicts.lookup(tmp_path, other, CPU_OPENBLAS) is None, other
+
+
+def test_a_record_from_before_the_launch_modes_is_probed_again(tmp_path):
+    """Format 1 records of probe 3 had no modes in their key and one probe: never a hit."""
+    old_key = {k: v for k, v in key().as_dict().items() if k not in ("modes", "shm")}
+    doc = {"format": 1, "records": [{"key": old_key, "at": "2026-11-30T10:00:00+00:00",
+                                     "probe": good_probe(CPU_OPENBLAS)}]}
+    _file(tmp_path).write_text(json.dumps(doc))
+    assert verdicts.lookup(tmp_path, key(), CPU_OPENBLAS) is None
+    # nor a record whose key names the modes but whose probes miss one
+    partial = probes(CPU_OPENBLAS)
+    del partial["hpc"]
+    verdicts.store(tmp_path, key(), partial)
+    assert verdicts.lookup(tmp_path, key(), CPU_OPENBLAS) is None
+
+
+def test_a_stored_mode_that_fails_todays_checks_is_no_hit(tmp_path):
+    stored = probes(CPU_OPENBLAS)
+    stored["hpc"]["user"]["uid"] = 1000  # as if the hpc container had not run as 4242
+    verdicts.store(tmp_path, key(), stored)
+    assert verdicts.lookup(tmp_path, key(), CPU_OPENBLAS) is None
+
+
 def test_stored_probe_is_judged_again_by_todays_checks(tmp_path):
-    verdicts.store(tmp_path, key(), good_probe(CPU_OPENBLAS))
+    verdicts.store(tmp_path, key(), probes(CPU_OPENBLAS))
     stricter = dataclasses.replace(CPU_OPENBLAS, torch="2.14.0")  # as if the checks now wanted more
     assert verdicts.lookup(tmp_path, key(), stricter) is None
 
@@ -54,7 +90,7 @@ def _file(tmp_path):
 
 
 def test_corrupt_or_hostile_records_are_ignored(tmp_path):
-    verdicts.store(tmp_path, key(), good_probe(CPU_OPENBLAS))
+    verdicts.store(tmp_path, key(), probes(CPU_OPENBLAS))
     good = json.loads(_file(tmp_path).read_text())
     record = good["records"][0]
     bad_docs = [
@@ -71,7 +107,7 @@ def test_corrupt_or_hostile_records_are_ignored(tmp_path):
 
 def test_a_symlinked_record_is_not_followed(tmp_path):
     elsewhere = tmp_path / "elsewhere.json"
-    verdicts.store(tmp_path, key(), good_probe(CPU_OPENBLAS))
+    verdicts.store(tmp_path, key(), probes(CPU_OPENBLAS))
     _file(tmp_path).rename(elsewhere)
     os.symlink(elsewhere, _file(tmp_path))
     assert verdicts.lookup(tmp_path, key(), CPU_OPENBLAS) is None
@@ -79,7 +115,7 @@ def test_a_symlinked_record_is_not_followed(tmp_path):
 
 def test_an_image_id_that_is_not_a_digest_never_becomes_a_path(tmp_path):
     for image_id in ("../../etc/passwd", "sha256:" + "ab" * 32 + "/x", "", "sha256:AB" + "ab" * 31):
-        assert verdicts.store(tmp_path, key(image_id=image_id), good_probe(CPU_OPENBLAS)) is None
+        assert verdicts.store(tmp_path, key(image_id=image_id), probes(CPU_OPENBLAS)) is None
         assert verdicts.lookup(tmp_path, key(image_id=image_id), CPU_OPENBLAS) is None
     assert list(tmp_path.iterdir()) == []
 
@@ -87,7 +123,7 @@ def test_an_image_id_that_is_not_a_digest_never_becomes_a_path(tmp_path):
 def test_an_unwritable_cache_is_not_fatal(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
-    assert verdicts.store(blocker / "verdicts", key(), good_probe(CPU_OPENBLAS)) is None
+    assert verdicts.store(blocker / "verdicts", key(), probes(CPU_OPENBLAS)) is None
 
 
 def test_cache_dir_follows_the_environment(tmp_path, monkeypatch):
@@ -99,8 +135,8 @@ def test_cache_dir_follows_the_environment(tmp_path, monkeypatch):
 
 
 def test_a_failed_probe_forgets_the_earlier_pass(tmp_path):
-    verdicts.store(tmp_path, key(), good_probe(CPU_OPENBLAS))
-    verdicts.store(tmp_path, key(gpus=True), good_probe(CPU_OPENBLAS, gpu=True))
+    verdicts.store(tmp_path, key(), probes(CPU_OPENBLAS))
+    verdicts.store(tmp_path, key(gpus=True), probes(CPU_OPENBLAS, gpu=True))
     verdicts.forget(tmp_path, key())
     assert verdicts.lookup(tmp_path, key(), CPU_OPENBLAS) is None
     assert verdicts.lookup(tmp_path, key(gpus=True), CPU_OPENBLAS) is not None
