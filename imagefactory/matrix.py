@@ -21,7 +21,7 @@ import jsonschema
 import yaml
 from packaging.requirements import InvalidRequirement, Requirement
 
-from imagefactory import availability, inputs
+from imagefactory import availability, inputs, refs
 from imagefactory import tags as tagging
 from imagefactory.errors import ConfigError
 from imagefactory.model import Cell, CondaSettings, Matrix, PipSettings
@@ -61,22 +61,9 @@ PYPI_DEFAULT_CUDA = {
     "2.10": "12.8", "2.11": "13.0", "2.12": "13.0", "2.13": "13.0", "2.14": "13.0",
 }
 
-# Docker reference grammar (distribution/reference), enough to refuse anything
-# that is not a plain reference before it reaches a Dockerfile or the engine.
-_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-_DOMAIN = r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*(?::[0-9]+)?"
-_TAG = r"[\w][\w.-]{0,127}"
-REFERENCE_RE = re.compile(
-    rf"(?:{_DOMAIN}/)?{_COMPONENT}(?:/{_COMPONENT})*(?::{_TAG})?(?:@sha256:[0-9a-f]{{64}})?"
-)
-
-
 def is_reference(ref: str) -> bool:
     """True when `ref` is a valid Docker image reference (name, optional tag/digest)."""
-    if not REFERENCE_RE.fullmatch(ref):
-        return False
-    name = ref.split("@")[0]
-    return len(name) <= 255
+    return refs.is_reference(ref)
 
 
 def schema() -> dict[str, Any]:
@@ -600,9 +587,7 @@ def _check_cell(cell: Cell, pip: PipSettings, conda: CondaSettings, where, probl
 
 def _repository(ref: str) -> str:
     """The repository part of a reference: no registry-less tag, no digest."""
-    name = ref.split("@", 1)[0]
-    last = name.rsplit("/", 1)[-1]
-    return name[: len(name) - len(last)] + last.split(":", 1)[0]
+    return refs.repository(ref) or ref
 
 
 def _check_packages(cell: Cell, combo: dict[str, Any], where: tuple[Any, ...], problem) -> None:
@@ -667,12 +652,4 @@ def _conda_settings(cfg: dict[str, Any], problem) -> CondaSettings:
 
 def apply_base_registry(ref: str, base_registry: str | None) -> str:
     """Prefix a Docker Hub reference with a mirror; references naming a registry are kept."""
-    if not base_registry:
-        return ref
-    name = ref.split("@", 1)[0]  # a digest's "sha256:" is not a registry port
-    first = name.split("/")[0]
-    if "/" in name and ("." in first or ":" in first or first == "localhost"):
-        return ref  # already names its registry
-    if "/" not in name:
-        ref = f"library/{ref}"
-    return f"{base_registry.rstrip('/')}/{ref}"
+    return refs.with_registry(ref, base_registry)
