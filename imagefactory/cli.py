@@ -235,7 +235,7 @@ def build(
 def _publish_options(m, cells, atomic: bool, tries: int, delay: float) -> publish_mod.Options:
     """Check everything publishing needs before anything is built: the credentials, the commit
     id, every tag of every cell."""
-    publish_mod.credentials()
+    publish_mod.registry_credentials(m)
     options = publish_mod.Options(atomic=atomic, git_sha=publish_mod.git_sha(), attempts=tries, backoff=delay)
     for cell in cells:
         publish_mod.tags_for(m, cell.id, "0" * 64, options)

@@ -491,21 +491,23 @@ def _build(path: Path, data: dict[str, Any], loc: _Located, problems: list[Probl
     tag_template = tags_cfg.get("template", Matrix.tag_template)
     hash_template = tags_cfg.get("hash_template", Matrix.hash_tag_template)
 
-    resolved = _resolve_tags(cells, image, tag_template, hash_template, tags_cfg.get("extra", []), problem)
+    allowed = tagging.registries(image, tuple(tags_cfg.get("registries", [])))
+    resolved = _resolve_tags(cells, image, tag_template, hash_template, tags_cfg.get("extra", []), allowed,
+                             problem)
     if problems:
         return None
     return Matrix(
         path=path, image=image, cells=tuple(resolved), pip=pip, conda=conda,
         ca_certificates=tuple(certs), tag_template=tag_template, hash_tag_template=hash_template,
-        extra_tags=tuple(tags_cfg.get("extra", [])),
+        extra_tags=tuple(tags_cfg.get("extra", [])), registries=allowed[1:],
     )
 
 
 def _resolve_tags(cells: list[Cell], image: str, template: str, hash_template: str, extra: list[str],
-                  problem) -> list[Cell]:
-    """Each cell with its release tag; every tag a valid reference, and no tag shared by two cells
-    (one push would overwrite the other). Hash tags are checked with a distinct stand-in hash per
-    cell: cells always differ in content, so only a template without {hash} can make them clash."""
+                  allowed: tuple[str, ...], problem) -> list[Cell]:
+    """Each cell with its release tag; every tag a valid reference without a digest, on the registry
+    of `image` or one under tags.registries (`allowed`), and no tag shared by two cells (one push
+    would overwrite the other). Hash tags are checked with a distinct stand-in hash per cell."""
     resolved: list[Cell] = []
     owner: dict[str, tuple[str, str]] = {}
     for n, cell in enumerate(cells):
@@ -515,14 +517,14 @@ def _resolve_tags(cells: list[Cell], image: str, template: str, hash_template: s
         except tagging.TagTemplateError as e:
             problem(("tags", e.key), str(e))
             return []
-        refs = [(release, "template"), (hashed, "hash_template")] + [
+        named = [(release, "template"), (hashed, "hash_template")] + [
             (ref, "extra") for ref in tagging.extra_tags(release, tuple(extra), git_sha="0" * 40)]
-        bad = [(ref, key) for ref, key in refs if not is_reference(ref)]
-        for ref, key in bad:
-            problem(("tags", key), f"cell {cell.id}: {ref!r} is not a valid Docker reference")
+        bad = [(why, key) for ref, key in named if (why := tagging.refusal(ref, allowed))]
+        for why, key in dict.fromkeys(bad):
+            problem(("tags", key), f"cell {cell.id}: {why}")
         if bad:
             return []  # one cell shows the mistake; the others would repeat it
-        for ref, key in dict.fromkeys(refs):
+        for ref, key in dict.fromkeys(named):
             if ref in owner and owner[ref][0] != cell.id:
                 problem(("tags", key), f"cells {owner[ref][0]} and {cell.id} would both be tagged {ref!r}, "
                                        f"and one push would overwrite the other; add a field such as {{id}}")
