@@ -54,13 +54,6 @@ CREDENTIALS_RE = re.compile(r"://[^/?#\s@]*@")
 # Characters the YAML reader refuses; reported by us with their line, not a byte offset.
 _UNREADABLE = re.compile("[^\x09\x0A\x0D\x20-\x7E\x85\xA0-\uD7FF\uE000-\uFFFD\U00010000-\U0010FFFF]")
 
-# The CUDA build `pip install torch==X` gets from PyPI, by torch minor release
-# (pytorch/test-infra generate_binary_build_matrix.py history; see docs/domain.md).
-PYPI_DEFAULT_CUDA = {
-    "2.5": "12.4", "2.6": "12.4", "2.7": "12.6", "2.8": "12.8", "2.9": "12.8",
-    "2.10": "12.8", "2.11": "13.0", "2.12": "13.0", "2.13": "13.0", "2.14": "13.0",
-}
-
 def is_reference(ref: str) -> bool:
     """True when `ref` is a valid Docker image reference (name, optional tag/digest)."""
     return refs.is_reference(ref)
@@ -566,25 +559,33 @@ def _check_cell(cell: Cell, pip: PipSettings, conda: CondaSettings, where, probl
         problem(where, f"cell {cell.id}: PyPI's NumPy is linked to OpenBLAS only, so a pip cell cannot "
                        f"have blas: mkl without pip.numpy_index_url (an index serving MKL NumPy, "
                        f"e.g. Intel's); use installer conda or blas openblas")
-    if cell.installer == "pip" and cell.cuda is not None and pip.torch_index_url is None:
-        minor = ".".join(cell.torch.split(".")[:2])
-        default = PYPI_DEFAULT_CUDA.get(minor)
-        if default is None:
-            problem(where, f"cell {cell.id}: unknown which CUDA build PyPI serves for torch {cell.torch}; "
-                           f"set pip.torch_index_url to an index with a cu{cell.cuda.replace('.', '')} build")
-        elif default != cell.cuda:
-            problem(where, f"cell {cell.id}: PyPI's torch {cell.torch} is built for CUDA {default}, not "
-                           f"{cell.cuda}, and pip.torch_index_url is null (allowed: cuda {default}, "
-                           f"or set pip.torch_index_url)")
-    if cell.installer == "pip" and cell.cuda is None and pip.torch_index_url is None:
-        wheels = list(pip.wheelhouse.glob(f"torch-{cell.torch}+cpu-*.whl")) if pip.wheelhouse else []
-        if not wheels:
-            problem(where, f"cell {cell.id}: PyPI serves no CPU-only torch and pip.torch_index_url is null; "
-                           f"put torch-{cell.torch}+cpu-*.whl in pip.wheelhouse or set pip.torch_index_url")
+    if cell.installer == "pip" and cell.cuda is None and pip.torch_index_url is None and not _wheels(pip, cell, "+cpu"):
+        problem(where, f"cell {cell.id}: PyPI serves no CPU-only torch and pip.torch_index_url is null; "
+                       f"put torch-{cell.torch}+cpu-*.whl in pip.wheelhouse or set pip.torch_index_url")
+    elif cell.installer == "pip":
+        route = "pypi" if pip.torch_index_url is None else "index"
+        local = "+cpu" if cell.cuda is None else ("" if route == "pypi" else f"+cu{cell.cuda.replace('.', '')}")
+        why = None if _wheels(pip, cell, local, python=True) else availability.pip_problem(
+            cell.torch, cell.cuda, cell.python, route)
+        if why:
+            hint = "set pip.torch_index_url, " if route == "pypi" and cell.cuda else ""
+            problem(where, f"cell {cell.id}: {why} ({hint}or put the wheel in pip.wheelhouse; "
+                           f"see {availability.PIP_DATA_FILE.removeprefix('imagefactory/')})")
     if cell.installer == "conda":
         why = availability.conda_problem(cell.torch, cell.cuda, cell.python, cell.blas)
         if why:
             problem(where, f"cell {cell.id}: {why}")
+
+
+def _wheels(pip: PipSettings, cell: Cell, local: str, *, python: bool = False) -> list[Path]:
+    """The cell's torch wheels in the wheelhouse (`local`: "+cpu", "+cu130" or ""), for its Python
+    when `python`."""
+    if pip.wheelhouse is None:
+        return []
+    tag = f"cp{cell.python.replace('.', '')}-" if python else ""
+    version = cell.torch if cell.torch.count(".") == 2 else f"{cell.torch}.*"
+    return [w for w in pip.wheelhouse.glob(f"torch-{version}{local}-{tag}*.whl")
+            if local or "+" not in w.name]
 
 
 def _repository(ref: str) -> str:
