@@ -12,6 +12,7 @@ import glob
 import itertools
 import json
 import re
+import unicodedata
 from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
@@ -33,6 +34,17 @@ DEFAULT_THREADS = 4
 # Variables the templates bake from the cell; the smoke tests judge them, so `env` cannot override them.
 MANAGED_ENV = {"OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_THREADING_LAYER",
                "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "PATH", "VIRTUAL_ENV"}
+
+# Variables that make every process load code the image did not choose (the dynamic loader reads
+# LD_*, every bash reads BASH_ENV, sh reads ENV before the entrypoint script runs): refused in
+# `env` unless listed under `env_allow`.
+LOADER_ENV = {"LD_PRELOAD", "LD_AUDIT", "BASH_ENV", "ENV"}
+# Thread controls that would fight the counts `threads` bakes (and the checks judge): refused.
+THREAD_ENV = {"OMP_THREAD_LIMIT", "OMP_DYNAMIC", "OMP_MAX_ACTIVE_LEVELS", "MKL_DYNAMIC",
+              "MKL_DOMAIN_NUM_THREADS", "GOTO_NUM_THREADS", "BLIS_NUM_THREADS", "VECLIB_MAXIMUM_THREADS"}
+INVISIBLE_LETTERS = {"\u115f", "\u1160", "\u3164", "\uffa0"}  # Hangul fillers: letters (\w) that show as nothing
+LOOPBACK_HOSTS = re.compile(r"localhost|127(?:\.[0-9]{1,3}){3}|\[?::1\]?")
+DECIMAL_RE = re.compile(r"[-+]?(?:0|[1-9][0-9]*)")  # what YAML 1.2 and a reader both read as the same integer
 
 # Bounds on what a matrix file may cost to read (a real one is a few KB, tens of cells).
 MAX_BYTES = 256 * 1024  # pure-Python YAML parses about 20 KB a second on a busy machine
@@ -199,12 +211,8 @@ def _schema_message(error: jsonschema.ValidationError, loc: _Located) -> tuple[t
     v = error.validator
     inst = error.instance
     if v == "additionalProperties":
-        allowed = sorted(error.schema.get("properties", {}))
-        extra = sorted(set(inst) - set(allowed)) if isinstance(inst, dict) else []
-        name = str(extra[0]) if extra else "?"
-        guess = difflib.get_close_matches(name, allowed, n=1)
-        hint = f"did you mean '{guess[0]}'? " if guess else ""
-        return path + (name,), f"unknown key {_show(name)} ({hint}allowed: {', '.join(allowed)})", True
+        name = _unknown_keys(error)[0]
+        return path + (name,), _unknown_key(name, sorted(error.schema.get("properties", {}))), True
     if v == "required":
         missing = error.message.split("'")[1] if "'" in error.message else error.message
         return path, f"missing required key '{missing}'", False
@@ -227,7 +235,8 @@ def _schema_message(error: jsonschema.ValidationError, loc: _Located) -> tuple[t
     if v in ("maxItems", "maxProperties", "maxLength"):
         return path, f"too long (at most {error.validator_value})", False
     if v in ("minimum", "maximum"):
-        return path, f"{_show(inst)} is out of range ({v} {error.validator_value})", False
+        why = f": {error.schema['description']}" if "description" in error.schema else ""
+        return path, f"{_show(inst)} is out of range ({v} {error.validator_value}){why}", False
     if v == "propertyNames":
         return path, f"{error.message}", True
     if v == "oneOf":
@@ -242,6 +251,21 @@ def _schema_message(error: jsonschema.ValidationError, loc: _Located) -> tuple[t
         desc = error.schema.get("description", "see the README")
         return path, f"expected {desc}, got {type(inst).__name__} {_show(inst)}", False
     return path, _show(error.message, MAX_LINE), False
+
+
+def _unknown_keys(error: jsonschema.ValidationError) -> list[str]:
+    allowed = set(error.schema.get("properties", {}))
+    inst = error.instance
+    return sorted(str(k) for k in set(inst) - allowed) if isinstance(inst, dict) else ["?"]
+
+
+def _unknown_key(name: str, allowed: list[str]) -> str:
+    """'unknown key ...', naming the code points of a look-alike ('tоrch' with a Cyrillic о)."""
+    guess = difflib.get_close_matches(name, allowed, n=1)
+    odd = codepoints(name)
+    holds = f"it holds {odd}; " if odd else ""
+    hint = f"did you mean '{guess[0]}'? " if guess else ""
+    return f"unknown key {_show(name)} ({holds}{hint}allowed: {', '.join(allowed)})"
 
 
 def _fullmatch(validator, pattern: str, instance: Any, schema: dict[str, Any]):
@@ -343,12 +367,19 @@ def load(path: str | Path) -> Matrix:
     problems: list[Problem] = []
     best: dict[tuple[str, ...], tuple[int, Problem]] = {}
     for error in Validator(schema()).iter_errors(data):
+        if error.validator == "additionalProperties":  # every unknown key, not only the first
+            at = tuple(error.absolute_path)
+            allowed = sorted(error.schema.get("properties", {}))
+            problems.extend(Problem(loc.line(at + (k,)), _keypath(at + (k,)), _unknown_key(k, allowed))
+                            for k in _unknown_keys(error))
+            continue
         epath, msg, at_key = _schema_message(error, loc)
         rank = _RANK.get(str(error.validator), 2)
         where = tuple(map(str, error.absolute_path)) + ((str(error.validator),) if at_key else ())
         if where not in best or rank < best[where][0]:
             best[where] = (rank, Problem(loc.line(epath, key=at_key), _keypath(epath), msg))
     problems.extend(p for _, p in best.values())
+    problems.extend(odd_integers(data, loc))
 
     matrix = None
     if not problems:
@@ -420,17 +451,13 @@ def _build(path: Path, data: dict[str, Any], loc: _Located, problems: list[Probl
 
     certs = _certificates(data.get("ca_certificates", []), base_dir, problem)
 
-    env_sources = [("env",)] * ("env" in data) + [("matrix", "include", i, "env") for i, inc in
-                                 enumerate(axes_spec.get("include", [])) if "env" in inc]
-    for keypath in env_sources:
-        node: Any = data
-        for part in keypath:
-            node = node[part]
-        for name in sorted(set(node) & MANAGED_ENV):
-            problem(keypath + (name,), f"{name} is set by imagefactory "
-                                       f"({'use threads' if 'THREADS' in name else 'from the cell'}), not by env")
+    _check_env(data, problem)
+    _check_plain_http(data, problem)
 
-    for name in data.get("labels", {}):
+    for name, value in data.get("labels", {}).items():
+        if INVISIBLE_LETTERS & set(value):
+            problem(("labels", name), f"the value holds {codepoints(''.join(INVISIBLE_LETTERS & set(value)))}, "
+                                      f"a letter that shows as nothing; remove it")
         if name == RESERVED_LABEL_PREFIX or name.startswith(RESERVED_LABEL_PREFIX + "."):
             problem(("labels", name), f"labels under {RESERVED_LABEL_PREFIX}. are set by imagefactory "
                                       f"(the checks and the cache read them); choose another name")
@@ -470,7 +497,11 @@ def _build(path: Path, data: dict[str, Any], loc: _Located, problems: list[Probl
             problem(where, f"cell {cell.id} is defined twice")
             continue
         seen.add(cell.id)
-        if not is_reference(base):
+        if refs.canonical_repository(combo.get("base_image", base_images[combo["installer"]])) == "scratch":
+            problem(where + ("base_image",) if "base_image" in combo else ("base_images", combo["installer"]),
+                    f"cell {cell.id}: scratch is the empty image: it has no Python, shell or package manager "
+                    f"to install torch with; name a base that has them")
+        elif not is_reference(base):
             problem(where + ("base_image",) if "base_image" in combo else ("base_images", combo["installer"]),
                     f"cell {cell.id}: base image {base!r} is not a valid image reference")
         elif cell.installer == "pip" and _repository(base) in STAGE_NAMES:
@@ -525,6 +556,79 @@ def _resolve_tags(cells: list[Cell], image: str, template: str, hash_template: s
             owner[ref] = (cell.id, key)
         resolved.append(replace(cell, tags=(release,)))
     return resolved
+
+
+def _env_blocks(data: dict[str, Any]) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
+    """Every `env` mapping with its key path: the top level's and each include entry's."""
+    blocks = [(("env",), data["env"])] if "env" in data else []
+    return blocks + [(("matrix", "include", i, "env"), inc["env"]) for i, inc in
+                     enumerate(data["matrix"].get("include", [])) if "env" in inc]
+
+
+def _check_env(data: dict[str, Any], problem) -> None:
+    """Names imagefactory sets, names that fight `threads`, and loader names not under env_allow."""
+    allowed = set(data.get("env_allow", []))
+    used = set()
+    for keypath, block in _env_blocks(data):
+        used |= set(block)
+        for name in sorted(block):
+            if name in MANAGED_ENV:
+                problem(keypath + (name,), f"{name} is set by imagefactory "
+                                           f"({'use threads' if 'THREADS' in name else 'from the cell'}), not by env")
+            elif name in THREAD_ENV:
+                problem(keypath + (name,), f"{name} would fight the thread counts `threads` bakes (and the "
+                                           f"checks judge); set threads instead")
+            elif name in LOADER_ENV and name not in allowed:
+                problem(keypath + (name,), f"{name} makes every process in the image load code of its choosing; "
+                                           f"if that is meant, list it under env_allow")
+    for i, name in enumerate(data.get("env_allow", [])):
+        if name not in LOADER_ENV:
+            problem(("env_allow", i), f"{name!r} needs no allowing (allowed: {', '.join(sorted(LOADER_ENV))})")
+        elif name not in used:
+            problem(("env_allow", i), f"{name} is allowed but no env sets it; remove it")
+
+
+def _check_plain_http(data: dict[str, Any], problem) -> None:
+    """Plain-http indexes and channels only on loopback: pip ignores any other without
+    --trusted-host, and a proxy on the way could change what it serves."""
+    pip, conda = data.get("pip", {}), data.get("conda", {})
+    urls: list[tuple[tuple[Any, ...], str]] = [(("pip", key), pip[key]) for key in ("index_url", "torch_index_url", "numpy_index_url")
+            if isinstance(pip.get(key), str)]
+    urls += [(("pip", "extra_index_urls", i), u) for i, u in enumerate(pip.get("extra_index_urls", []))]
+    urls += [(("conda", "channels", i), u) for i, u in enumerate(conda.get("channels", []))]
+    for keypath, url in urls:
+        if url.lower().startswith("http://"):
+            host = url[len("http://"):].split("/", 1)[0].rsplit("@", 1)[-1]
+            host = host if host.startswith("[") else host.split(":", 1)[0]
+            if not LOOPBACK_HOSTS.fullmatch(host.lower()):
+                problem(keypath, f"{url!r} is plain http off this machine: pip refuses it without "
+                                 f"--trusted-host and anything on the way can change it; use https")
+
+
+def odd_integers(data: Any, loc: _Located, path: tuple[Any, ...] = ()) -> list[Problem]:
+    """Integers not written in plain decimal: YAML 1.1 reads 02000 as octal 1024, 0x10 as 16,
+    1:20 as 80, 1_000 as 1000; a reader of the file would not."""
+    found: list[Problem] = []
+    if isinstance(data, dict):
+        for key, value in data.items():
+            found += odd_integers(value, loc, path + (key,))
+    elif isinstance(data, list):
+        for i, value in enumerate(data):
+            found += odd_integers(value, loc, path + (i,))
+    elif isinstance(data, int) and not isinstance(data, bool):
+        typed = loc.source(path)
+        if typed is not None and not DECIMAL_RE.fullmatch(typed):
+            found.append(Problem(loc.line(path), _keypath(path),
+                                 f"{typed} is read by YAML 1.1 as {data}, not as written; write {data} "
+                                 f"(plain decimal)"))
+    return found
+
+
+def codepoints(text: str) -> str:
+    """The characters of `text` that are not plain ASCII, by code point and name (at most 3)."""
+    odd = list(dict.fromkeys(c for c in text if not (" " < c < "\x7f")))
+    named = [f"U+{ord(c):04X} {unicodedata.name(c, 'unnamed')}" for c in odd[:3]]
+    return ", ".join(named) + (f" and {len(odd) - 3} more" if len(odd) > 3 else "")
 
 
 def _certificates(patterns: list[str], base_dir: Path, problem) -> list[Path]:
