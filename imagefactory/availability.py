@@ -1,9 +1,10 @@
-"""Which conda-forge pytorch builds exist, and the exact spec that selects one.
+"""Which torch builds exist (conda-forge's pytorch, PyTorch's and PyPI's wheels), and the exact
+conda spec that selects one.
 
-The facts (torch version x CUDA x Python x BLAS, linux-64) live in
-resources/conda_pytorch_builds.json with their sources. matrix.py asks
-`conda_problem` whether a conda cell is possible; render.py asks
-`conda_build_spec` for the spec that pins the cell's CUDA build.
+The facts live with their sources in resources/conda_pytorch_builds.json (torch version x
+CUDA x Python x BLAS, linux-64) and resources/pip_torch_wheels.json (torch version x CUDA x
+Python, Linux x86_64 wheels). matrix.py asks `conda_problem` / `pip_problem` whether a cell is
+possible; render.py asks `conda_build_spec` for the spec that pins the cell's CUDA build.
 
 Vocabulary is the matrix file's: cuda None is a CPU build, blas is "mkl" or
 "openblas" (conda-forge's "generic" variant).
@@ -20,6 +21,8 @@ from importlib import resources
 from typing import Any
 
 DATA_FILE = "imagefactory/resources/conda_pytorch_builds.json"
+PIP_DATA_FILE = "imagefactory/resources/pip_torch_wheels.json"
+PIP_ROUTES = {"index": "PyTorch's wheel index", "pypi": "PyPI"}  # torch_index_url set / null
 BLAS_VARIANTS = {"mkl": "mkl", "generic": "openblas"}  # conda-forge's name -> the matrix's
 
 _TORCH_RE = re.compile(r"([0-9]+)\.([0-9]+)(?:\.([0-9]+))?")
@@ -68,6 +71,10 @@ class Note:
 class Table:
     releases: tuple[Release, ...]
     notes: tuple[Note, ...] = ()
+    publisher: str = "conda-forge"  # who publishes the builds, as messages name it
+    package: str = "pytorch"
+    data_file: str = DATA_FILE
+    name: str = "imagefactory's conda-forge build table"
 
     @property
     def versions(self) -> list[Version]:
@@ -93,22 +100,24 @@ def _dotted(version: Iterable[int]) -> str:
     return ".".join(map(str, version))
 
 
-def _strings(entry: dict[str, Any], key: str, pattern: re.Pattern[str], where: str) -> tuple[str, ...]:
+def _strings(entry: dict[str, Any], key: str, pattern: re.Pattern[str], where: str,
+             file: str = DATA_FILE) -> tuple[str, ...]:
     values = entry.get(key)
     if not isinstance(values, list) or not values:
-        raise ValueError(f"{DATA_FILE}: {where}: {key} must be a non-empty list")
+        raise ValueError(f"{file}: {where}: {key} must be a non-empty list")
     for value in values:
         if not isinstance(value, str) or not pattern.fullmatch(value):
-            raise ValueError(f"{DATA_FILE}: {where}: {key}: {value!r} is malformed")
+            raise ValueError(f"{file}: {where}: {key}: {value!r} is malformed")
     if len(set(values)) != len(values):
-        raise ValueError(f"{DATA_FILE}: {where}: {key} lists a value twice")
+        raise ValueError(f"{file}: {where}: {key} lists a value twice")
     return tuple(values)
 
 
-def _text(entry: dict[str, Any], key: str, pattern: re.Pattern[str] | None, where: str) -> str:
+def _text(entry: dict[str, Any], key: str, pattern: re.Pattern[str] | None, where: str,
+          file: str = DATA_FILE) -> str:
     value = entry.get(key)
     if not isinstance(value, str) or not value.strip() or (pattern and not pattern.fullmatch(value)):
-        raise ValueError(f"{DATA_FILE}: {where}: {key}: {value!r} is missing or malformed")
+        raise ValueError(f"{file}: {where}: {key}: {value!r} is missing or malformed")
     return value
 
 
@@ -150,6 +159,52 @@ def table() -> Table:
     return parse_table(json.loads(text))
 
 
+def parse_pip_table(doc: dict[str, Any]) -> dict[str, Table]:
+    """The pip wheel file's content as one table per route ("index": PyTorch's wheel index, with
+    its CPU build; "pypi": PyPI's default CUDA build). A mistake in it raises ValueError."""
+    index: list[Release] = []
+    pypi: list[Release] = []
+    seen: set[str] = set()
+    for i, entry in enumerate(doc.get("releases") or []):
+        where, file = f"releases[{i}]", PIP_DATA_FILE
+        torch = _text(entry, "torch", re.compile(r"[0-9]+\.[0-9]+\.[0-9]+"), where, file)
+        if torch in seen:
+            raise ValueError(f"{file}: {where}: torch {torch} is listed twice")
+        seen.add(torch)
+        python = _strings(entry, "python", _PYTHON_RE, where, file)
+        read_python = _text(entry, "python_source", None, where, file)
+        pypi_cuda = _text(entry, "pypi_cuda", _CUDA_RE, where, file)
+        index_cuda = _strings(entry, "index_cuda", _CUDA_RE, where, file)
+        both = tuple(BLAS_VARIANTS.values())  # pip torch has no BLAS variants (numpy's is checked apart)
+        index.append(Release(torch, "0", (None,) + index_cuda, python, both,
+                             f"{_text(entry, 'index_cuda_source', None, where, file)}; {read_python}"))
+        pypi.append(Release(torch, "0", (pypi_cuda,), python, both,
+                            f"{_text(entry, 'pypi_cuda_source', None, where, file)}; {read_python}"))
+    if not index:
+        raise ValueError(f"{PIP_DATA_FILE}: releases must not be empty")
+    return {route: Table(tuple(releases), publisher=PIP_ROUTES[route], package="torch", data_file=PIP_DATA_FILE,
+                  name="imagefactory's torch wheel table")
+            for route, releases in (("index", index), ("pypi", pypi))}
+
+
+@functools.cache
+def pip_tables() -> dict[str, Table]:
+    """The shipped pip wheel tables, by route."""
+    text = resources.files("imagefactory").joinpath("resources/pip_torch_wheels.json").read_text()
+    return parse_pip_table(json.loads(text))
+
+
+def pip_problem(torch: str, cuda: str | None, python: str, route: str,
+                tables: dict[str, Table] | None = None) -> str | None:
+    """None when a torch wheel for this combination exists on `route` ("index": the PyTorch wheel
+    index of torch_index_url; "pypi": PyPI); otherwise why not, and the nearest that exists.
+    PyPI has no CPU build: a CPU cell without an index takes the PyTorch index's CPU wheel from
+    the wheelhouse, so it is looked up there."""
+    tables = tables or pip_tables()
+    data = tables["index" if cuda is None else route]
+    return conda_problem(torch, cuda, python, "openblas", data)
+
+
 def conda_build_spec(torch: str, cuda: str | None) -> str:
     """The conda spec that selects torch's build for this CUDA version (or its CPU build).
 
@@ -172,7 +227,8 @@ def _covers(request: Version, version: Version) -> bool:
 
 
 def conda_problem(torch: str, cuda: str | None, python: str, blas: str, data: Table | None = None) -> str | None:
-    """None when conda-forge publishes this combination; otherwise why not, and the nearest that exists.
+    """None when `data` (conda-forge's table unless given) has this combination; otherwise why
+    not, and the nearest that exists.
 
     `torch` may be X.Y (any published X.Y.z will do) or X.Y.Z.
     """
@@ -184,6 +240,11 @@ def conda_problem(torch: str, cuda: str | None, python: str, blas: str, data: Ta
         return f"python {python!r} or cuda {cuda!r} is malformed"
     covered = [r for r in data.releases if _covers(request, r.version)]
     reason = _reason(torch, request, covered, cuda, python, blas, data)
+    return _with_nearest(reason, request, cuda, python, blas, data)
+
+
+def _with_nearest(reason: str | None, request: Version, cuda: str | None, python: str, blas: str,
+                  data: Table) -> str | None:
     if reason is None:
         return None
     suggestions = nearest(request, cuda, python, blas, data)
@@ -199,32 +260,33 @@ def _reason(torch: str, request: Version, covered: list[Release], cuda: str | No
         return _unpublished(torch, request, data)
     with_cuda = [r for r in covered if cuda in r.cuda]
     if not with_cuda:
-        return (f"conda-forge has no pytorch {torch} build for {_accel(cuda)} "
+        return (f"{data.publisher} has no {data.package} {torch} build for {_accel(cuda)} "
                 f"({torch} is built for {_cuda_list(covered)} only)")
     with_python = [r for r in with_cuda if python in r.python]
     if not with_python:
         pythons = sorted({p for r in with_cuda for p in r.python}, key=_pykey)
-        return (f"conda-forge has no pytorch {torch} build for Python {python}"
+        return (f"{data.publisher} has no {data.package} {torch} build for Python {python}"
                 f"{'' if cuda is None else ' with CUDA ' + cuda} "
                 f"({torch} is built for Python {_span(pythons)} only)")
     if not any(blas in r.blas for r in with_python):
         others = sorted({b for r in with_python for b in r.blas})
-        return (f"conda-forge has no {_blas_name(blas)} pytorch {torch} build for {_accel(cuda)} "
+        return (f"{data.publisher} has no {_blas_name(blas)} {data.package} {torch} build for {_accel(cuda)} "
                 f"and Python {python} (only {', '.join(map(_blas_name, others))})")
     return None
 
 
 def _unpublished(torch: str, request: Version, data: Table) -> str:
     versions = data.versions
-    extend = f"add its builds to {DATA_FILE} (the file says where to read them)"
+    extend = f"add its builds to {data.data_file} (the file says where to read them)"
     if request > versions[-1][:len(request)]:
-        return (f"torch {torch} is newer than imagefactory's conda-forge build table ({data.span}); "
-                f"if conda-forge publishes it now, {extend}")
+        return (f"torch {torch} is newer than {data.name} ({data.span}); "
+                f"if {data.publisher} publishes it now, {extend}")
     if request < versions[0][:len(request)]:
-        return f"torch {torch} is older than imagefactory's conda-forge build table ({data.span}); to use it, {extend}"
+        return (f"torch {torch} is older than {data.name} ({data.span}); "
+                f"to use it, {extend}")
     same_minor = [_dotted(v) for v in versions if v[:2] == request[:2]]
     known = f" (its {_dotted(request[:2])} releases: {', '.join(same_minor)})" if same_minor else ""
-    return f"conda-forge publishes no pytorch {torch}{known}"
+    return f"{data.publisher} publishes no {data.package} {torch}{known}"
 
 
 def _accel(cuda: str | None) -> str:

@@ -164,7 +164,7 @@ def _invocation(command: str, values: dict[str, Any], fixed: dict[str, Any]) -> 
 def _publishing(m: matrix_mod.Matrix, cells: list[Cell], options: context.Options) -> context.Options:
     """Check everything publishing needs before anything is built: the credentials, the commit
     id, every tag of every cell."""
-    publish_mod.credentials()
+    publish_mod.registry_credentials(m)
     options = dataclasses.replace(options, git_sha=publish_mod.git_sha())
     for cell in cells:
         publish_mod.tags_for(m, cell.id, "0" * 64, options)

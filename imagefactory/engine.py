@@ -26,6 +26,7 @@ import docker.errors
 import requests.exceptions
 import urllib3.exceptions
 
+from imagefactory import refs
 from imagefactory.engine_api import (BuildProgress, ContainerEngine, EngineFactory, EngineInfo, PushOutcome, RunResult,
                                      is_transient)
 from imagefactory.errors import BuildError, Cancelled, DockerUnavailable, EngineError, EngineGone, PushError
@@ -392,15 +393,8 @@ def _shutdown(response: Any) -> None:
 
 
 def split_tag(ref: str) -> tuple[str, str]:
-    """'host:5000/a/b:tag' -> ('host:5000/a/b', 'tag'); no tag -> 'latest'."""
-    name, _, digest = ref.partition("@")
-    if digest:
-        return name, digest
-    slash = name.rfind("/")
-    colon = name.rfind(":")
-    if colon > slash:
-        return name[:colon], name[colon + 1:]
-    return name, "latest"
+    """'host:5000/a/b:tag' -> ('host:5000/a/b', 'tag'); no tag -> 'latest' (imagefactory.refs)."""
+    return refs.split_tag(ref)
 
 
 def _step_text(state: BuildProgress) -> str | None:

@@ -26,6 +26,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Protocol
 
+from imagefactory import refs
 from imagefactory.context import Pull
 from imagefactory.errors import ImageFactoryError
 
@@ -53,16 +54,9 @@ class Base:
         return self.ref if "@" in self.ref else f"{self.ref}@{self.digest}"
 
 
-def repository(ref: str) -> str:
-    """'host:5000/a/b:tag@sha256:..' -> 'host:5000/a/b' (Docker Hub names normalised)."""
-    name = ref.split("@", 1)[0]
-    slash, colon = name.rfind("/"), name.rfind(":")
-    if colon > slash:
-        name = name[:colon]
-    for prefix in ("docker.io/", "index.docker.io/"):
-        if name.startswith(prefix):
-            name = name[len(prefix):]
-    return name[len("library/"):] if name.startswith("library/") and name.count("/") == 1 else name
+def repository(ref: str) -> str | None:
+    """'host:5000/a/b:tag@sha256:..' -> 'host:5000/a/b' (Docker Hub names normalised; imagefactory.refs)."""
+    return refs.canonical_repository(ref)
 
 
 def _valid(digest: object) -> str | None:
@@ -75,7 +69,7 @@ def local_digest(engine: DigestSource, ref: str) -> str | None:
     found = []
     for entry in engine.local_repo_digests(ref):
         name, _, digest = str(entry).partition("@")
-        if repository(name) == repo and _valid(digest):
+        if repo is not None and repository(name) == repo and _valid(digest):
             found.append(digest)
     return sorted(found)[0] if found else None
 

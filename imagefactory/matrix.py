@@ -11,6 +11,7 @@ import difflib
 import itertools
 import json
 import re
+import unicodedata
 from dataclasses import replace
 from importlib import resources
 from pathlib import Path
@@ -19,7 +20,7 @@ from typing import Any
 import jsonschema
 from packaging.requirements import InvalidRequirement, Requirement
 
-from imagefactory import availability, inputs
+from imagefactory import availability, inputs, refs
 from imagefactory import tags as tagging
 from imagefactory.errors import ConfigError
 from imagefactory.inputs import Located as _Located
@@ -33,6 +34,17 @@ DEFAULT_THREADS = 4
 # Variables the templates bake from the cell; the smoke tests judge them, so `env` cannot override them.
 MANAGED_ENV = {"OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_THREADING_LAYER",
                "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "PATH", "VIRTUAL_ENV"}
+
+# Variables that make every process load code the image did not choose (the dynamic loader reads
+# LD_*, every bash reads BASH_ENV, sh reads ENV before the entrypoint script runs): refused in
+# `env` unless listed under `env_allow`.
+LOADER_ENV = {"LD_PRELOAD", "LD_AUDIT", "BASH_ENV", "ENV"}
+# Thread controls that would fight the counts `threads` bakes (and the checks judge): refused.
+THREAD_ENV = {"OMP_THREAD_LIMIT", "OMP_DYNAMIC", "OMP_MAX_ACTIVE_LEVELS", "MKL_DYNAMIC",
+              "MKL_DOMAIN_NUM_THREADS", "GOTO_NUM_THREADS", "BLIS_NUM_THREADS", "VECLIB_MAXIMUM_THREADS"}
+INVISIBLE_LETTERS = {"\u115f", "\u1160", "\u3164", "\uffa0"}  # Hangul fillers: letters (\w) that show as nothing
+LOOPBACK_HOSTS = re.compile(r"localhost|127(?:\.[0-9]{1,3}){3}|\[?::1\]?")
+DECIMAL_RE = re.compile(r"[-+]?(?:0|[1-9][0-9]*)")  # what YAML 1.2 and a reader both read as the same integer
 
 MAX_CELLS = 256
 # The bounded YAML reader and the message helpers live in inputs.py, which every file read goes through.
@@ -48,29 +60,9 @@ CONDA_SPEC_RE = re.compile(
     r"[A-Za-z0-9_][A-Za-z0-9._-]*(?:(?:==|=|>=|<=|!=|~=|>|<)[A-Za-z0-9_][A-Za-z0-9.*+_]*"
     r"(?:,(?:==|=|>=|<=|!=|~=|>|<)[A-Za-z0-9_][A-Za-z0-9.*+_]*)*)?")
 
-# The CUDA build `pip install torch==X` gets from PyPI, by torch minor release
-# (pytorch/test-infra generate_binary_build_matrix.py history; see docs/domain.md).
-PYPI_DEFAULT_CUDA = {
-    "2.5": "12.4", "2.6": "12.4", "2.7": "12.6", "2.8": "12.8", "2.9": "12.8",
-    "2.10": "12.8", "2.11": "13.0", "2.12": "13.0", "2.13": "13.0", "2.14": "13.0",
-}
-
-# Docker reference grammar (distribution/reference), enough to refuse anything
-# that is not a plain reference before it reaches a Dockerfile or the engine.
-_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-_DOMAIN = r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*(?::[0-9]+)?"
-_TAG = r"[\w][\w.-]{0,127}"
-REFERENCE_RE = re.compile(
-    rf"(?:{_DOMAIN}/)?{_COMPONENT}(?:/{_COMPONENT})*(?::{_TAG})?(?:@sha256:[0-9a-f]{{64}})?"
-)
-
-
 def is_reference(ref: str) -> bool:
     """True when `ref` is a valid Docker image reference (name, optional tag/digest)."""
-    if not REFERENCE_RE.fullmatch(ref):
-        return False
-    name = ref.split("@")[0]
-    return len(name) <= 255
+    return refs.is_reference(ref)
 
 
 def schema() -> dict[str, Any]:
@@ -94,12 +86,8 @@ def _schema_message(error: jsonschema.ValidationError, loc: _Located) -> tuple[t
     v = error.validator
     inst = error.instance
     if v == "additionalProperties":
-        allowed = sorted(error.schema.get("properties", {}))
-        extra = sorted(set(inst) - set(allowed)) if isinstance(inst, dict) else []
-        name = str(extra[0]) if extra else "?"
-        guess = difflib.get_close_matches(name, allowed, n=1)
-        hint = f"did you mean '{guess[0]}'? " if guess else ""
-        return path + (name,), f"unknown key {_show(name)} ({hint}allowed: {', '.join(allowed)})", True
+        name = _unknown_keys(error)[0]
+        return path + (name,), _unknown_key(name, sorted(error.schema.get("properties", {}))), True
     if v == "required":
         missing = error.message.split("'")[1] if "'" in error.message else error.message
         return path, f"missing required key '{missing}'", False
@@ -122,7 +110,8 @@ def _schema_message(error: jsonschema.ValidationError, loc: _Located) -> tuple[t
     if v in ("maxItems", "maxProperties", "maxLength"):
         return path, f"too long (at most {error.validator_value})", False
     if v in ("minimum", "maximum"):
-        return path, f"{_show(inst)} is out of range ({v} {error.validator_value})", False
+        why = f": {error.schema['description']}" if "description" in error.schema else ""
+        return path, f"{_show(inst)} is out of range ({v} {error.validator_value}){why}", False
     if v == "propertyNames":
         return path, f"{error.message}", True
     if v == "oneOf":
@@ -137,6 +126,21 @@ def _schema_message(error: jsonschema.ValidationError, loc: _Located) -> tuple[t
         desc = error.schema.get("description", "see the README")
         return path, f"expected {desc}, got {type(inst).__name__} {_show(inst)}", False
     return path, _show(error.message, MAX_LINE), False
+
+
+def _unknown_keys(error: jsonschema.ValidationError) -> list[str]:
+    allowed = set(error.schema.get("properties", {}))
+    inst = error.instance
+    return sorted(str(k) for k in set(inst) - allowed) if isinstance(inst, dict) else ["?"]
+
+
+def _unknown_key(name: str, allowed: list[str]) -> str:
+    """'unknown key ...', naming the code points of a look-alike ('tоrch' with a Cyrillic о)."""
+    guess = difflib.get_close_matches(name, allowed, n=1)
+    odd = codepoints(name)
+    holds = f"it holds {odd}; " if odd else ""
+    hint = f"did you mean '{guess[0]}'? " if guess else ""
+    return f"unknown key {_show(name)} ({holds}{hint}allowed: {', '.join(allowed)})"
 
 
 def _fullmatch(validator, pattern: str, instance: Any, schema: dict[str, Any]):
@@ -169,12 +173,19 @@ def load(path: str | Path) -> Matrix:
     problems: list[Problem] = []
     best: dict[tuple[str, ...], tuple[int, Problem]] = {}
     for error in Validator(schema()).iter_errors(data):
+        if error.validator == "additionalProperties":  # every unknown key, not only the first
+            at = tuple(error.absolute_path)
+            allowed = sorted(error.schema.get("properties", {}))
+            problems.extend(Problem(loc.line(at + (k,)), _keypath(at + (k,)), _unknown_key(k, allowed))
+                            for k in _unknown_keys(error))
+            continue
         epath, msg, at_key = _schema_message(error, loc)
         rank = _RANK.get(str(error.validator), 2)
         where = tuple(map(str, error.absolute_path)) + ((str(error.validator),) if at_key else ())
         if where not in best or rank < best[where][0]:
             best[where] = (rank, Problem(loc.line(epath, key=at_key), _keypath(epath), msg))
     problems.extend(p for _, p in best.values())
+    problems.extend(odd_integers(data, loc))
 
     matrix = None
     if not problems:
@@ -246,17 +257,13 @@ def _build(path: Path, data: dict[str, Any], loc: _Located, problems: list[Probl
 
     certs = _certificates(data.get("ca_certificates", []), base_dir, problem)
 
-    env_sources = [("env",)] * ("env" in data) + [("matrix", "include", i, "env") for i, inc in
-                                 enumerate(axes_spec.get("include", [])) if "env" in inc]
-    for keypath in env_sources:
-        node: Any = data
-        for part in keypath:
-            node = node[part]
-        for name in sorted(set(node) & MANAGED_ENV):
-            problem(keypath + (name,), f"{name} is set by imagefactory "
-                                       f"({'use threads' if 'THREADS' in name else 'from the cell'}), not by env")
+    _check_env(data, problem)
+    _check_plain_http(data, problem)
 
-    for name in data.get("labels", {}):
+    for name, value in data.get("labels", {}).items():
+        if INVISIBLE_LETTERS & set(value):
+            problem(("labels", name), f"the value holds {codepoints(''.join(INVISIBLE_LETTERS & set(value)))}, "
+                                      f"a letter that shows as nothing; remove it")
         if name == RESERVED_LABEL_PREFIX or name.startswith(RESERVED_LABEL_PREFIX + "."):
             problem(("labels", name), f"labels under {RESERVED_LABEL_PREFIX}. are set by imagefactory "
                                       f"(the checks and the cache read them); choose another name")
@@ -296,7 +303,11 @@ def _build(path: Path, data: dict[str, Any], loc: _Located, problems: list[Probl
             problem(where, f"cell {cell.id} is defined twice")
             continue
         seen.add(cell.id)
-        if not is_reference(base):
+        if refs.canonical_repository(combo.get("base_image", base_images[combo["installer"]])) == "scratch":
+            problem(where + ("base_image",) if "base_image" in combo else ("base_images", combo["installer"]),
+                    f"cell {cell.id}: scratch is the empty image: it has no Python, shell or package manager "
+                    f"to install torch with; name a base that has them")
+        elif not is_reference(base):
             problem(where + ("base_image",) if "base_image" in combo else ("base_images", combo["installer"]),
                     f"cell {cell.id}: base image {base!r} is not a valid image reference")
         elif cell.installer == "pip" and _repository(base) in STAGE_NAMES:
@@ -310,21 +321,23 @@ def _build(path: Path, data: dict[str, Any], loc: _Located, problems: list[Probl
     tag_template = tags_cfg.get("template", Matrix.tag_template)
     hash_template = tags_cfg.get("hash_template", Matrix.hash_tag_template)
 
-    resolved = _resolve_tags(cells, image, tag_template, hash_template, tags_cfg.get("extra", []), problem)
+    allowed = tagging.registries(image, tuple(tags_cfg.get("registries", [])))
+    resolved = _resolve_tags(cells, image, tag_template, hash_template, tags_cfg.get("extra", []), allowed,
+                             problem)
     if problems:
         return None
     return Matrix(
         path=path, image=image, cells=tuple(resolved), pip=pip, conda=conda,
         ca_certificates=tuple(certs), tag_template=tag_template, hash_tag_template=hash_template,
-        extra_tags=tuple(tags_cfg.get("extra", [])),
+        extra_tags=tuple(tags_cfg.get("extra", [])), registries=allowed[1:],
     )
 
 
 def _resolve_tags(cells: list[Cell], image: str, template: str, hash_template: str, extra: list[str],
-                  problem) -> list[Cell]:
-    """Each cell with its release tag; every tag a valid reference, and no tag shared by two cells
-    (one push would overwrite the other). Hash tags are checked with a distinct stand-in hash per
-    cell: cells always differ in content, so only a template without {hash} can make them clash."""
+                  allowed: tuple[str, ...], problem) -> list[Cell]:
+    """Each cell with its release tag; every tag a valid reference without a digest, on the registry
+    of `image` or one under tags.registries (`allowed`), and no tag shared by two cells (one push
+    would overwrite the other). Hash tags are checked with a distinct stand-in hash per cell."""
     resolved: list[Cell] = []
     owner: dict[str, tuple[str, str]] = {}
     for n, cell in enumerate(cells):
@@ -334,14 +347,14 @@ def _resolve_tags(cells: list[Cell], image: str, template: str, hash_template: s
         except tagging.TagTemplateError as e:
             problem(("tags", e.key), str(e))
             return []
-        refs = [(release, "template"), (hashed, "hash_template")] + [
+        named = [(release, "template"), (hashed, "hash_template")] + [
             (ref, "extra") for ref in tagging.extra_tags(release, tuple(extra), git_sha="0" * 40)]
-        bad = [(ref, key) for ref, key in refs if not is_reference(ref)]
-        for ref, key in bad:
-            problem(("tags", key), f"cell {cell.id}: {ref!r} is not a valid Docker reference")
+        bad = [(why, key) for ref, key in named if (why := tagging.refusal(ref, allowed))]
+        for why, key in dict.fromkeys(bad):
+            problem(("tags", key), f"cell {cell.id}: {why}")
         if bad:
             return []  # one cell shows the mistake; the others would repeat it
-        for ref, key in dict.fromkeys(refs):
+        for ref, key in dict.fromkeys(named):
             if ref in owner and owner[ref][0] != cell.id:
                 problem(("tags", key), f"cells {owner[ref][0]} and {cell.id} would both be tagged {ref!r}, "
                                        f"and one push would overwrite the other; add a field such as {{id}}")
@@ -349,6 +362,79 @@ def _resolve_tags(cells: list[Cell], image: str, template: str, hash_template: s
             owner[ref] = (cell.id, key)
         resolved.append(replace(cell, tags=(release,)))
     return resolved
+
+
+def _env_blocks(data: dict[str, Any]) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
+    """Every `env` mapping with its key path: the top level's and each include entry's."""
+    blocks = [(("env",), data["env"])] if "env" in data else []
+    return blocks + [(("matrix", "include", i, "env"), inc["env"]) for i, inc in
+                     enumerate(data["matrix"].get("include", [])) if "env" in inc]
+
+
+def _check_env(data: dict[str, Any], problem) -> None:
+    """Names imagefactory sets, names that fight `threads`, and loader names not under env_allow."""
+    allowed = set(data.get("env_allow", []))
+    used = set()
+    for keypath, block in _env_blocks(data):
+        used |= set(block)
+        for name in sorted(block):
+            if name in MANAGED_ENV:
+                problem(keypath + (name,), f"{name} is set by imagefactory "
+                                           f"({'use threads' if 'THREADS' in name else 'from the cell'}), not by env")
+            elif name in THREAD_ENV:
+                problem(keypath + (name,), f"{name} would fight the thread counts `threads` bakes (and the "
+                                           f"checks judge); set threads instead")
+            elif name in LOADER_ENV and name not in allowed:
+                problem(keypath + (name,), f"{name} makes every process in the image load code of its choosing; "
+                                           f"if that is meant, list it under env_allow")
+    for i, name in enumerate(data.get("env_allow", [])):
+        if name not in LOADER_ENV:
+            problem(("env_allow", i), f"{name!r} needs no allowing (allowed: {', '.join(sorted(LOADER_ENV))})")
+        elif name not in used:
+            problem(("env_allow", i), f"{name} is allowed but no env sets it; remove it")
+
+
+def _check_plain_http(data: dict[str, Any], problem) -> None:
+    """Plain-http indexes and channels only on loopback: pip ignores any other without
+    --trusted-host, and a proxy on the way could change what it serves."""
+    pip, conda = data.get("pip", {}), data.get("conda", {})
+    urls: list[tuple[tuple[Any, ...], str]] = [(("pip", key), pip[key]) for key in ("index_url", "torch_index_url", "numpy_index_url")
+            if isinstance(pip.get(key), str)]
+    urls += [(("pip", "extra_index_urls", i), u) for i, u in enumerate(pip.get("extra_index_urls", []))]
+    urls += [(("conda", "channels", i), u) for i, u in enumerate(conda.get("channels", []))]
+    for keypath, url in urls:
+        if url.lower().startswith("http://"):
+            host = url[len("http://"):].split("/", 1)[0].rsplit("@", 1)[-1]
+            host = host if host.startswith("[") else host.split(":", 1)[0]
+            if not LOOPBACK_HOSTS.fullmatch(host.lower()):
+                problem(keypath, f"{url!r} is plain http off this machine: pip refuses it without "
+                                 f"--trusted-host and anything on the way can change it; use https")
+
+
+def odd_integers(data: Any, loc: _Located, path: tuple[Any, ...] = ()) -> list[Problem]:
+    """Integers not written in plain decimal: YAML 1.1 reads 02000 as octal 1024, 0x10 as 16,
+    1:20 as 80, 1_000 as 1000; a reader of the file would not."""
+    found: list[Problem] = []
+    if isinstance(data, dict):
+        for key, value in data.items():
+            found += odd_integers(value, loc, path + (key,))
+    elif isinstance(data, list):
+        for i, value in enumerate(data):
+            found += odd_integers(value, loc, path + (i,))
+    elif isinstance(data, int) and not isinstance(data, bool):
+        typed = loc.source(path)
+        if typed is not None and not DECIMAL_RE.fullmatch(typed):
+            found.append(Problem(loc.line(path), _keypath(path),
+                                 f"{typed} is read by YAML 1.1 as {data}, not as written; write {data} "
+                                 f"(plain decimal)"))
+    return found
+
+
+def codepoints(text: str) -> str:
+    """The characters of `text` that are not plain ASCII, by code point and name (at most 3)."""
+    odd = list(dict.fromkeys(c for c in text if not (" " < c < "\x7f")))
+    named = [f"U+{ord(c):04X} {unicodedata.name(c, 'unnamed')}" for c in odd[:3]]
+    return ", ".join(named) + (f" and {len(odd) - 3} more" if len(odd) > 3 else "")
 
 
 def _certificates(patterns: list[str], base_dir: Path, problem) -> list[Path]:
@@ -376,32 +462,38 @@ def _check_cell(cell: Cell, pip: PipSettings, conda: CondaSettings, where, probl
         problem(where, f"cell {cell.id}: PyPI's NumPy is linked to OpenBLAS only, so a pip cell cannot "
                        f"have blas: mkl without pip.numpy_index_url (an index serving MKL NumPy, "
                        f"e.g. Intel's); use installer conda or blas openblas")
-    if cell.installer == "pip" and cell.cuda is not None and pip.torch_index_url is None:
-        minor = ".".join(cell.torch.split(".")[:2])
-        default = PYPI_DEFAULT_CUDA.get(minor)
-        if default is None:
-            problem(where, f"cell {cell.id}: unknown which CUDA build PyPI serves for torch {cell.torch}; "
-                           f"set pip.torch_index_url to an index with a cu{cell.cuda.replace('.', '')} build")
-        elif default != cell.cuda:
-            problem(where, f"cell {cell.id}: PyPI's torch {cell.torch} is built for CUDA {default}, not "
-                           f"{cell.cuda}, and pip.torch_index_url is null (allowed: cuda {default}, "
-                           f"or set pip.torch_index_url)")
-    if cell.installer == "pip" and cell.cuda is None and pip.torch_index_url is None:
-        wheels = list(pip.wheelhouse.glob(f"torch-{cell.torch}+cpu-*.whl")) if pip.wheelhouse else []
-        if not wheels:
-            problem(where, f"cell {cell.id}: PyPI serves no CPU-only torch and pip.torch_index_url is null; "
-                           f"put torch-{cell.torch}+cpu-*.whl in pip.wheelhouse or set pip.torch_index_url")
+    if cell.installer == "pip" and cell.cuda is None and pip.torch_index_url is None and not _wheels(pip, cell, "+cpu"):
+        problem(where, f"cell {cell.id}: PyPI serves no CPU-only torch and pip.torch_index_url is null; "
+                       f"put torch-{cell.torch}+cpu-*.whl in pip.wheelhouse or set pip.torch_index_url")
+    elif cell.installer == "pip":
+        route = "pypi" if pip.torch_index_url is None else "index"
+        local = "+cpu" if cell.cuda is None else ("" if route == "pypi" else f"+cu{cell.cuda.replace('.', '')}")
+        why = None if _wheels(pip, cell, local, python=True) else availability.pip_problem(
+            cell.torch, cell.cuda, cell.python, route)
+        if why:
+            hint = "set pip.torch_index_url, " if route == "pypi" and cell.cuda else ""
+            problem(where, f"cell {cell.id}: {why} ({hint}or put the wheel in pip.wheelhouse; "
+                           f"see {availability.PIP_DATA_FILE.removeprefix('imagefactory/')})")
     if cell.installer == "conda":
         why = availability.conda_problem(cell.torch, cell.cuda, cell.python, cell.blas)
         if why:
             problem(where, f"cell {cell.id}: {why}")
 
 
+def _wheels(pip: PipSettings, cell: Cell, local: str, *, python: bool = False) -> list[Path]:
+    """The cell's torch wheels in the wheelhouse (`local`: "+cpu", "+cu130" or ""), for its Python
+    when `python`."""
+    if pip.wheelhouse is None:
+        return []
+    tag = f"cp{cell.python.replace('.', '')}-" if python else ""
+    version = cell.torch if cell.torch.count(".") == 2 else f"{cell.torch}.*"
+    return [w for w in pip.wheelhouse.glob(f"torch-{version}{local}-{tag}*.whl")
+            if local or "+" not in w.name]
+
+
 def _repository(ref: str) -> str:
     """The repository part of a reference: no registry-less tag, no digest."""
-    name = ref.split("@", 1)[0]
-    last = name.rsplit("/", 1)[-1]
-    return name[: len(name) - len(last)] + last.split(":", 1)[0]
+    return refs.repository(ref) or ref
 
 
 def _check_packages(cell: Cell, combo: dict[str, Any], where: tuple[Any, ...], problem) -> None:
@@ -469,12 +561,4 @@ def _conda_settings(cfg: dict[str, Any], problem) -> CondaSettings:
 
 def apply_base_registry(ref: str, base_registry: str | None) -> str:
     """Prefix a Docker Hub reference with a mirror; references naming a registry are kept."""
-    if not base_registry:
-        return ref
-    name = ref.split("@", 1)[0]  # a digest's "sha256:" is not a registry port
-    first = name.split("/")[0]
-    if "/" in name and ("." in first or ":" in first or first == "localhost"):
-        return ref  # already names its registry
-    if "/" not in name:
-        ref = f"library/{ref}"
-    return f"{base_registry.rstrip('/')}/{ref}"
+    return refs.with_registry(ref, base_registry)

@@ -75,6 +75,7 @@ class Matrix:
     tag_template: str = "{image}:{torch}-py{python}-{accel}-{blas}{installer_suffix}"
     hash_tag_template: str = "{image}:sha-{hash}"
     extra_tags: tuple[str, ...] = ()  # "date", "git-sha"
+    registries: tuple[str, ...] = ()  # registries besides image's that tags may name (tags.registries)
 
     def cell(self, cell_id: str) -> Cell:
         for c in self.cells:

@@ -19,6 +19,7 @@ import subprocess
 
 import tenacity
 
+from imagefactory import refs
 from imagefactory import tags as tagging
 from imagefactory.context import UI, Options, RunContext
 from imagefactory.engine_api import ContainerEngine, PushOutcome
@@ -31,15 +32,49 @@ USER_ENV = "IMAGEFACTORY_REGISTRY_USER"
 PASSWORD_ENV = "IMAGEFACTORY_REGISTRY_PASSWORD"
 
 
-def credentials() -> dict[str, str] | None:
-    """Credentials from the environment, else None: the SDK then uses the Docker config
-    and its credential helpers (`docker login`). Never printed or stored."""
-    user, password = os.environ.get(USER_ENV), os.environ.get(PASSWORD_ENV)
+Auth = dict[str, str]
+
+
+def _pair(user_env: str, password_env: str) -> Auth | None:
+    user, password = os.environ.get(user_env), os.environ.get(password_env)
     if user and password:
         return {"username": user, "password": password}
     if user or password:
-        raise ConfigError(f"set both {USER_ENV} and {PASSWORD_ENV}, or neither (to use `docker login`)")
+        raise ConfigError(f"set both {user_env} and {password_env}, or neither (to use `docker login`)")
     return None
+
+
+def credentials() -> Auth | None:
+    """The credentials of `image`'s registry from the environment, else None: the SDK then uses
+    the Docker config and its credential helpers (`docker login`). Never printed or stored."""
+    return _pair(USER_ENV, PASSWORD_ENV)
+
+
+def env_suffix(registry: str) -> str:
+    """'ghcr.io' -> 'GHCR_IO', 'reg.example.com:5000' -> 'REG_EXAMPLE_COM_5000'."""
+    return re.sub(r"[^A-Z0-9]", "_", registry.upper())
+
+
+def registry_credentials(matrix: Matrix) -> dict[str, Auth | None]:
+    """Credentials per registry, as Docker's config keeps them: IMAGEFACTORY_REGISTRY_USER/PASSWORD
+    belong to `image`'s registry alone; a registry under tags.registries gets
+    IMAGEFACTORY_REGISTRY_USER_<HOST>/PASSWORD_<HOST> (env_suffix), or None (`docker login`)."""
+    own, *extra = tagging.allowed_registries(matrix)
+    found: dict[str, Auth | None] = {own: credentials()}
+    for registry in extra:
+        suffix = env_suffix(registry)
+        found[registry] = _pair(f"{USER_ENV}_{suffix}", f"{PASSWORD_ENV}_{suffix}")
+    return found
+
+
+def auth_for(ref: str, creds: dict[str, Auth | None]) -> Auth | None:
+    """The credentials that may go with a push of `ref`: its own registry's, and only for a
+    registry the matrix allows (anything else is refused, never sent another registry's)."""
+    why = tagging.refusal(ref, tuple(creds))
+    if why:
+        raise PushError(f"not pushed: {why}", transient=False)
+    registry = refs.registry(ref)
+    return creds[registry] if registry else None
 
 
 def git_sha() -> str | None:
@@ -68,9 +103,10 @@ def tags_for(matrix: Matrix, cell_id: str, content_hash: str, options: Options) 
     return list(dict.fromkeys(release + [immutable] + extras))
 
 
-def _redact(text: str, auth: dict[str, str] | None) -> str:
-    if auth and auth.get("password"):
-        text = text.replace(auth["password"], "***")
+def _redact(text: str, creds: dict[str, Auth | None]) -> str:
+    for auth in creds.values():
+        if auth and auth.get("password"):
+            text = text.replace(auth["password"], "***")
     return text
 
 
@@ -78,7 +114,7 @@ def publish(matrix: Matrix, reports: list[CellReport], run: RunContext) -> None:
     """Tag and push every passing cell of `reports`, updating each report in place. An
     interrupt stops at once: the cell being pushed is marked interrupted, later ones are
     not published. Reads run.options' atomic, attempts, backoff, git_sha and today."""
-    auth = credentials()
+    creds = registry_credentials(matrix)
     options, ui, interrupt = run.options, run.ui, run.interrupt
     failing = [r.cell for r in reports if r.status != PASSED]
     if options.atomic and failing:
@@ -101,23 +137,24 @@ def publish(matrix: Matrix, reports: list[CellReport], run: RunContext) -> None:
             immutable = tagging.hash_tag(matrix.hash_tag_template, matrix.image, matrix.cell(r.cell),
                                          r.content_hash)
             order = [immutable] + [t for t in r.tags if t != immutable]
-            _publish_cell(engine, r, order, auth, options, ui, interrupt)
+            _publish_cell(engine, r, order, creds, options, ui, interrupt)
         except Cancelled:
             r.publish, r.error = INTERRUPTED, "publish interrupted"
             continue
         except (PushError, EngineError) as e:
             r.publish = PUBLISH_FAILED
-            r.error = _redact(e.message, auth)
+            r.error = _redact(e.message, creds)
             ui.status(r.cell, f"publish failed: {r.error}")
             continue
         r.publish = PUBLISHED
 
 
-def _publish_cell(engine: ContainerEngine, r: CellReport, order: list[str], auth: dict[str, str] | None,
+def _publish_cell(engine: ContainerEngine, r: CellReport, order: list[str], creds: dict[str, Auth | None],
                   options: Options, ui: UI, interrupt: Interrupt) -> None:
     """Tag the tested image (by id: a candidate name may since name another image) and push
     each tag in `order`: the immutable hash tag first, release tags after it."""
     for ref in order:
+        auth = auth_for(ref, creds)  # before the tag is applied: a refused ref is never tagged
         engine.tag(r.image_id or r.candidate, ref)
         try:
             outcome = _push_with_retries(engine, ref, auth, options, ui, r.cell, interrupt)
@@ -137,7 +174,7 @@ def _push_with_retries(engine: ContainerEngine, ref: str, auth: dict[str, str] |
         e = state.outcome.exception() if state.outcome else None
         wait = state.next_action.sleep if state.next_action else 0
         ui.status(cell, f"push of {ref} failed (try {state.attempt_number}/{options.attempts}): "
-                        f"{_redact(str(e), auth)}; retrying in {wait:.0f}s")
+                        f"{_redact(str(e), {ref: auth})}; retrying in {wait:.0f}s")
 
     layers: set[str] = set()
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 import datetime as _dt
 import string
 
-from imagefactory.model import Cell
+from imagefactory import refs
+from imagefactory.model import Cell, Matrix
 
 FIELDS = ("image", "torch", "python", "cuda", "accel", "blas", "installer", "installer_suffix", "id")
 HASH_FIELDS = FIELDS + ("hash",)
@@ -35,12 +36,16 @@ def _fields(image: str, cell: Cell) -> dict[str, str]:
     }
 
 
-def _format(key: str, template: str, allowed: tuple[str, ...], values: dict[str, str]) -> str:
+def _fields_of(key: str, template: str, allowed: tuple[str, ...]) -> list[tuple[str, str | None, str | None, str | None]]:
     try:
-        fields = list(string.Formatter().parse(template))
+        return list(string.Formatter().parse(template))
     except ValueError as e:  # a lone { or }
         raise TagTemplateError(key, f"{template!r}: {e}; braces only surround a field (allowed: "
                                     + ", ".join("{" + f + "}" for f in allowed) + ")") from None
+
+
+def _format(key: str, template: str, allowed: tuple[str, ...], values: dict[str, str]) -> str:
+    fields = _fields_of(key, template, allowed)
     for _, name, spec, conv in fields:
         if name is None:
             continue
@@ -55,7 +60,36 @@ def release_tag(template: str, image: str, cell: Cell) -> str:
 
 
 def hash_tag(template: str, image: str, cell: Cell, content_hash: str) -> str:
+    """The immutable tag: the template must hold {hash}, or two builds of a cell would share it."""
+    if not any(name == "hash" for _, name, _, _ in _fields_of("hash_template", template, HASH_FIELDS)):
+        raise TagTemplateError("hash_template", f"{template!r} has no {{hash}} field: the content-hash tag "
+                                                f"must name the content, or a rebuild would overwrite it")
     return _format("hash_template", template, HASH_FIELDS, {**_fields(image, cell), "hash": content_hash[:12]})
+
+
+def registries(image: str, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The registries tags may point at: `image`'s first, then those the matrix names (normalised)."""
+    own = refs.registry(image) or refs.DOCKER_HUB
+    return tuple(dict.fromkeys([own] + [refs.normal_registry(r) for r in extra]))
+
+
+def allowed_registries(matrix: Matrix) -> tuple[str, ...]:
+    return registries(matrix.image, matrix.registries)
+
+
+def refusal(ref: str, allowed: tuple[str, ...]) -> str | None:
+    """Why `ref` cannot be a tag to push (None when it can): not a reference, a digest in it, or a
+    registry the matrix did not name. allowed[0] is the registry of `image`."""
+    parsed = refs.parse(ref)
+    if parsed is None:
+        return f"{ref!r} is not a valid Docker reference"
+    if parsed.digest is not None:
+        return (f"{ref!r} holds a digest (@{parsed.digest[:15]}...): a tag names what is pushed, a digest "
+                f"names what was already pushed; remove the @ part")
+    if parsed.registry not in allowed:
+        return (f"{ref!r} points at registry {parsed.registry}, not {allowed[0]} (the registry of image); "
+                f"list it under tags.registries to publish there (it then gets only its own credentials)")
+    return None
 
 
 def extra_tags(release: str, kinds: tuple[str, ...], *, today: _dt.date | None = None,

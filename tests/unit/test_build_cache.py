@@ -147,7 +147,7 @@ def test_pull_always_without_a_registry_fails_before_any_build(setup):
 
 def test_cells_sharing_layers_wait_for_the_leader(setup, write_matrix, tmp_path):
     m, engine, run = setup
-    shared_base = MATRIX.replace('cuda: ["none"]', 'cuda: ["none", "12.9"]').replace('python: ["3.11", "3.12"]', 'python: ["3.11"]')
+    shared_base = MATRIX.replace('cuda: ["none"]', 'cuda: ["none", "13.0"]').replace('python: ["3.11", "3.12"]', 'python: ["3.11"]')
     m2 = matrix.load(write_matrix(shared_base + "base_images: {pip: 'python:3.11-slim-bookworm'}\n"))
     leader, follower = (c.id for c in m2.cells)
     engine.probes.update({c.id: good_probe(c, cpus=2) for c in m2.cells})

@@ -108,7 +108,7 @@ CASES = [
     Case("same-release-tag", TWO_CELLS + 'tags: {template: "{image}:latest"}\n', 7, "tags.template",
          ("would both be tagged",)),
     Case("same-hash-tag", TWO_CELLS + 'tags: {hash_template: "{image}:fixed"}\n', 7, "tags.hash_template",
-         ("would both be tagged",)),
+         ("with {hash} in it",)),  # refused for lacking the hash, before two cells can share it
     # Credentials in any URL-bearing value.
     Case("conda-installer-creds", BASE + 'conda: {installer_url: "https://u:p@mirror.example.com/x.sh", '
          f'sha256: "{"0" * 64}"}}\n', 7, "conda.installer_url", ("credentials",)),
