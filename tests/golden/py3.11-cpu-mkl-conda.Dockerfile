@@ -70,8 +70,21 @@ RUN /opt/conda/bin/conda create -y -p /opt/env \
  && find /opt/env \( -name '*.a' -o -name '*.js.map' \) -delete \
  && { /opt/env/bin/python -m compileall -q -j 0 /opt/env/lib/python3.11 || true; }
 
+# Launch settings that do not depend on the ENTRYPOINT: a .pth line makes every interpreter of the
+# environment import imagefactory_launch at start (the image's ENV, conda activation, threads: auto,
+# writable cache places), and `python` resolves where a runtime replaces PATH with the host's.
+COPY imagefactory_launch.py imagefactory-launch.pth /opt/env/lib/python3.11/site-packages/
+COPY python-launcher /usr/local/bin/python
+# What the environment's activate.d scripts export, captured for the launch hook.
+RUN /opt/env/bin/python -m imagefactory_launch capture >&2 \
+ && /opt/env/bin/python -m compileall -q /opt/env/lib/python3.11/site-packages/imagefactory_launch.py
+
 # Runtime settings last, so cells that differ only here share every heavy layer.
-# Activation (and the thread budget) for every `docker run IMAGE CMD`; see the script.
+# The cell's launch settings, for every way in: the imagefactory_launch hook reads launch.conf;
+# login shells and Apptainer source the same script the ENTRYPOINT runs for `docker run IMAGE CMD`.
+COPY launch.conf /opt/env/etc/imagefactory/launch.conf
+COPY launch-env.sh /etc/profile.d/imagefactory.sh
+COPY launch-env.sh /.singularity.d/env/91-imagefactory.sh
 COPY entrypoint.sh /usr/local/bin/imagefactory-entrypoint
 ENTRYPOINT ["/usr/local/bin/imagefactory-entrypoint"]
 ENV HF_HOME="/data/hf" \
@@ -84,7 +97,7 @@ LABEL com.example.team="ml-platform" \
       io.imagefactory.blas="mkl" \
       io.imagefactory.cell="py3.11-cpu-mkl-conda" \
       io.imagefactory.compiler="true" \
-      io.imagefactory.content-hash="5f4e01d021f87ce854326a7d1c2836247b4c6893c8451774f6c99d846592f680" \
+      io.imagefactory.content-hash="cc2c35549e1022a0c5a1c08e2ce27c2309fd4f8569aab9ff0ce090a78d7a7557" \
       io.imagefactory.cuda="none" \
       io.imagefactory.installer="conda" \
       io.imagefactory.python="3.11" \
