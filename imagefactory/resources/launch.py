@@ -157,12 +157,13 @@ def apply_conf(environ, pairs: list[tuple[str, str]]) -> dict[str, str]:
 
 # -- cache places --------------------------------------------------------------------------------
 
-def _usable(path: str, need_exec: bool) -> bool:
-    """Whether `path` (or, where it does not exist yet, its nearest existing parent) is a folder this
-    process can create files in and, with need_exec, map code from (no noexec mount)."""
+def _usable(path: str, need_exec: bool, exists: bool = False) -> bool:
+    """Whether `path` (or, where it does not exist yet and `exists` is False, its nearest existing
+    parent) is a folder this process can create files in and, with need_exec, map code from (no
+    noexec mount)."""
     if not path or not os.path.isabs(path):
         return False
-    while not os.path.lexists(path):
+    while not exists and not os.path.lexists(path):
         parent = os.path.dirname(path)
         if parent == path:
             return False
@@ -190,14 +191,14 @@ def exec_place(environ=None) -> str | None:
     environ = os.environ if environ is None else environ
     home = environ.get("HOME") or ""
     for d in _temp_dirs(environ) + ["/dev/shm", home]:
-        if _usable(d, need_exec=True):
+        if _usable(d, need_exec=True, exists=True):
             return d
     return None
 
 
 def _write_place(environ) -> str | None:
     for d in _temp_dirs(environ) + ["/dev/shm"]:
-        if _usable(d, need_exec=False):
+        if _usable(d, need_exec=False, exists=True):
             return d
     return None
 
@@ -207,7 +208,7 @@ def cache_dirs(environ, have_matplotlib: bool) -> dict[str, str]:
     pointed at a usable place (none where there is none: the probe's compile check says so)."""
     uid = os.getuid()
     home = environ.get("HOME") or ""
-    temp = next((d for d in _temp_dirs(environ) if _usable(d, need_exec=False)), "")
+    temp = next((d for d in _temp_dirs(environ) if _usable(d, need_exec=False, exists=True)), "")
     xdg_cache = environ.get("XDG_CACHE_HOME") or (home and os.path.join(home, ".cache"))
     xdg_config = environ.get("XDG_CONFIG_HOME") or (home and os.path.join(home, ".config"))
     wanted = [  # variable, its default place, needs exec, folder name under the fallback
