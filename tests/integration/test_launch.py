@@ -88,13 +88,15 @@ def test_captured_activation_applies_without_the_entrypoint(engine, cpu_build, c
     assert got["env"]["MKL_INTERFACE_LAYER"] == "ILP64"  # the user's value wins
 
 
+# Never imports the hook itself (that would run it): only `site` may have.
+STATE = "getattr(sys.modules.get('imagefactory_launch'), 'state', {})"
 COMPILE = r"""
-import os, torch, imagefactory_launch
+import json, os, sys, torch
 f = torch.compile(lambda x: torch.sin(x) + x * 2)
 x = torch.linspace(0, 1, 64)
 assert torch.allclose(f(x), torch.sin(x) + x * 2)
-print(json.dumps({"cache": os.environ.get("TORCHINDUCTOR_CACHE_DIR"), "place": imagefactory_launch.state["exec_place"]}))
-""".replace("import os", "import json, os")
+print(json.dumps({"cache": os.environ.get("TORCHINDUCTOR_CACHE_DIR"), "place": STATE.get("exec_place")}))
+""".replace("STATE", STATE)
 
 HPC = {"user": "4242:4242", "read_only": True, "environment": {"HOME": "/nonexistent"}}
 
@@ -112,7 +114,7 @@ def test_compiled_code_goes_where_it_can_run(engine, cpu_build):
                **{**HPC, "environment": {"HOME": "/scratch"}})
     assert got["cache"] == "/scratch/torchinductor_uid4242" and got["place"] == "/scratch", got
     # The hook says so when there is no such place (the probe names the fix: --tmpfs /tmp:exec).
-    code = "import json, imagefactory_launch as h; print(json.dumps(h.state))"
+    code = f"import json, sys; print(json.dumps({STATE}))"
     got = bare(engine, image, code, tmpfs={"/tmp": ""}, **HPC)
     assert got["exec_place"] is None and got["error"] is None, got
 

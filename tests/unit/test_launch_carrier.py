@@ -205,9 +205,10 @@ def hooked_venv(tmp_path_factory) -> Path:
     return root
 
 
-SHOW = ("import os, json, imagefactory_launch as h; print(json.dumps({'env': {k: os.environ.get(k) for k in "
-        "('OMP_NUM_THREADS', 'MKL_NUM_THREADS', 'OPENBLAS_NUM_THREADS', 'HF_HOME', 'VIRTUAL_ENV', 'PATH', "
-        "'MKL_INTERFACE_LAYER', 'TORCH_HOME')}, 'state': h.state}))")
+# Never imports the hook itself: only `site` (the .pth line) may have run it.
+SHOW = ("import os, json, sys; h = sys.modules.get('imagefactory_launch'); print(json.dumps({'env': "
+        "{k: os.environ.get(k) for k in ('OMP_NUM_THREADS', 'MKL_NUM_THREADS', 'OPENBLAS_NUM_THREADS', 'HF_HOME', "
+        "'VIRTUAL_ENV', 'PATH', 'MKL_INTERFACE_LAYER', 'TORCH_HOME')}, 'state': getattr(h, 'state', None)}))")
 
 
 def _run_hooked(venv_root: Path, env: dict[str, str], n: int = 1, code: str = SHOW):
