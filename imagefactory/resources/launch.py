@@ -21,11 +21,11 @@ In order, each only where the process has no value of its own (a value the user 
 
 It must never stop Python from starting: every failure leaves the environment as it was.
 Standard library only, and nothing slow to import (no json, re or tempfile): it runs before
-every program, each DataLoader worker and each DDP rank included. `python -m imagefactory_launch`
+every program, each DataLoader worker and each DDP rank included (and no `from __future__`
+import: that alone costs a third of the budget; annotations that Python 3.9 cannot evaluate are
+strings). `python -m imagefactory_launch`
 prints what this process got (`state`); `exec_place()` is where compiled code can go, or None.
 """
-
-from __future__ import annotations
 
 import os
 import sys
@@ -49,7 +49,7 @@ state: dict[str, object] = {"applied": {}, "budget": None, "exec_place": None, "
 # Quota and period are positive integers of at most 18 ASCII digits, without a leading zero;
 # anything else (-1, max, garbage) is no quota.
 
-def _count(text: bytes) -> int | None:
+def _count(text: bytes) -> "int | None":
     """A positive integer written the one way the rule accepts, or None."""
     if not text or len(text) > MAX_DIGITS or text[:1] == b"0" or not text.isdigit():
         return None  # bytes.isdigit() is ASCII-only
@@ -65,7 +65,7 @@ def _fields(line: bytes) -> list[bytes]:
     return [f for f in line.replace(b"\t", b" ").split(b" ") if f]  # a shell's default IFS
 
 
-def cgroup_limit(root: str = CGROUP_ROOT) -> tuple[int, int] | None:
+def cgroup_limit(root: str = CGROUP_ROOT) -> "tuple[int, int] | None":
     """(quota, period) of the CFS quota this process runs under, or None (no quota, unknown)."""
     try:
         fields = _fields(_first_line(root + "/cpu.max"))
@@ -99,7 +99,7 @@ def cpu_budget(root: str = CGROUP_ROOT) -> int:
     return max(1, n)
 
 
-def thread_counts(environ: dict[str, str] | os._Environ[str], root: str = CGROUP_ROOT) -> dict[str, str]:
+def thread_counts(environ: "dict[str, str] | os._Environ[str]", root: str = CGROUP_ROOT) -> dict[str, str]:
     """threads: auto. The thread variables to set: those the user left unset or empty, each to the
     first valid count the user gave (OMP, MKL, then OPENBLAS), else to the CPU budget."""
     given = [environ.get(name) or "" for name in THREAD_VARS]
@@ -184,7 +184,7 @@ def _temp_dirs(environ) -> list[str]:
     return [d for d in named if d] + ["/tmp", "/var/tmp", "/usr/tmp"]
 
 
-def exec_place(environ=None) -> str | None:
+def exec_place(environ=None) -> "str | None":
     """A folder this process can write and run compiled code from, or None (a noexec /tmp and
     nothing else writable: the fix is a tmpfs mounted exec, e.g. `--tmpfs /tmp:exec`, or a
     writable exec folder in TORCHINDUCTOR_CACHE_DIR)."""
@@ -196,7 +196,7 @@ def exec_place(environ=None) -> str | None:
     return None
 
 
-def _write_place(environ) -> str | None:
+def _write_place(environ) -> "str | None":
     for d in _temp_dirs(environ) + ["/dev/shm"]:
         if _usable(d, need_exec=False, exists=True):
             return d
@@ -220,7 +220,7 @@ def cache_dirs(environ, have_matplotlib: bool) -> dict[str, str]:
         wanted.append(("MPLCONFIGDIR", xdg_config and os.path.join(xdg_config, "matplotlib"), False,
                        "matplotlib_uid%d" % uid))
     out = {}
-    places: dict[bool, str | None] = {}
+    places: "dict[bool, str | None]" = {}
     for name, default, need_exec, leaf in wanted:
         if environ.get(name) or _usable(default, need_exec):
             continue
@@ -234,7 +234,7 @@ def cache_dirs(environ, have_matplotlib: bool) -> dict[str, str]:
 
 # -- at every start ------------------------------------------------------------------------------
 
-def apply(environ=None, prefix: str | None = None, root: str = CGROUP_ROOT) -> None:
+def apply(environ=None, prefix: "str | None" = None, root: str = CGROUP_ROOT) -> None:
     environ = os.environ if environ is None else environ
     prefix = prefix or sys.prefix
     conf = os.path.join(prefix, CONF_DIR)
@@ -260,7 +260,7 @@ def _start() -> None:
 
 # -- at build time -------------------------------------------------------------------------------
 
-def capture(prefix: str | None = None) -> dict[str, str]:
+def capture(prefix: "str | None" = None) -> dict[str, str]:
     """What the environment's activate.d scripts export (as `conda activate` would run them),
     written to PREFIX/etc/imagefactory/activation.conf for the hook to apply at every start."""
     import glob

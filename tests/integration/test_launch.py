@@ -66,7 +66,7 @@ def test_a_value_the_user_sets_wins_and_a_bad_one_does_not_stop_python(engine, c
 
 def test_login_shells_and_apptainer_get_the_same_settings(engine, cpu_auto_image):
     _, image = cpu_auto_image
-    show = 'printf "%s %s" "$OMP_NUM_THREADS" "$(command -v python)"'
+    show = 'printf "%s %s\\n" "$OMP_NUM_THREADS" "$(command -v python)"'  # (output without a newline is lost)
     # A login shell: /etc/profile resets PATH; /etc/profile.d/imagefactory.sh puts the environment back.
     login = engine.client.containers.run(image, ["-lc", show], entrypoint="bash", cpuset_cpus="0",
                                          network_mode="none", remove=True)
@@ -74,7 +74,7 @@ def test_login_shells_and_apptainer_get_the_same_settings(engine, cpu_auto_image
     apptainer = engine.client.containers.run(
         image, ["-c", f". /.singularity.d/env/91-imagefactory.sh; {show}"],
         entrypoint=["env", "-i", "PATH=/usr/bin:/bin", "sh"], cpuset_cpus="0", network_mode="none", remove=True)
-    assert login.decode() == apptainer.decode() == "1 /opt/venv/bin/python", (login, apptainer)
+    assert login.decode() == apptainer.decode() == "1 /opt/venv/bin/python\n", (login, apptainer)
 
 
 def test_captured_activation_applies_without_the_entrypoint(engine, cpu_build, created_images):
