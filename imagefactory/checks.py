@@ -450,13 +450,15 @@ def _thread_counts(cell: Cell, probe: dict) -> tuple[list[int], str]:
 
 
 def _thread_budget(probe: dict) -> int:
-    """The CPU budget `threads: auto` must give: the CFS quota (rounded down) and the affinity
-    mask, the smallest, at least 1 (what the entrypoint computes at start)."""
+    """The CPU budget `threads: auto` must give, by README's one rule (the image's launch hook and
+    shell script apply it at start): min(affinity CPUs, floor(quota/period)), at least 1. The probe
+    reports the quota unrounded (quota/period) or None; tests/unit/test_launch_carrier.py runs this
+    on the probe's figures against every other copy of the rule."""
     cpus = _get(probe, "cpus")
     limits = [c for c in (_get(cpus, "affinity"),) if isinstance(c, int) and c > 0]
     quota = _get(cpus, "cgroup_quota")
-    if isinstance(quota, (int, float)) and quota > 0:
-        limits.append(int(quota))
+    if isinstance(quota, (int, float)) and not isinstance(quota, bool) and quota > 0:
+        limits.append(math.floor(quota))
     return max(1, min(limits)) if limits else 1
 
 

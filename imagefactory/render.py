@@ -79,6 +79,13 @@ class Context:
 
 
 ENV_PREFIX = {"conda": "/opt/env", "pip": "/opt/venv"}
+# What the image's ENV puts before the base image's PATH.
+ENV_PATH = {"conda": "/opt/env/bin:/opt/conda/bin", "pip": "/opt/venv/bin"}
+CERT_ENV = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "PIP_CERT")  # partials/certs.j2
+CERT_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+CGROUP_ROOT = "/sys/fs/cgroup"
+LAUNCH_HOOK = "imagefactory_launch.py"  # resources/launch.py, installed in the environment's site-packages
+LAUNCH_PTH = "imagefactory-launch.pth"  # ... and the line that makes `site` import it in every interpreter
 
 # MKL's threading layer must match the OpenMP runtime the process loads (docs/domain.md):
 # PyPI torch loads GNU's libgomp; conda-forge's pytorch and mkl load LLVM's libomp (libgomp.so.1
@@ -98,6 +105,24 @@ def runtime_env(cell: Cell) -> list[tuple[str, str]]:
         env["NVIDIA_DRIVER_CAPABILITIES"] = "compute,utility"
     env.update(dict(cell.env))
     return sorted(env.items())
+
+
+def image_env(cell: Cell, certs: bool) -> list[tuple[str, str]]:
+    """Every variable the final image's ENV declares besides PATH: what the launch hook and the
+    shell script apply where a runtime drops the image's ENV (ch-run without --set-env)."""
+    env = dict(runtime_env(cell))
+    if cell.installer == "pip":
+        env["VIRTUAL_ENV"] = ENV_PREFIX["pip"]
+    if certs:
+        env.update({name: CERT_BUNDLE for name in CERT_ENV})
+    for key, value in env.items():
+        if "\n" in value or "\r" in value or "\0" in value:
+            raise ConfigError(f"env: {key}: a newline or NUL in the value cannot be carried")
+    return sorted(env.items())
+
+
+def site_packages(cell: Cell) -> str:
+    return f"{ENV_PREFIX[cell.installer]}/lib/python{cell.python}/site-packages"
 
 
 def labels(matrix: Matrix, cell: Cell, content_hash: str | None) -> list[tuple[str, str]]:
@@ -221,6 +246,8 @@ def dockerfile_text(matrix: Matrix, cell: Cell, content_hash: str | None, certs:
         "env": runtime_env(cell),
         "compiler": cell.compiler,
         "labels": labels(matrix, cell, content_hash),
+        "prefix": ENV_PREFIX[cell.installer],
+        "site_packages": site_packages(cell),
     }
     if cell.installer == "conda":
         values.update(_conda_values(matrix, cell, locked))
@@ -229,9 +256,43 @@ def dockerfile_text(matrix: Matrix, cell: Cell, content_hash: str | None, certs:
     return environment().get_template(f"{cell.installer}.Dockerfile.j2").render(values)
 
 
-def entrypoint_text(cell: Cell) -> str:
-    return environment().get_template("entrypoint.sh.j2").render(
-        prefix=ENV_PREFIX[cell.installer], threads_auto=cell.threads == AUTO)
+def _launch_values(cell: Cell, certs: bool, cgroup_root: str) -> dict[str, object]:
+    return {"cell_id": cell.id, "prefix": ENV_PREFIX[cell.installer], "path_entries": ENV_PATH[cell.installer],
+            "env": image_env(cell, certs), "threads_auto": cell.threads == AUTO, "cgroup_root": cgroup_root}
+
+
+def entrypoint_text(cell: Cell, certs: bool = False, cgroup_root: str = CGROUP_ROOT) -> str:
+    """The ENTRYPOINT script. cgroup_root: where it reads the CPU quota (tests point it elsewhere)."""
+    return environment().get_template("entrypoint.sh.j2").render(_launch_values(cell, certs, cgroup_root))
+
+
+def launch_env_text(cell: Cell, certs: bool = False, cgroup_root: str = CGROUP_ROOT) -> str:
+    """The same settings in POSIX sh, for /etc/profile.d/ and /.singularity.d/env/."""
+    return environment().get_template("launch-env.sh.j2").render(_launch_values(cell, certs, cgroup_root))
+
+
+def launch_conf_text(cell: Cell, certs: bool = False) -> str:
+    """The settings the Python launch hook applies (resources/launch.py reads them)."""
+    return environment().get_template("launch.conf.j2").render(_launch_values(cell, certs, CGROUP_ROOT))
+
+
+def launch_hook_source() -> str:
+    return (Path(__file__).resolve().parent / "resources" / "launch.py").read_text()
+
+
+def _write_launch_files(cell: Cell, root: Path, certs: bool) -> None:
+    files = {
+        "entrypoint.sh": (entrypoint_text(cell, certs), 0o755),  # the classic builder has no COPY --chmod
+        "launch-env.sh": (launch_env_text(cell, certs), 0o644),
+        "launch.conf": (launch_conf_text(cell, certs), 0o644),
+        LAUNCH_HOOK: (launch_hook_source(), 0o644),
+        LAUNCH_PTH: ("import imagefactory_launch\n", 0o644),
+        "python-launcher": (environment().get_template("python-launcher.sh.j2").render(
+            python=f"{ENV_PREFIX[cell.installer]}/bin/python"), 0o755),
+    }
+    for name, (text, mode) in files.items():
+        (root / name).write_text(text)
+        (root / name).chmod(mode)  # COPY keeps the mode
 
 
 def _cert_names(matrix: Matrix) -> list[str]:
@@ -250,10 +311,8 @@ def _link_or_copy(src: Path, dst: Path) -> None:
 def _write_files(matrix: Matrix, cell: Cell, root: Path, lock: lockfile.Lock | None) -> None:
     """Every file of the context except the Dockerfile. Only regular files are read; a context
     gets its own copy (or hard link) of each, never a symbolic link, wherever `root` is."""
-    entrypoint = root / "entrypoint.sh"
-    entrypoint.write_text(entrypoint_text(cell))
-    entrypoint.chmod(0o755)  # the classic builder has no COPY --chmod; COPY keeps the mode
     names = _cert_names(matrix)
+    _write_launch_files(cell, root, bool(names))
     if names:
         (root / "certs").mkdir()
         for name, src in zip(names, matrix.ca_certificates):

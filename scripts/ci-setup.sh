@@ -71,7 +71,9 @@ trap on_exit EXIT
 # 1. Debian packages
 # --------------------------------------------------------------------------
 install_packages() {
-    local pkgs=(docker.io debootstrap docker-registry apache2-utils curl iproute2)
+    # charliecloud (ch-convert, ch-run): an HPC runtime that skips ENTRYPOINT and image ENV,
+    # for tests/integration/test_launch.py.
+    local pkgs=(docker.io debootstrap docker-registry apache2-utils curl iproute2 charliecloud)
     local missing=() p
     for p in "${pkgs[@]}"; do
         # (dpkg -s, but also rejecting removed-but-not-purged packages)

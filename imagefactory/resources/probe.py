@@ -77,20 +77,46 @@ def _read(path):
         return f.read().strip()
 
 
-def cgroup_quota():
-    """CPUs allowed by a CFS quota (docker --cpus), or None when unlimited/unknown."""
-    try:  # cgroup v2: "max 100000" or "150000 100000"
-        quota, period = _read("/sys/fs/cgroup/cpu.max").split()[:2]
-        return None if quota == "max" else round(int(quota) / int(period), 3)
-    except (OSError, ValueError):
+def _count(text):
+    """A positive integer of at most 18 ASCII digits without a leading zero, or None."""
+    if not text or len(text) > 18 or text[:1] == b"0" or not text.isdigit():
+        return None
+    return int(text)
+
+
+def _first_line(path):
+    with open(path, "rb") as f:
+        return f.read(4096).split(b"\n", 1)[0]
+
+
+def cgroup_limit(root="/sys/fs/cgroup"):
+    """(quota, period) of this process's CFS quota, or None. The one rule of README's Threads
+    section (the image's launch hook and shell script apply it too; a unit test runs every copy):
+    cgroup v2's cpu.max when it can be read (first line, exactly two fields), else the first v1
+    folder whose cpu.cfs_quota_us and cpu.cfs_period_us can both be read; quota and period must
+    be positive integers (no leading zero, at most 18 digits), anything else is no quota."""
+    try:
+        fields = [f for f in _first_line(root + "/cpu.max").replace(b"\t", b" ").split(b" ") if f]
+    except OSError:
         pass
-    for d in ("/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu,cpuacct"):  # cgroup v1
+    else:
+        pair = (_count(fields[0]), _count(fields[1])) if len(fields) == 2 else (None, None)
+        return pair if pair[0] and pair[1] else None
+    for d in ("cpu", "cpu,cpuacct"):
         try:
-            quota, period = int(_read(d + "/cpu.cfs_quota_us")), int(_read(d + "/cpu.cfs_period_us"))
-            return None if quota <= 0 else round(quota / period, 3)
-        except (OSError, ValueError):
+            quota = _first_line("%s/%s/cpu.cfs_quota_us" % (root, d)).strip(b" \t")
+            period = _first_line("%s/%s/cpu.cfs_period_us" % (root, d)).strip(b" \t")
+        except OSError:
             continue
+        pair = (_count(quota), _count(period))
+        return pair if pair[0] and pair[1] else None
     return None
+
+
+def cgroup_quota(root="/sys/fs/cgroup"):
+    """CPUs allowed by a CFS quota (docker --cpus), unrounded, or None when unlimited/unknown."""
+    limit = cgroup_limit(root)
+    return None if limit is None else limit[0] / limit[1]
 
 
 def physical_cores():

@@ -70,8 +70,21 @@ RUN /opt/conda/bin/conda create -y -p /opt/env \
  && find /opt/env \( -name '*.a' -o -name '*.js.map' \) -delete \
  && { /opt/env/bin/python -m compileall -q -j 0 /opt/env/lib/python3.11 || true; }
 
+# Launch settings that do not depend on the ENTRYPOINT: a .pth line makes every interpreter of the
+# environment import imagefactory_launch at start (the image's ENV, conda activation, threads: auto,
+# writable cache places), and `python` resolves where a runtime replaces PATH with the host's.
+COPY imagefactory_launch.py imagefactory-launch.pth /opt/env/lib/python3.11/site-packages/
+COPY python-launcher /usr/local/bin/python
+# What the environment's activate.d scripts export, captured for the launch hook.
+RUN /opt/env/bin/python -m imagefactory_launch capture >&2 \
+ && /opt/env/bin/python -m compileall -q /opt/env/lib/python3.11/site-packages/imagefactory_launch.py
+
 # Runtime settings last, so cells that differ only here share every heavy layer.
-# Activation (and the thread budget) for every `docker run IMAGE CMD`; see the script.
+# The cell's launch settings, for every way in: the imagefactory_launch hook reads launch.conf;
+# login shells and Apptainer source the same script the ENTRYPOINT runs for `docker run IMAGE CMD`.
+COPY launch.conf /opt/env/etc/imagefactory/launch.conf
+COPY launch-env.sh /etc/profile.d/imagefactory.sh
+COPY launch-env.sh /.singularity.d/env/91-imagefactory.sh
 COPY entrypoint.sh /usr/local/bin/imagefactory-entrypoint
 ENTRYPOINT ["/usr/local/bin/imagefactory-entrypoint"]
 ENV HF_HOME="/data/hf" \
@@ -84,7 +97,7 @@ LABEL com.example.team="ml-platform" \
       io.imagefactory.blas="mkl" \
       io.imagefactory.cell="py3.11-cpu-mkl-conda" \
       io.imagefactory.compiler="true" \
-      io.imagefactory.content-hash="0baafb09345de239e4951e8978cb29f408f5c9449d22cb0a37ed826a1710c2a0" \
+      io.imagefactory.content-hash="cca7c1fff60dbba6ea76b3edd8754193baa05bac812b08cf67b0a2270e4955a1" \
       io.imagefactory.cuda="none" \
       io.imagefactory.installer="conda" \
       io.imagefactory.python="3.11" \

@@ -72,8 +72,21 @@ RUN CONDA_OVERRIDE_CUDA=12.9 /opt/conda/bin/conda create -y -p /opt/env \
  && find /opt/env \( -name '*.a' -o -name '*.js.map' \) -delete \
  && { /opt/env/bin/python -m compileall -q -j 0 /opt/env/lib/python3.11 || true; }
 
+# Launch settings that do not depend on the ENTRYPOINT: a .pth line makes every interpreter of the
+# environment import imagefactory_launch at start (the image's ENV, conda activation, threads: auto,
+# writable cache places), and `python` resolves where a runtime replaces PATH with the host's.
+COPY imagefactory_launch.py imagefactory-launch.pth /opt/env/lib/python3.11/site-packages/
+COPY python-launcher /usr/local/bin/python
+# What the environment's activate.d scripts export, captured for the launch hook.
+RUN /opt/env/bin/python -m imagefactory_launch capture >&2 \
+ && /opt/env/bin/python -m compileall -q /opt/env/lib/python3.11/site-packages/imagefactory_launch.py
+
 # Runtime settings last, so cells that differ only here share every heavy layer.
-# Activation (and the thread budget) for every `docker run IMAGE CMD`; see the script.
+# The cell's launch settings, for every way in: the imagefactory_launch hook reads launch.conf;
+# login shells and Apptainer source the same script the ENTRYPOINT runs for `docker run IMAGE CMD`.
+COPY launch.conf /opt/env/etc/imagefactory/launch.conf
+COPY launch-env.sh /etc/profile.d/imagefactory.sh
+COPY launch-env.sh /.singularity.d/env/91-imagefactory.sh
 COPY entrypoint.sh /usr/local/bin/imagefactory-entrypoint
 ENTRYPOINT ["/usr/local/bin/imagefactory-entrypoint"]
 ENV HF_HOME="/data/hf" \
@@ -87,7 +100,7 @@ LABEL com.example.team="ml-platform" \
       io.imagefactory.blas="openblas" \
       io.imagefactory.cell="py3.11-cu12.9-openblas-conda" \
       io.imagefactory.compiler="true" \
-      io.imagefactory.content-hash="5699c307168d51cf9a10f7dc5a931d02b9e87c4627db4d669ec6ca010094cff4" \
+      io.imagefactory.content-hash="552428f997a24bb320e8c998837475c4560daf04e73bfd4d6ae37dcc25838d9c" \
       io.imagefactory.cuda="12.9" \
       io.imagefactory.installer="conda" \
       io.imagefactory.python="3.11" \

@@ -68,16 +68,28 @@ RUN useradd --create-home --uid 4242 --shell /bin/bash ml
 COPY --from=venv /opt/venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH \
     VIRTUAL_ENV=/opt/venv
+# Launch settings that do not depend on the ENTRYPOINT: a .pth line makes every interpreter of the
+# environment import imagefactory_launch at start (the image's ENV, conda activation, threads: auto,
+# writable cache places), and `python` resolves where a runtime replaces PATH with the host's.
+COPY imagefactory_launch.py imagefactory-launch.pth /opt/venv/lib/python3.11/site-packages/
+COPY python-launcher /usr/local/bin/python
+# Conda activation captured for the launch hook (a venv has no activate.d: an empty capture, which
+# an image derived from this one that adds such a script runs again).
 # Bytecode for the whole environment and the standard library, compiled now: the default user
 # cannot write here, so without it every process (each DataLoader worker, each DDP rank) would
 # compile the stdlib, NumPy and torch again at import. Files this Python cannot parse (torch ships
 # helpers for newer Pythons) make compileall exit 1; they can never be imported, and the probe's
 # python.bytecode check proves that every module a job imports has current bytecode.
-RUN /opt/venv/bin/python -m compileall -q -j 0 /opt/venv "$(/opt/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')" \
-  || true
+RUN /opt/venv/bin/python -m imagefactory_launch capture >&2 \
+ && { /opt/venv/bin/python -m compileall -q -j 0 /opt/venv "$(/opt/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')" \
+      || true; }
 
 # Runtime settings last, so cells that differ only here share every heavy layer.
-# Activation (and the thread budget) for every `docker run IMAGE CMD`; see the script.
+# The cell's launch settings, for every way in: the imagefactory_launch hook reads launch.conf;
+# login shells and Apptainer source the same script the ENTRYPOINT runs for `docker run IMAGE CMD`.
+COPY launch.conf /opt/venv/etc/imagefactory/launch.conf
+COPY launch-env.sh /etc/profile.d/imagefactory.sh
+COPY launch-env.sh /.singularity.d/env/91-imagefactory.sh
 COPY entrypoint.sh /usr/local/bin/imagefactory-entrypoint
 ENTRYPOINT ["/usr/local/bin/imagefactory-entrypoint"]
 ENV HF_HOME="/data/hf" \
@@ -91,7 +103,7 @@ LABEL com.example.team="ml-platform" \
       io.imagefactory.blas="openblas" \
       io.imagefactory.cell="py3.11-cu13.0-openblas-pip" \
       io.imagefactory.compiler="true" \
-      io.imagefactory.content-hash="0d91bb3be6e122b3b1d0e7b279b9d02af7f5d3cb0ffc2991f9c43f8be18a1770" \
+      io.imagefactory.content-hash="57f147db37e7a848bd5b75599c41fcec0a34af9bf350156939279a0f16ab8c60" \
       io.imagefactory.cuda="13.0" \
       io.imagefactory.installer="pip" \
       io.imagefactory.python="3.11" \

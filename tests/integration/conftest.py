@@ -215,3 +215,21 @@ def cuda_background(engine, base_registry, tmp_path_factory, wheelhouse, created
     that both do not race through their common steps: two builds of the same step at once
     leave two copies, and later builds pick either one as their cache), or now."""
     return _start_cuda(tmp_path_factory, wheelhouse)
+
+
+@pytest.fixture(scope="session")
+def cpu_auto_image(tmp_path_factory, engine, cpu_build, session_id, created_images) -> tuple:
+    """(cell, image): cpu_build's good cell with `threads: auto`. Only the runtime layers differ, so
+    it builds in seconds from cpu_build's layers (tests/integration/test_launch.py)."""
+    from imagefactory import matrix, render
+
+    root = tmp_path_factory.mktemp("cpu-auto")
+    path = root / "matrix.yaml"
+    path.write_text(cpu_build.matrix.read_text().replace("\nthreads: 2\n", "\nthreads: auto\n"))
+    cell = matrix.load(path).cell(Build.GOOD)
+    assert cell.threads == "auto"
+    (ctx,) = render.render(matrix.load(path), root / "contexts", cells=[cell])
+    tag = f"imagefactory-test/cpu-auto:{session_id}"
+    engine.client.images.build(path=str(ctx.path), tag=tag, rm=True, network_mode="host")
+    created_images.append(tag)
+    return ctx.cell, tag

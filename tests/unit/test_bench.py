@@ -211,14 +211,13 @@ def test_workload_does_not_import_imagefactory():
     ({"/sys/fs/cgroup/cpu/cpu.cfs_quota_us": "-1", "/sys/fs/cgroup/cpu/cpu.cfs_period_us": "100000"}, 4, 4),
     ({"/sys/fs/cgroup/cpu.max": "50000 100000"}, 4, 1),  # --cpus 0.5: at least 1
 ])
-def test_workload_cpu_budget(workload, monkeypatch, files, affinity, auto):
-    def read(path):
-        if path in files:
-            return files[path]
-        raise OSError(path)
-    monkeypatch.setattr(workload, "_read", read)
+def test_workload_cpu_budget(workload, monkeypatch, tmp_path, files, affinity, auto):
+    for path, text in files.items():  # a fake cgroup root (every copy of the rule: test_launch_carrier.py)
+        fake = tmp_path / path.removeprefix("/sys/fs/cgroup/")
+        fake.parent.mkdir(parents=True, exist_ok=True)
+        fake.write_text(text + "\n")
     monkeypatch.setattr(workload.os, "sched_getaffinity", lambda pid: set(range(affinity)))
-    assert workload.cpu_budget()["auto"] == auto
+    assert workload.cpu_budget(str(tmp_path))["auto"] == auto
 
 
 def test_workload_child_failure_is_a_figure_error(workload):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import os
 import signal
 import subprocess
@@ -156,7 +157,7 @@ def test_a_re_test_keeps_the_build_log(m, world, tmp_path):
     opts = build_mod.Options(work_dir=tmp_path / "work", gpus="none")
     retest = by_cell(build_mod.test(m, list(m.cells), world.context(opts, ui())))
     assert retest[A].status == "not-built"
-    assert "Step 1/18 : FROM python:3.11-slim-bookworm@" in Path(build[A].log).read_text()
+    assert re.search(r"Step 1/\d+ : FROM python:3\.11-slim-bookworm@", Path(build[A].log).read_text())
 
 
 def test_the_tested_image_is_the_one_published_even_if_its_candidate_name_moves(m, world, tmp_path):

@@ -51,12 +51,32 @@ def test_golden_condarc(golden_contexts):
 
 def test_context_holds_every_file_the_dockerfile_copies(golden_contexts):
     pip = golden_contexts["py3.11-cpu-openblas-pip"].path
-    assert sorted(p.relative_to(pip).as_posix() for p in pip.rglob("*") if p.is_file()) == [
-        "Dockerfile", "certs/ca-00.crt", "entrypoint.sh",
+    launch = ["entrypoint.sh", "imagefactory-launch.pth", "imagefactory_launch.py", "launch-env.sh", "launch.conf",
+              "python-launcher"]
+    assert sorted(p.relative_to(pip).as_posix() for p in pip.rglob("*") if p.is_file()) == sorted([
+        "Dockerfile", "certs/ca-00.crt", *launch,
         "wheelhouse/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl",
-    ]
+    ])
     conda = golden_contexts["py3.11-cpu-mkl-conda"].path
-    assert sorted(p.name for p in conda.rglob("*") if p.is_file()) == ["Dockerfile", "ca-00.crt", "condarc", "entrypoint.sh"]
+    assert sorted(p.name for p in conda.rglob("*") if p.is_file()) == sorted(
+        ["ca-00.crt", "Dockerfile", "condarc", *launch])
+    for ctx in (pip, conda):  # every file the context holds is COPY'd (or is the Dockerfile, a cert, a wheel)
+        text = (ctx / "Dockerfile").read_text()
+        for name in launch:
+            assert f"COPY {name} " in text or f" {name} " in text, name
+    assert (pip / "python-launcher").stat().st_mode & 0o111 and (pip / "entrypoint.sh").stat().st_mode & 0o111
+
+
+@pytest.mark.parametrize("cell_id", ["py3.11-cpu-mkl-conda", "py3.11-cpu-openblas-pip"])
+@pytest.mark.parametrize("name", ["entrypoint.sh", "launch-env.sh", "launch.conf", "python-launcher"])
+def test_golden_launch_files(golden_contexts, cell_id, name):
+    """The launch carriers (see tests/unit/test_launch_carrier.py for what they do)."""
+    text = (golden_contexts[cell_id].path / name).read_text()
+    expected = GOLDEN / "launch" / cell_id / name
+    if UPDATE:
+        expected.parent.mkdir(parents=True, exist_ok=True)
+        expected.write_text(text)
+    assert text == expected.read_text(), f"rendered {name} differs from {expected}"
 
 
 def test_key_settings_in_rendered_text(golden_contexts):
