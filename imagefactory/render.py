@@ -87,7 +87,8 @@ CGROUP_ROOT = "/sys/fs/cgroup"
 LAUNCH_HOOK = "imagefactory_launch.py"  # resources/launch.py, installed in the environment's site-packages
 LAUNCH_PTH = "imagefactory-launch.pth"  # ... and the line that makes `site` import it in every interpreter
 
-# MKL's threading layer must match the OpenMP runtime the process loads (docs/domain.md):
+# MKL's threading layer must match the OpenMP runtime the process loads (pytorch/pytorch#37377,
+# numpy/numpy#24683; Intel's optimization-zone numpy README):
 # PyPI torch loads GNU's libgomp; conda-forge's pytorch and mkl load LLVM's libomp (libgomp.so.1
 # and libiomp5.so are aliases of it there), for which Intel's layer, MKL's default, is right.
 MKL_THREADING_LAYER = {"conda": "INTEL", "pip": "GNU"}
