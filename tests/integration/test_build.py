@@ -126,7 +126,7 @@ def derived(cpu_build, derive):
 
 @pytest.mark.parametrize("variable, value, failing", [
     ("OMP_NUM_THREADS", "64", {"env.OMP_NUM_THREADS"}),
-    ("OPENBLAS_NUM_THREADS", "", {"env.OPENBLAS_NUM_THREADS"}),
+    ("OPENBLAS_NUM_THREADS", "16", {"env.OPENBLAS_NUM_THREADS"}),
     ("MKL_NUM_THREADS", "8", {"env.MKL_NUM_THREADS"}),
 ])
 def test_thread_variable_missing_or_wrong_is_caught(engine, cpu_build, derived, variable, value, failing):
@@ -137,6 +137,17 @@ def test_thread_variable_missing_or_wrong_is_caught(engine, cpu_build, derived, 
     # MKL and OpenBLAS cap their pools at the CPU count, so on a small machine the runtime
     # counts may still look right; the baked variable is what is judged exactly.
     assert failed <= failing | {"threads.numpy_blas", "threads.torch"}
+
+
+def test_an_empty_thread_variable_is_repaired_by_the_launch_hook(engine, cpu_build, derived):
+    """A derived image that empties OPENBLAS_NUM_THREADS: OpenBLAS reads that as unset and would
+    start one thread per core. The launch hook (resources/launch.py) applies the baked value
+    where none is given, in every launch mode, so the image keeps its promise: no check fails."""
+    image = derived("openblas_num_threads-empty", SET_OPENBLAS_NUM_THREADS="")
+    result = smoke.test_image(engine, judged(good_cell(cpu_build)), image, gpus=False)
+    assert not [c for c in result.checks if c.verdict == "fail"], result.checks
+    seen = [c for c in result.checks if c.name == "env.OPENBLAS_NUM_THREADS"]
+    assert {c.mode for c in seen} == set(smoke.DEFAULT_MODES) and {c.actual for c in seen} == {"2"}, seen
 
 
 def test_root_user_is_caught(engine, cpu_build, derived):
