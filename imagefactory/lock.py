@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from imagefactory import fsutil, inputs, lockfile, render
+from imagefactory import fsutil, inputs, lockfile, recipe
 from imagefactory.errors import ConfigError, ImageFactoryError, LocksMissing
 from imagefactory.lockfile import Lock
 from imagefactory.model import Cell, Matrix
@@ -89,7 +89,7 @@ def pip_command(matrix: Matrix, cell: Cell, report: Path, target: Path, constrai
         cmd += ["--find-links", str(matrix.pip.wheelhouse)]
     if constraints is not None:
         cmd += ["--constraint", str(constraints)]
-    return cmd + [render.torch_requirement(matrix, cell)[0], *render.pip_requirements(cell)]
+    return cmd + [recipe.torch_requirement(matrix, cell)[0], *recipe.pip_requirements(cell)]
 
 
 def _file_sha256(url: str, wheelhouse: Path | None) -> str:
@@ -150,7 +150,7 @@ def conda_command(matrix: Matrix, cell: Cell, prefix: Path) -> list[str]:
            "--strict-channel-priority"]
     for channel in matrix.conda.channels:
         cmd += ["--channel", channel]
-    return cmd + render.conda_specs(matrix, cell)
+    return cmd + recipe.conda_specs(matrix, cell)
 
 
 def records_from_conda(data: dict, cell_id: str) -> list[tuple[str, str]]:
