@@ -20,7 +20,7 @@ from typing import Any, Callable, List, Optional
 import typer
 
 from imagefactory import build as build_mod
-from imagefactory import context, engine_api
+from imagefactory import context, engine_api, inputs
 from imagefactory import lock as lock_mod
 from imagefactory import matrix as matrix_mod
 from imagefactory import progress as progress_mod
@@ -416,7 +416,7 @@ def lock_cmd(
             raise ConfigError("--check: resolves nothing, so it cannot be combined with --upgrade or PKG")
         outcomes = lock_mod.check(m, cells)
         for o in outcomes:
-            print(f"{o.cell}\t{o.status}\t{o.path}")
+            print(f"{o.cell}\t{o.status}\t{inputs.printable(str(o.path))}")  # a path may hold escapes
         lock_mod.check_exit(outcomes)
         return
 

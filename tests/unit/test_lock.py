@@ -446,3 +446,17 @@ def test_probe_lists_installed_distributions_here():
     import jinja2
     assert found["python"]["jinja2"] == jinja2.__version__
     json.dumps(found)  # JSON-ready
+
+
+def test_check_prints_a_lock_path_with_terminal_escapes_escaped(project, tmp_path):
+    """A directory name is input too: `lock --check` prints each lock's path, and a name with a
+    terminal escape sequence must not reach the terminal raw."""
+    from typer.testing import CliRunner
+
+    from imagefactory.cli import app
+
+    odd = tmp_path / "proj\x1b[2Jclear"
+    shutil.copytree(project, odd)
+    result = CliRunner().invoke(app, ["lock", "--check", "--matrix", str(odd / "matrix.yaml"), "--only", PIP])
+    assert result.exit_code == 0, result.output
+    assert "\x1b" not in result.output and f"{PIP}\tcurrent\t" in result.output
