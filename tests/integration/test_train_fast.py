@@ -17,8 +17,8 @@ from pathlib import Path
 import docker
 import pytest
 
-from imagefactory import matrix, smoke
-from tests.integration.helpers import TEST_REGISTRY, Build, judged, matrix_text, run_cli
+from imagefactory import checks, matrix, smoke
+from tests.integration.helpers import FIXTURES, RUN_ID, TEST_REGISTRY, Build, judged, matrix_text, run_cli
 
 pytestmark = pytest.mark.docker
 
@@ -143,7 +143,12 @@ def test_bytecode_is_present_and_an_import_compiles_nothing(engine, cpu_build):
 
 # -- activation ----------------------------------------------------------------------------
 
-def test_activation_scripts_take_effect_without_conda_activate(engine, cpu_build, derive):
+def test_activation_scripts_take_effect_without_conda_activate(engine, cpu_build, derive, created_images):
+    """An image derived from a cell's image that adds an activate.d script: every `docker run`
+    gets it through the entrypoint. Launched without the entrypoint (bare, hpc), only what was
+    captured applies, and this image did not run `python -m imagefactory_launch capture` again:
+    the activation check names the gap in those modes and only there. The same image with the
+    capture run again passes every mode."""
     cell, image = good(cpu_build)
     activated = derive("activation", image)
     for command in (["python", "-c", "import os; print(os.environ['MKL_INTERFACE_LAYER'])"],
@@ -152,8 +157,18 @@ def test_activation_scripts_take_effect_without_conda_activate(engine, cpu_build
         out = engine.client.containers.run(activated, command, network_mode="none", remove=True)
         assert out.decode().strip() == "LP64,GNU", command
     result = smoke.test_image(engine, judged(cell), activated, gpus=False)
+    assert checks.launches(result.checks) == {"docker": "pass", "bare": "fail", "hpc": "fail"}, failing(result)
+    failed = {(c.mode, c.name) for c in result.checks if c.verdict == "fail"}
+    assert failed == {("bare", "env.activation"), ("hpc", "env.activation")}, failed
+    docker = [c for c in result.checks if c.mode == "docker" and c.name == "env.activation"]
+    assert [c.verdict for c in docker] == ["pass"]
+    captured = f"imagefactory-test/activation-captured:{RUN_ID}-modes"
+    engine.client.images.build(path=str(FIXTURES / "activation"), dockerfile="captured.Dockerfile", tag=captured,
+                               rm=True, network_mode="none", buildargs={"BASE": image})
+    created_images.append(captured)
+    result = smoke.test_image(engine, judged(cell), captured, gpus=False)
     assert result.passed, failing(result)
-    assert by_name(result)["env.activation"].verdict == "pass"
+    assert {c.mode for c in result.checks if c.name == "env.activation" and c.verdict == "pass"} == set(smoke.DEFAULT_MODES)
 
 
 def test_missing_activation_variable_is_caught_and_named(engine, cpu_build, derive):
