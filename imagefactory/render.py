@@ -119,7 +119,7 @@ def launch_conf_text(cell: Cell, certs: bool = False) -> str:
 
 
 def launch_hook_source() -> str:
-    return (Path(__file__).resolve().parent / "resources" / "launch.py").read_text()
+    return (Path(__file__).resolve().parent / "resources" / "launch.py").read_text(encoding="utf-8")
 
 
 def _write_launch_files(cell: Cell, root: Path, certs: bool) -> None:
@@ -133,7 +133,7 @@ def _write_launch_files(cell: Cell, root: Path, certs: bool) -> None:
             python=f"{ENV_PREFIX[cell.installer]}/bin/python"), 0o755),
     }
     for name, (text, mode) in files.items():
-        (root / name).write_text(text)
+        (root / name).write_text(text, encoding="utf-8")
         (root / name).chmod(mode)  # COPY keeps the mode
 
 
@@ -163,11 +163,11 @@ def _write_files(matrix: Matrix, cell: Cell, root: Path, lock: lockfile.Lock | N
             except inputs.InputError as e:
                 raise ConfigError(inputs.printable(f"ca_certificates: {e}")) from None
     if lock is not None:
-        (root / lockfile.CONTEXT_NAME).write_text(lock.text)  # so it is part of the content hash
+        (root / lockfile.CONTEXT_NAME).write_text(lock.text, encoding="utf-8")  # so it is part of the content hash
     if cell.installer == "conda":
         text = environment().get_template("condarc.j2").render(
             channels=matrix.conda.channels, certs=names)
-        (root / "condarc").write_text(text)
+        (root / "condarc").write_text(text, encoding="utf-8")
     elif matrix.pip.wheelhouse is not None:
         (root / "wheelhouse").mkdir()
         try:
@@ -203,7 +203,7 @@ def render_cell(matrix: Matrix, cell: Cell, dest: Path, lock: lockfile.Lock | No
     certs = _cert_names(matrix)
     locked = lock is not None
     digest = context_hash(dest, dockerfile_text(matrix, cell, None, certs, locked=locked))
-    (dest / "Dockerfile").write_text(dockerfile_text(matrix, cell, digest, certs, locked=locked))
+    (dest / "Dockerfile").write_text(dockerfile_text(matrix, cell, digest, certs, locked=locked), encoding="utf-8")
     if lock is not None:  # the checks compare the image's packages with the lock's
         cell = replace(cell, locked=lock.versions())
     return Context(cell=cell, path=dest, content_hash=digest)

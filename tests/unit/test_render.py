@@ -284,3 +284,23 @@ def test_locked_pip_render_removes_torch_test_programs_too(tmp_path):
     ctx = {c.cell.id: c for c in render.render(matrix.load(fixture), tmp_path)}
     (run,) = [r for r in _runs(ctx["py3.11-cpu-openblas-pip"].dockerfile.read_text()) if "--require-hashes" in r]
     assert run.startswith("0: ") and 'rm -rf "$torch/test"' in run
+
+
+def test_a_unicode_label_renders_as_utf8_whatever_the_locale(tmp_path):
+    """Label values may hold letters of any script (José Müller). The context is written as
+    UTF-8 even where Python's locale encoding is ASCII (C locale, no UTF-8 mode or coercion)."""
+    import sys
+
+    project = tmp_path / "p"
+    shutil.copytree(GOLDEN, project, ignore=shutil.ignore_patterns("*.Dockerfile", "launch"))
+    m = project / "matrix.yaml"
+    m.write_text(m.read_text().replace("labels: {com.example.team: ml-platform}",
+                                       'labels: {com.example.team: ml-platform, com.example.owner: "José Müller"}'),
+                 encoding="utf-8")
+    env = {**os.environ, "LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"}
+    r = subprocess.run([sys.executable, "-m", "imagefactory", "render", "--matrix", str(m), "--out",
+                        str(tmp_path / "out"), "--only", "py3.11-cpu-mkl-conda"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    text = (tmp_path / "out" / "py3.11-cpu-mkl-conda" / "Dockerfile").read_bytes().decode("utf-8")
+    assert 'com.example.owner="José Müller"' in text
