@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from imagefactory import freshness, render, schedule, smoke, tags, verdicts
+from imagefactory import freshness, publish, regcache, render, schedule, smoke, tags, verdicts
 from imagefactory.context import UI, Gpus, Network, Options, Pull, RunContext
 from imagefactory.engine_api import BuildProgress, ContainerEngine
 from imagefactory.errors import BuildError, Cancelled, ConfigError, EngineGone, ImageFactoryError
@@ -81,6 +81,13 @@ class _Cell:
         # a re-test (test, push) appends: the build's log stays readable after it
         self.log_file = log_path.open("a" if keep_log else "w", encoding="utf-8")
 
+    @property
+    def registry_cache(self) -> bool:
+        """Whether to look for the cell's content tag in the target registry (regcache.py):
+        --registry-cache, else whenever the run pushes."""
+        chosen = self.options.registry_cache
+        return self.options.push if chosen is None else chosen
+
     def log(self, line: str, *, show: bool = True) -> None:
         self.log_file.write(line + "\n")
         self.log_file.flush()
@@ -100,6 +107,14 @@ class _Cell:
             r.image_id, r.cached, r.status = existing, True, CACHED
             self.log(f"cached: {existing} already carries content hash {self.ctx.content_hash[:12]}")
             return True
+        if self.registry_cache:
+            self.ui.status(cell.id, "looking in the registry")
+            pulled = regcache.pull_content(self.engine, self.matrix, cell, self.ctx.content_hash,
+                                           publish.credentials(), self.log)
+            if pulled:
+                self.engine.tag(pulled.image_id, r.candidate)
+                r.image_id, r.cached, r.pulled, r.status = pulled.image_id, True, pulled.ref, CACHED
+                return True
         self.ui.status(cell.id, "building")
         started = time.monotonic()
         try:

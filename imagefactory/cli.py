@@ -88,6 +88,10 @@ FLAGS: dict[str, tuple[Any, Any]] = {
     "cache_from": (Optional[List[str]], typer.Option(
         None, "--cache-from", help="A local image whose layers the builds may reuse, e.g. the previous "
                                    "release pulled from the registry (repeatable).")),
+    "registry_cache": (Optional[bool], typer.Option(
+        None, "--registry-cache/--no-registry-cache",
+        help="Pull a cell's content-hash tag from the target registry instead of building it, when the "
+             "registry has it (default: on with --push).")),
     "pull": (Pull, typer.Option(Pull.missing, "--pull", help="Base images are resolved to a digest that is pinned in "
                                                              "FROM: always (from the registry, and re-pulled), missing "
                                                              "(from the registry, else the local copy), never (the "
@@ -271,7 +275,7 @@ def _pipeline(inv: Invocation, steps: Callable[[RunContext], build_mod.Outcome])
 
 
 BUILD_FLAGS = ("matrix", "only", "jobs", "keep_going", "gpus", "network", "report", "work_dir", "probe_timeout",
-               "live", "push", "atomic", "push_tries", "retry_delay", "cache_from", "pull", "retest")
+               "live", "push", "atomic", "push_tries", "retry_delay", "cache_from", "registry_cache", "pull", "retest")
 
 
 @app.command()

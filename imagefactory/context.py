@@ -62,6 +62,7 @@ class Options:
     retest: bool = False  # probe even when a verdict for this image is cached (verdicts.py)
     probe_timeout: float = DEFAULT_PROBE_TIMEOUT
     cache_from: tuple[str, ...] = ()  # images whose layers a build may reuse (e.g. the previous release)
+    registry_cache: bool | None = None  # pull a cell's pushed content tag instead of building (None: with --push)
     verdicts_dir: Path | None = None  # None: verdicts.cache_dir()
     # publishing (push, build --push)
     push: bool = False

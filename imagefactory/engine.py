@@ -322,6 +322,30 @@ class Engine:
             raise PushError(f"push of {ref} ended without a digest", transient=True)
         return PushOutcome(ref, digest, sorted(layers_pushed), sorted(layers_existing - {""}))
 
+    def pull(self, ref: str, *, auth_config: dict[str, str] | None = None) -> str:
+        """Pull `ref` (name:tag@sha256:...); the local image id. Like a push, a pull reports its
+        failure inside the stream: EngineError then. An interrupt closes the stream."""
+        name, _, digest = ref.partition("@")
+        repo, tag = split_tag(name)  # by digest when there is one (the tag is then only a name)
+        tag = digest or tag
+        self.interrupt.check()
+        try:
+            with self._streaming():
+                for event in self.api.pull(repo, tag=tag, stream=True, decode=True, auth_config=auth_config):
+                    self.interrupt.check()
+                    if "error" in event:
+                        raise EngineError(f"pull of {ref} failed: {str(event['error']).strip()}")
+        except (Cancelled, EngineError):
+            self.interrupt.check()
+            raise
+        except _SDK_ERRORS as e:
+            self._failed(f"pull of {ref} failed", e)
+        self.interrupt.check()
+        image_id = self.image_id(ref)
+        if image_id is None:
+            raise EngineError(f"pull of {ref} ended without an image")
+        return image_id
+
     def registry_digest(self, ref: str, *, auth_config: dict[str, str] | None = None) -> str | None:
         """The manifest digest the registry serves for `ref` (asked of the registry itself)."""
         try:

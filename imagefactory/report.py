@@ -38,6 +38,7 @@ class CellReport:
     base_digest: str = ""
     verdicts: str = ""  # probed | cached (an earlier pass of this very image, verdicts.py) | "" (not tested)
     verdicts_at: str = ""  # when the verdicts were made (UTC)
+    pulled: str = ""  # name:tag@sha256:... when the image was pulled from the registry instead of built (regcache.py)
 
     @property
     def ok(self) -> bool:
@@ -77,7 +78,8 @@ def summary(reports: list[CellReport]) -> str:
     lines = ["# imagefactory report", "", "| cell | status | publish | failed checks |", "|---|---|---|---|"]
     for r in reports:
         failed = ", ".join(c.name for c in r.checks if c.verdict == "fail") or ("—" if r.checks else "")
-        status = r.status + (" (cached)" if r.cached else "") + (
+        status = r.status + (" (cached)" if r.cached and not r.pulled else "") + (
+            " (pulled, not built)" if r.pulled else "") + (
             f" (verdicts cached from {r.verdicts_at})" if r.verdicts == CACHED else "")
         lines.append(f"| `{r.cell}` | {status} | {r.publish or '—'} | {failed} |")
     for r in reports:

@@ -57,6 +57,8 @@ class World:
     label_lookup_fails: bool = False
     images: dict[str, Image] = field(default_factory=dict)
     registry: dict[str, str] = field(default_factory=dict)  # ref -> digest served (base images too)
+    blobs: dict[str, Image] = field(default_factory=dict)  # digest -> the image a pull of it gives (pushes add)
+    pull_fails: bool = False  # every pull fails (the registry refuses)
     local: dict[str, list[str]] | None = None  # ref -> local RepoDigests (None: one per ref, see below)
     hold: dict[str, threading.Event] = field(default_factory=dict)  # cell id -> set before its step 2
     run_outputs: list[Any] = field(default_factory=list)  # RunResult | Exception, answered in order
@@ -228,7 +230,20 @@ class FakeEngine:
         digest = "sha256:" + hashlib.sha256(image.id.encode()).hexdigest()
         progress({"status": "Pushed", "id": "layer1"})
         self.world.registry[ref] = digest
+        self.world.blobs[digest] = Image(image.id, dict(image.labels), set(), image.cell)
         return PushOutcome(ref, digest, ["layer1"], [])
+
+    def pull(self, ref: str, *, auth_config: dict[str, str] | None = None) -> str:
+        """A pull of name:tag@digest gives what was pushed under that digest (`world.blobs`)."""
+        self.interrupt.check()
+        self.world.record("pull", ref)
+        self.world.record("pull_auth", auth_config)
+        blob = self.world.blobs.get(ref.partition("@")[2])
+        if self.world.pull_fails or blob is None:
+            raise EngineError(f"pull of {ref} failed: manifest unknown")
+        with self.world.lock:
+            image = self.world.images.setdefault(blob.id, Image(blob.id, dict(blob.labels), set(), blob.cell))
+        return image.id
 
     def registry_digest(self, ref: str, *, auth_config: dict[str, str] | None = None) -> str | None:
         self.world.record("registry_digest", ref)
