@@ -27,6 +27,18 @@ Figures:
   headers, so its recipe installs them the blog way, `build-essential` and `python3-dev`
   (bench/fixtures/naive-pip-compiler.Dockerfile); a `compiler: false` cell is compared with
   bench/fixtures/naive-pip.Dockerfile.
+- the probe goal (issue 16): `imagefactory test --retest` of the cell as built vs ONE
+  `docker run` of the same image doing `import torch, numpy` and then one bare
+  `torch.compile` of the very function the probe compiles, with the probe's Inductor
+  settings (the program is the probe's own compile section, resources/probe.py): the sum
+  of the two, side by side. (The `compiler: false` cell's goal is the row above it: the
+  probe vs one import.)
+- fresh runner, content tag in the registry (issue 16): `build --push` of the cell on an
+  engine that does not have its image (the bench's own image removed, a verdict cache of
+  its own), the registry serving its content-hash tag: pulled, not built; vs a cold
+  `build` of the same cell on a new base. The base layers are shared with other local
+  images, so the pull fetches the cell's own layers only (a real fresh runner also pulls
+  the base's, about 50 MB here).
 - image size vs the payload: what the image must carry, measured on what it does carry.
   payload = the environment (`du -sb /opt/venv` in the image) + the minimal OS (the base
   image's size) + the toolchain: the files (regular files and links, each inode once, from
@@ -250,6 +262,69 @@ pip:
                    "`docker run … import torch, numpy`", a, b, "≤ 1.5x",
                    note="no torch.compile child: the check is `skip` in such a cell")
 
+    # -- issue 16 rows (registry cache, probe goal) ----------------------------------------
+    def probe_goal(self, n: int) -> Row:
+        """The probe of the cell as built vs import + one bare torch.compile of the same function."""
+        sys.path.insert(0, str(REPO / "imagefactory" / "resources"))
+        import probe  # the in-image probe script: its compile section is the baseline's program
+
+        image = self.report()[GOOD]["candidate"]
+        bare = ["docker", "run", "--rm", "--network", "none", image, "python", "-c",
+                probe.child_code(["torch_compile"])]
+
+        def baseline() -> float:
+            started = time.perf_counter()
+            out = subprocess.run(bare, capture_output=True, text=True)
+            took = time.perf_counter() - started
+            if out.returncode != 0 or '"ok": true' not in out.stdout:
+                raise SystemExit(f"the bare torch.compile failed: {out.stdout[-500:]} {out.stderr[-1500:]}")
+            return took
+
+        say("the probe vs import + one bare torch.compile")
+        a, b = pairs(n, lambda: self.cli("test", "--retest"), baseline)
+        return Row("probe goal: `test --retest` vs import + bare torch.compile", "`test --retest`",
+                   "`docker run … import torch, numpy` + one bare `torch.compile` (one container)", a, b, "≤ 1.5x",
+                   note=f"same image, same function and Inductor settings as the probe; the probe's compile "
+                        f"check alone took {self.compile_seconds()}")
+
+    def registry_pull(self, n: int) -> Row:
+        """A fresh runner whose registry has the cell's content tag vs a cold build."""
+        creds = {"IMAGEFACTORY_REGISTRY_USER": os.environ.get("IMAGEFACTORY_TEST_REGISTRY_USER", "imagefactory"),
+                 "IMAGEFACTORY_REGISTRY_PASSWORD": os.environ.get("IMAGEFACTORY_TEST_REGISTRY_PASSWORD",
+                                                                  "ci-password")}
+        say("pushing the cell's content tag")
+        self.env.update(creds)
+        try:
+            self.cli("build", "--push", work="regcache-push")
+            pushed = self.report("regcache-push")[GOOD]
+
+            def fresh() -> float:
+                self.engine.remove_image(pushed["image_id"])  # the bench's own image: this engine lacks it now
+                self.runs += 1
+                work = f"regcache-{self.runs}"
+                self.env["IMAGEFACTORY_CACHE_DIR"] = str(self.root / f"cache-{self.runs}")
+                took = self.cli("build", "--push", work=work)
+                if not self.report(work)[GOOD]["pulled"]:
+                    raise SystemExit("the fresh runner built the cell instead of pulling its content tag")
+                return took
+
+            def cold() -> float:
+                self.new_base()
+                took = self.cli("build", work=f"cold-{self.runs}")
+                if self.report(f"cold-{self.runs}")[GOOD]["status"] != "passed":
+                    raise SystemExit("the cold build did not pass")
+                return took
+
+            say("fresh runner (content tag in the registry) vs cold build (minutes each)")
+            a, b = pairs(n, fresh, cold)
+        finally:
+            self.env["IMAGEFACTORY_CACHE_DIR"] = str(self.root / "cache")
+            for key in creds:
+                self.env.pop(key, None)
+        return Row("fresh runner, content tag in the registry", "`build --push` (pulled, probed)",
+                   "cold `build` (probed)", a, b, "< 1 (pays off)",
+                   note="no local image, an empty verdict cache; base layers were local (shared)")
+
     def sizes(self) -> tuple[Row, Row]:
         from imagefactory import matrix
 
@@ -329,6 +404,20 @@ pip:
                 pass
 
 
+FIGURES = ("cold", "noop", "test", "sizes", "probe-goal", "registry")
+
+
+def issue16_rows(bench: Bench, figures: set[str], args: argparse.Namespace) -> list[Row]:
+    """The rows issue 16 added: the probe goal, the registry as a cache."""
+    rows = []
+    if "probe-goal" in figures:
+        bench.cli("build")  # the cell as built (compiler: true), probed once
+        rows.append(bench.probe_goal(args.pairs))
+    if "registry" in figures:
+        rows.append(bench.registry_pull(args.cold_pairs))
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pairs", type=int, default=3, help="interleaved pairs per figure (default 3)")
@@ -338,6 +427,8 @@ def main() -> None:
                     / "wheels")
     ap.add_argument("--skip-cold", action="store_true", help="leave out the cold -j figure")
     ap.add_argument("--keep", action="store_true", help="keep the images and the work folder")
+    ap.add_argument("--figures", default="cold,noop,test,sizes,probe-goal,registry",
+                    help="comma-separated figures to measure (default: all): " + ", ".join(FIGURES))
     args = ap.parse_args()
     if not list(args.wheelhouse.glob(f"torch-{TORCH}+cpu-*.whl")):
         raise SystemExit(f"no torch-{TORCH}+cpu wheel in {args.wheelhouse}: "
@@ -347,11 +438,18 @@ def main() -> None:
     rows: list[Row] = []
     try:
         bench.new_base()
-        if not args.skip_cold:
+        figures = set(args.figures.split(","))
+        if figures - set(FIGURES):
+            raise SystemExit(f"--figures: unknown {sorted(figures - set(FIGURES))} (known: {', '.join(FIGURES)})")
+        if not args.skip_cold and "cold" in figures:
             rows.append(bench.cold_parallel(args.cold_pairs))
-        rows.extend(bench.noop(args.pairs))
-        rows.extend(bench.test(args.pairs))
-        rows.extend(bench.sizes())
+        if "noop" in figures:
+            rows.extend(bench.noop(args.pairs))
+        if "test" in figures:
+            rows.extend(bench.test(args.pairs))
+        if "sizes" in figures:
+            rows.extend(bench.sizes())
+        rows.extend(issue16_rows(bench, figures, args))
     finally:
         cold = " --skip-cold" if args.skip_cold else f" --cold-pairs {args.cold_pairs}"
         print(f"\n{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cores, "

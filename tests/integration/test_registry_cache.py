@@ -1,0 +1,68 @@
+"""issue 16, item 4: the registry as a cache, on the real engine and the real auth registry
+(127.0.0.1:5001).
+
+Each test runs its second half as a fresh CI runner would: the cell is made unique to the test
+(an `env:` value no other image has), so nothing local matches it but what the test built; the
+test then removes its own images (never anyone else's: the shared engine is not wiped) and
+gives the run a verdict cache of its own."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+
+from tests.integration.conftest import TEST_PASSWORD, TEST_REGISTRY, TEST_USER, Build, registry_digest, run_cli
+
+pytestmark = [pytest.mark.docker, pytest.mark.registry]
+
+CREDS = {"IMAGEFACTORY_REGISTRY_USER": TEST_USER, "IMAGEFACTORY_REGISTRY_PASSWORD": TEST_PASSWORD}
+
+
+def unique_matrix(cpu_build, root, image: str, token: str):
+    """The shared build's good cell under `image`, made unique by an env value (its heavy layers
+    are the shared build's), judged without the torch.compile child."""
+    text = cpu_build.matrix.read_text().replace(f"image: {cpu_build.image}\n", f"image: {image}\n")
+    path = root / "matrix.yaml"
+    path.write_text(text + f"compiler: false\nenv: {{IMAGEFACTORY_TEST_RUN: \"{token}\"}}\n")
+    return path
+
+
+def run(matrix, root, name: str, *args: str):
+    """`build --push` of the good cell, as runner `name`: its own work dir, report and verdict cache."""
+    env = {**CREDS, "IMAGEFACTORY_CACHE_DIR": str(root / f"verdicts-{name}")}
+    report = root / f"report-{name}.json"
+    result = run_cli("build", "--matrix", str(matrix), "--only", Build.GOOD, "--push", "--plain", "--report",
+                     str(report), "--work-dir", str(root / f"work-{name}"), *args, env=env)
+    assert report.exists(), result.stdout[-2000:] + result.stderr[-2000:]
+    cell = {c["cell"]: c for c in json.loads(report.read_text())["cells"]}[Build.GOOD]
+    return result, cell, open(cell["log"]).read(), report.with_suffix(".md").read_text()
+
+
+def forget_locally(engine, cell: dict) -> None:
+    """Remove the test's own image (every name it has): the engine no longer has this cell."""
+    engine.client.images.remove(cell["image_id"], force=True)
+    assert engine.image_id(cell["image_id"]) is None
+
+
+def test_a_pushed_content_tag_is_pulled_on_a_fresh_runner_not_built(cpu_build, test_registry, engine, tmp_path,
+                                                                     session_id, created_images):
+    image = f"{TEST_REGISTRY}/regcache-{session_id}/train"
+    matrix = unique_matrix(cpu_build, tmp_path, image, uuid.uuid4().hex)
+    result, first, log, _ = run(matrix, tmp_path, "first")
+    created_images.extend(first["tags"])
+    assert first["status"] == "passed" and first["publish"] == "published", result.stdout + result.stderr
+    assert not first["pulled"] and "Step 1/" in log  # nothing to pull yet: built
+    hash_ref = first["pushed"][0]["ref"]
+    digest = registry_digest(TEST_REGISTRY, image.split("/", 1)[1], hash_ref.rsplit(":", 1)[1])
+
+    forget_locally(engine, first)
+    result, again, log, summary = run(matrix, tmp_path, "fresh")
+    assert again["status"] == "passed" and again["publish"] == "published", result.stdout + result.stderr
+    assert again["pulled"] == f"{hash_ref}@{digest}"
+    assert again["image_id"] == first["image_id"]  # the very image the first runner built and tested
+    assert again["build_seconds"] == 0 and "Step " not in log and f"registry cache: pulled {hash_ref}@" in log
+    assert again["verdicts"] == "probed"  # a fresh runner's verdict cache is empty: probed
+    assert all(p["layers_pushed"] == [] for p in again["pushed"])
+    assert "passed (pulled, not built)" in summary
