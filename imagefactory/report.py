@@ -38,6 +38,7 @@ class CellReport:
     base_digest: str = ""
     verdicts: str = ""  # probed | cached (an earlier pass of this very image, verdicts.py) | "" (not tested)
     verdicts_at: str = ""  # when the verdicts were made (UTC)
+    builder: str = ""  # what built the image: buildkit | classic ("" when none was built this run)
 
     @property
     def ok(self) -> bool:
