@@ -69,6 +69,15 @@ def find_built(engine: ContainerEngine, matrix: Matrix, cell: Cell, content_hash
     return None
 
 
+# What pip and conda print when an index gave them nothing: a refused login looks the same.
+_NOTHING_FOUND = ("No matching distribution found", "from versions: none", "401", "403", "PackagesNotFoundError",
+                  "HTTP 000 CONNECTION FAILED", "UnavailableInvalidChannel")
+
+
+def _index_failure(e: BuildError) -> bool:
+    return any(w in line for line in e.log_tail[-15:] + [e.message] for w in _NOTHING_FOUND)
+
+
 class _Cell:
     """The per-cell work: log file, cache lookup, build, smoke test."""
 
@@ -120,6 +129,10 @@ class _Cell:
                                            secrets=self.secrets(), platform=PLATFORM if buildkit else None)
         except BuildError as e:
             r.status, r.error, r.failed_step, r.log_tail = BUILD_FAILED, e.message, e.step or "", e.log_tail
+            refused = netrc_mod.refused_indexes(self.matrix, cell, self.options.netrc) if _index_failure(e) else []
+            if refused:
+                r.error = f"{e.message}; index login refused: {'; '.join(refused)}"
+                self.log(f"index login refused: {'; '.join(refused)}")
             return False
         finally:
             r.build_seconds = round(time.monotonic() - started, 1)

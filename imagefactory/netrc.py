@@ -158,6 +158,37 @@ def resolve(path: Path | None, explicit: bool, matrix: Matrix, cells: Iterable[C
     return netrc
 
 
+def refused_indexes(matrix: Matrix, cell: Cell, netrc_path: Path | None, timeout: float = 5.0) -> list[str]:
+    """After a failed build: the cell's indexes and channels that refuse this host a login
+    (401/403), asked from here with the netrc's login for their host (if any). pip reports a
+    refused index only as "no matching distribution", so this names it. Never shows a login."""
+    import netrc as stdlib_netrc
+
+    import requests
+
+    logins = None
+    if netrc_path is not None:
+        try:
+            logins = stdlib_netrc.netrc(str(netrc_path))
+        except (OSError, stdlib_netrc.NetrcParseError):
+            logins = None
+    found = []
+    for url in cell_urls(matrix, cell):
+        if "{" in url:
+            continue
+        host = _host(url)
+        entry = logins.authenticators(host) if logins is not None and host else None
+        auth = (entry[0], entry[2] or "") if entry else None
+        try:
+            response = requests.get(url, auth=auth, timeout=timeout, allow_redirects=True)
+        except requests.RequestException:
+            continue
+        if response.status_code in (401, 403):
+            how = "with the netrc's login" if auth else "without a login (none in a netrc for this host: --netrc PATH)"
+            found.append(f"{url} answered {response.status_code} {response.reason} {how}")
+    return found
+
+
 def _short(path: Path, limit: int = 120) -> str:
     text = str(path)
     return text if len(text) <= limit else text[:limit] + "..."
