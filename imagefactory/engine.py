@@ -19,7 +19,8 @@ import socket
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, NoReturn
+from pathlib import Path
+from typing import Any, Callable, Mapping, NoReturn
 
 import docker
 import docker.errors
@@ -61,7 +62,9 @@ class _Stream:
 
 
 class Engine:
-    """A connected Docker engine (implements ContainerEngine)."""
+    """A connected Docker engine (implements ContainerEngine); builds with the classic builder."""
+
+    builder = "classic"
 
     def __init__(self, client: docker.DockerClient | None = None, *, timeout: int = 600,
                  interrupt: Interrupt | None = None):
@@ -188,16 +191,21 @@ class Engine:
         pull: bool = False,
         cache_from: list[str] | None = None,
         nocache: bool = False,
+        secrets: Mapping[str, Path] | None = None,
+        platform: str | None = None,
     ) -> str:
         """Build `context` and tag it; returns the image id. Raises BuildError with the
-        failing step and the log tail when the stream reports an error."""
+        failing step and the log tail when the stream reports an error. The classic builder has
+        no build secrets: it refuses them rather than build without."""
+        if secrets:
+            raise BuildError("the classic builder has no build secrets; build with --builder buildkit")
         builder = _BuildStream(log, progress)
         self.interrupt.check()
         try:
             with self._streaming() as stream:
                 events = self.api.build(path=context, tag=tag, rm=True, forcerm=True, decode=True,
                                         network_mode=network_mode, pull=pull, cache_from=cache_from or None,
-                                        nocache=nocache)
+                                        nocache=nocache, platform=platform)
                 for event in events:
                     builder.feed(event, stream)  # first: it notes a new build container
                     self.interrupt.check()

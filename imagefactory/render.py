@@ -20,6 +20,7 @@ from typing import Mapping
 import jinja2
 
 from imagefactory import __version__, digests, inputs, lockfile
+from imagefactory import netrc as netrc_mod
 from imagefactory.availability import conda_build_spec
 from imagefactory.errors import ConfigError
 from imagefactory.interrupt import Interrupt
@@ -79,6 +80,8 @@ class Context:
 
 
 ENV_PREFIX = {"conda": "/opt/env", "pip": "/opt/venv"}
+# Where the package caches are mounted under BuildKit (root's pip cache; conda's CONDA_PKGS_DIRS).
+CACHE_DIRS = {"conda": "/var/cache/imagefactory/conda-pkgs", "pip": "/root/.cache/pip"}
 
 # MKL's threading layer must match the OpenMP runtime the process loads (docs/domain.md):
 # PyPI torch loads GNU's libgomp; conda-forge's pytorch and mkl load LLVM's libomp (libgomp.so.1
@@ -210,8 +213,18 @@ def _pip_values(matrix: Matrix, cell: Cell) -> dict[str, object]:
     }
 
 
-def dockerfile_text(matrix: Matrix, cell: Cell, content_hash: str | None, certs: list[str]) -> str:
+def dockerfile_text(matrix: Matrix, cell: Cell, content_hash: str | None, certs: list[str], *,
+                    buildkit: bool = False, netrc: bool = False) -> str:
+    """`buildkit`: package caches are BuildKit cache mounts (the classic builder has none);
+    `netrc`: the install steps mount the netrc secret (netrc.py; BuildKit only)."""
+    if netrc and not buildkit:
+        raise ConfigError(f"cell {cell.id}: a netrc login needs the BuildKit builder (build secrets)")
     values: dict[str, object] = {
+        "buildkit": buildkit,
+        "netrc_secret": netrc_mod.SECRET_PATH if netrc else None,
+        "netrc_id": netrc_mod.SECRET_ID,
+        "cache_dir": CACHE_DIRS[cell.installer],
+        "pip_cache": "" if buildkit else " --no-cache-dir",
         "cell": cell,
         "base_image": cell.base_image,
         "certs": certs,
@@ -289,13 +302,14 @@ def context_hash(root: Path, dockerfile_without_hash: str) -> str:
     return h.hexdigest()
 
 
-def render_cell(matrix: Matrix, cell: Cell, dest: Path) -> Context:
+def render_cell(matrix: Matrix, cell: Cell, dest: Path, *, buildkit: bool = False, netrc: bool = False) -> Context:
     """Write one cell's context to `dest` (created; must not exist)."""
     dest.mkdir(parents=True)
     _write_files(matrix, cell, dest)
     certs = _cert_names(matrix)
-    digest = context_hash(dest, dockerfile_text(matrix, cell, None, certs))
-    (dest / "Dockerfile").write_text(dockerfile_text(matrix, cell, digest, certs))
+    flags = {"buildkit": buildkit, "netrc": netrc}
+    digest = context_hash(dest, dockerfile_text(matrix, cell, None, certs, **flags))
+    (dest / "Dockerfile").write_text(dockerfile_text(matrix, cell, digest, certs, **flags))
     lock = dest / lockfile.CONTEXT_NAME
     if lock.is_file():  # the checks compare the image's packages with the lock's
         cell = replace(cell, locked=lockfile.parse(lock, cell.installer).versions())
@@ -316,7 +330,8 @@ def _check_out(out: Path, cells: list[Cell]) -> None:
 
 
 def render(matrix: Matrix, out: Path, cells: list[Cell] | None = None,
-           bases: Mapping[str, str] | None = None, interrupt: Interrupt | None = None) -> list[Context]:
+           bases: Mapping[str, str] | None = None, interrupt: Interrupt | None = None, *,
+           buildkit: bool = False, netrc_cells: frozenset[str] = frozenset()) -> list[Context]:
     """Render every cell into out/<cell-id>/, all or nothing: contexts are written to a
     temporary folder and moved into place only when every cell rendered.
 
@@ -326,7 +341,10 @@ def render(matrix: Matrix, out: Path, cells: list[Cell] | None = None,
 
     `bases` maps a cell's base image to its pinned form (name:tag@sha256:..., see
     freshness.py); the pinned FROM is then part of the content hash. Without it the
-    tags are kept (`imagefactory render` needs no engine)."""
+    tags are kept (`imagefactory render` needs no engine).
+
+    `buildkit`: render for BuildKit (cache mounts); `netrc_cells`: the ids of the cells whose
+    install steps mount the netrc secret."""
     out = Path(out)
     cells = list(matrix.cells if cells is None else cells)
     if bases:
@@ -341,7 +359,8 @@ def render(matrix: Matrix, out: Path, cells: list[Cell] | None = None,
         staged = []
         for cell in cells:
             check()
-            staged.append(render_cell(matrix, cell, staging / cell.id))
+            staged.append(render_cell(matrix, cell, staging / cell.id, buildkit=buildkit,
+                                      netrc=cell.id in netrc_cells))
         check()
         _check_out(out, cells)
         contexts = []

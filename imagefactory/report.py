@@ -39,6 +39,7 @@ class CellReport:
     verdicts: str = ""  # probed | cached (an earlier pass of this very image, verdicts.py) | "" (not tested)
     verdicts_at: str = ""  # when the verdicts were made (UTC)
     pulled: str = ""  # name:tag@sha256:... when the image was pulled from the registry instead of built (regcache.py)
+    builder: str = ""  # what built the image: buildkit | classic ("" when none was built this run)
 
     @property
     def ok(self) -> bool:

@@ -15,7 +15,7 @@ import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from imagefactory.context import UI, Options, RunContext, Silent
 from imagefactory.engine_api import BuildProgress, ContainerEngine, EngineInfo, PushOutcome, RunResult, is_transient
@@ -64,6 +64,7 @@ class World:
     run_outputs: list[Any] = field(default_factory=list)  # RunResult | Exception, answered in order
     run_calls: list[dict] = field(default_factory=list)  # each run's arguments
     info: EngineInfo = ENGINE_INFO
+    builder: str = "classic"  # what its engines build with ("classic" or "buildkit")
     gpus: bool = False
     calls: list[tuple] = field(default_factory=list)  # (operation, argument), in order
     running: set[str] = field(default_factory=set)  # containers now running
@@ -98,6 +99,7 @@ class FakeEngine:
     def __init__(self, world: World):
         self.world = world
         self.interrupt = world.interrupt
+        self.builder = world.builder
 
     def _hang(self) -> None:
         while not self.interrupt.is_set():
@@ -142,11 +144,15 @@ class FakeEngine:
     def build(self, context: str, tag: str, *, network_mode: str | None = "host",
               log: Callable[[str], None] = lambda line: None,
               progress: Callable[[BuildProgress], None] = lambda p: None,
-              pull: bool = False, cache_from: list[str] | None = None, nocache: bool = False) -> str:
+              pull: bool = False, cache_from: list[str] | None = None, nocache: bool = False,
+              secrets: Mapping[str, Path] | None = None, platform: str | None = None) -> str:
         self.interrupt.check()
         cell = Path(context).name
         self.world.record("build", cell)
-        self.world.record("build_args", {"cell": cell, "pull": pull, "cache_from": cache_from, "nocache": nocache})
+        self.world.record("build_args", {"cell": cell, "pull": pull, "cache_from": cache_from, "nocache": nocache,
+                                         "secrets": dict(secrets or {}), "platform": platform})
+        if secrets and self.builder == "classic":
+            raise BuildError("the classic builder has no build secrets; build with --builder buildkit")
         dockerfile = (Path(context) / "Dockerfile").read_text()
         behaviour = self.world.builds.get(cell, "ok")
         steps = instructions(dockerfile) or ["FROM base"]
