@@ -139,8 +139,7 @@ class _Cell:
             r.image_id = self.engine.build(str(self.ctx.path), r.candidate, network_mode=network,
                                            log=self.log, progress=self._progress,
                                            pull=self.options.pull is Pull.always,
-                                           cache_from=[ref for ref in self.options.cache_from
-                                                       if self.engine.image_id(ref)],
+                                           cache_from=self.cache_sources(buildkit),
                                            secrets=self.secrets(), platform=PLATFORM if buildkit else None)
         except BuildError as e:
             r.status, r.error, r.failed_step, r.log_tail = BUILD_FAILED, e.message, e.step or "", e.log_tail
@@ -153,6 +152,20 @@ class _Cell:
             r.build_seconds = round(time.monotonic() - started, 1)
         r.status = BUILT
         return True
+
+    def cache_sources(self, buildkit: bool) -> list[str]:
+        """The images a build may take layers from. The classic builder reuses local images
+        only; BuildKit reads a registry image's inline cache, so it also gets the cell's images
+        in the target registry when the registry cache is on (regcache.py)."""
+        if not buildkit:
+            return [ref for ref in self.options.cache_from if self.engine.image_id(ref)]
+        refs = list(self.options.cache_from)
+        if self.registry_cache:
+            refs += regcache.cache_sources(self.ctx.cell)
+        refs = list(dict.fromkeys(refs))
+        if refs:
+            self.log(f"registry cache: cache from {', '.join(refs)}")
+        return refs
 
     def secrets(self) -> dict[str, Path] | None:
         """The BuildKit secrets this cell's build mounts: the netrc, when it has a login for a host

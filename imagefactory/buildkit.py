@@ -115,6 +115,9 @@ def command(cli: str, context: str, tag: str, metadata: Path, *, network_mode: s
         args.append("--pull")
     if nocache:
         args.append("--no-cache")
+    # inline cache metadata in every image (regcache.py): a later build on another machine can take
+    # its cache from this image once it is pushed (registry cache export needs another driver)
+    args += ["--build-arg", "BUILDKIT_INLINE_CACHE=1"]
     for ref in cache_from or ():
         args += ["--cache-from", ref]
     for name, src in sorted((secrets or {}).items()):

@@ -8,12 +8,18 @@ gives the run a verdict cache of its own."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import random
+import re
+import subprocess
+import time
 import uuid
 
 import pytest
 
-from tests.integration.conftest import TEST_PASSWORD, TEST_REGISTRY, TEST_USER, Build, registry_digest, run_cli
+from tests.integration.conftest import (TEST_PASSWORD, TEST_REGISTRY, TEST_USER, Build, Registry, registry_digest,
+                                        run_cli)
 
 pytestmark = [pytest.mark.docker, pytest.mark.registry]
 
@@ -66,3 +72,81 @@ def test_a_pushed_content_tag_is_pulled_on_a_fresh_runner_not_built(cpu_build, t
     assert again["verdicts"] == "probed"  # a fresh runner's verdict cache is empty: probed
     assert all(p["layers_pushed"] == [] for p in again["pushed"])
     assert "passed (pulled, not built)" in summary
+
+
+def prune_build_cache_since(started: float) -> int:
+    """Remove the BuildKit cache records made since `started` (this test's builds: the docker
+    lock keeps other builds out), one id at a time (buildx takes one id per filter), children
+    before parents. The records other builds made stay."""
+    removed = 0
+    for _ in range(10):
+        out = subprocess.run(["docker", "buildx", "du", "--verbose"], capture_output=True, text=True, check=True)
+        ids = [rec["ID"] for rec in _records(out.stdout) if _created(rec) >= started]
+        if not ids:
+            return removed
+        for record in ids:
+            done = subprocess.run(["docker", "buildx", "prune", "-f", "--filter", f"id={record}"],
+                                  capture_output=True, text=True)
+            removed += done.returncode == 0
+    raise AssertionError("could not prune this test's build cache records")
+
+
+def _records(text: str) -> list[dict[str, str]]:
+    records, current = [], {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if not line.strip():
+            if current:
+                records.append(current)
+            current = {}
+        elif sep and key.strip() in ("ID", "Created at", "Description"):
+            current[key.strip()] = value.strip()
+    return records + ([current] if current else [])
+
+
+def _created(record: dict[str, str]) -> float:
+    stamp = re.fullmatch(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(?:\.\d+)? \+0000 UTC", record.get("Created at", ""))
+    assert stamp, record
+    return dt.datetime.strptime(stamp[1], "%Y-%m-%d %H:%M:%S").replace(tzinfo=dt.timezone.utc).timestamp()
+
+
+def steps(log: str) -> dict[str, bool]:
+    """Each Dockerfile step of a BuildKit log (`#N [stage k/n] INSTRUCTION[ CACHED]`) -> cached."""
+    found = {}
+    for m in re.finditer(r"^#\d+ (\[[^\]]*\d+/\d+\] .*?)( CACHED)?$", log, re.M):
+        found[m[1]] = found.get(m[1], False) or bool(m[2])
+    return found
+
+
+def test_a_changed_cell_reuses_the_registrys_inline_cache_on_a_fresh_runner(cpu_build, engine, tmp_path,
+                                                                            created_images):
+    """BuildKit: the first runner pushes the cell with inline cache metadata; a fresh runner builds
+    the cell changed (threads) and reuses every unchanged step from the registry's image."""
+    registry = Registry(tmp_path / "registry")  # no auth: buildx reads only `docker login` credentials
+    try:
+        image = f"{registry.address}/regcache/train"
+        started = time.time() - 1
+        # a uid of its own: the user's layer and every one after it (the venv copy, the bytecode)
+        # exist nowhere but in what this test builds
+        matrix = unique_matrix(cpu_build, tmp_path, image, uuid.uuid4().hex)
+        matrix.write_text(matrix.read_text() + f"user: {{uid: {random.randint(20000, 60000)}}}\n")
+        result, first, log, _ = run(matrix, tmp_path, "first", "--builder", "buildkit")
+        created_images.extend(first["tags"])
+        assert first["status"] == "passed" and first["publish"] == "published", result.stdout + result.stderr
+        assert first["builder"] == "buildkit"
+        forget_locally(engine, first)
+        assert prune_build_cache_since(started) > 0
+
+        changed = tmp_path / "changed.yaml"
+        changed.write_text(matrix.read_text().replace("threads: 2", "threads: 1"))
+        result, again, log, _ = run(changed, tmp_path, "fresh", "--builder", "buildkit")
+        created_images.extend(again["tags"])
+        assert again["status"] == "passed" and not again["pulled"], result.stdout + result.stderr
+        assert again["content_hash"] != first["content_hash"]
+        built = steps(log)
+        reused = [s for s, cached in built.items() if cached]
+        assert any("useradd" in s for s in reused) and any("COPY --from=venv" in s for s in reused), built
+        assert not all(built.values()), built  # the changed steps did run
+        assert f"registry cache: cache from {image}:2.13.0-py3.11-cpu-openblas-pip" in log
+    finally:
+        registry.stop()

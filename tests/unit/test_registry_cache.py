@@ -148,3 +148,25 @@ def test_cache_sources_are_the_cells_release_tags(setup):
     cell = m.cells[0]
     assert regcache.cache_sources(cell) == list(cell.tags)
     assert regcache.content_ref(m, cell, "f" * 64) == tags.hash_tag(m.hash_tag_template, m.image, cell, "f" * 64)
+
+
+def test_buildkit_builds_take_the_cells_registry_images_as_cache_and_classic_ones_do_not(setup):
+    m, world, run = setup
+    world.builder = "buildkit"
+    run(push=True, cache_from=("reg.example.com/prev:1",))
+    for args in world.ops("build_args"):
+        cell = m.cell(args["cell"])
+        assert args["cache_from"] == ["reg.example.com/prev:1", *cell.tags]  # a registry ref: not looked up locally
+        assert f"registry cache: cache from reg.example.com/prev:1, {cell.tags[0]}" in open(
+            world_log(m, args["cell"])).read()
+    world.builder = "classic"
+    run("w2", fresh=True, push=True, registry_cache=False, cache_from=("reg.example.com/prev:1",))
+    assert [a["cache_from"] for a in world.ops("build_args")] == [[], []]  # classic: local images only
+    run("w3", fresh=True, registry_cache=False)
+    world.builder = "buildkit"
+    run("w4", fresh=True, registry_cache=False)  # no registry cache: no registry images as cache
+    assert [a["cache_from"] for a in world.ops("build_args")] == [[], []]
+
+
+def world_log(m, cell: str):
+    return m.path.parent / "w1" / "logs" / f"{cell}.log"
