@@ -39,6 +39,19 @@ Figures:
   `build` of the same cell on a new base. The base layers are shared with other local
   images, so the pull fetches the cell's own layers only (a real fresh runner also pulls
   the base's, about 50 MB here).
+- BuildKit vs classic (issue 16), the same cell with `--builder buildkit` and
+  `--builder classic`: cold (each run on a new base; BuildKit's pip cache mount is as
+  warm as earlier builds left it, which is part of what BuildKit buys) and no-op.
+- cache mounts: the cold BuildKit build (new base) of the cell whose packages an earlier
+  build already fetched into the builder's cache mount, rendered with the mounts vs
+  rendered without them (the classic rendering, `pip --no-cache-dir`), both built by
+  `docker buildx build`.
+- fresh runner, changed cell, registry cache (issue 16): the cell pushed by a BuildKit build
+  (inline cache) to the no-auth registry 127.0.0.1:5000 (buildx reads only `docker login`
+  credentials), then changed (`threads:`) and built with `--builder buildkit
+  --registry-cache` on an engine without the pushed image and without the build cache
+  records this bench made (pruned by id; other builds' records stay); vs a cold BuildKit
+  build on a new base.
 - image size vs the payload: what the image must carry, measured on what it does carry.
   payload = the environment (`du -sb /opt/venv` in the image) + the minimal OS (the base
   image's size) + the toolchain: the files (regular files and links, each inode once, from
@@ -148,6 +161,7 @@ class Bench:
     def __init__(self, root: Path, wheelhouse: Path, engine: Engine):
         self.root, self.wheelhouse, self.engine = root, wheelhouse, engine
         self.id = uuid.uuid4().hex[:8]
+        self.started = time.time() - 1  # build cache records made since then are this bench's (docker lock held)
         self.base_repo = f"bench-{self.id}/python"
         self.base_ref = f"{BASE_REGISTRY}/{self.base_repo}:3.11-slim-bookworm"
         self.matrix = root / "matrix.yaml"
@@ -325,6 +339,91 @@ pip:
                    "cold `build` (probed)", a, b, "< 1 (pays off)",
                    note="no local image, an empty verdict cache; base layers were local (shared)")
 
+    def builders(self, n: int) -> tuple[Row, Row]:
+        """BuildKit vs classic, cold and no-op, the same cell."""
+        def cold(builder: str) -> float:
+            self.new_base()
+            work = f"cold-{builder}-{self.runs}"
+            took = self.cli("build", "--builder", builder, work=work)
+            if self.report(work)[GOOD]["builder"] != builder:
+                raise SystemExit(f"the cold build did not use {builder}")
+            return took
+
+        say("cold builds, BuildKit then classic (minutes each)")
+        a, b = pairs(n, lambda: cold("buildkit"), lambda: cold("classic"))
+        cold_row = Row("cold build, BuildKit vs classic", "`build --builder buildkit`", "`build --builder classic`",
+                       a, b, "≤ 1.0x", note="each run on a new base; BuildKit's pip cache mount as earlier builds left it")
+        say("no-op rebuilds, BuildKit vs classic")
+        self.cli("build", "--builder", "buildkit", work="bk")
+        self.cli("build", "--builder", "classic", work="work")
+        a, b = pairs(max(n, 3), lambda: self.cli("build", "--builder", "buildkit", work="bk"),
+                     lambda: self.cli("build", "--builder", "classic", work="work"))
+        if not (self.report("bk")[GOOD]["cached"] and self.report()[GOOD]["cached"]):
+            raise SystemExit("a no-op rebuild built something")
+        return cold_row, Row("no-op rebuild, BuildKit vs classic", "`build --builder buildkit`",
+                             "`build --builder classic`", a, b, "≤ 1.0x")
+
+    def mounts(self, n: int) -> Row:
+        """Cold BuildKit builds of the cell with and without the pip cache mount."""
+        from imagefactory import matrix, render
+
+        m = matrix.load(self.matrix)
+        cell = m.cell(GOOD)
+        self.cli("build", "--builder", "buildkit", work="bk")  # the cell's packages are in the cache mount now
+
+        def cold(mounts: bool) -> float:
+            self.new_base()
+            ctx = self.root / f"mounts-{self.runs}"
+            render.render_cell(m, cell, ctx, buildkit=mounts)
+            tag = f"imagefactory-bench/mounts-{self.id}:{self.runs}"
+            took = timed(["docker", "buildx", "build", "--progress=plain", "--network", "host", "--load", "-t", tag,
+                          str(ctx)], {"BUILDX_NO_DEFAULT_ATTESTATIONS": "1"})
+            self.images.append(tag)
+            return took
+
+        say("cold BuildKit builds with and without the cache mounts (minutes each)")
+        a, b = pairs(n, lambda: cold(True), lambda: cold(False))
+        return Row("cache mounts: cold build, packages already fetched", "with the mounts", "without (classic "
+                   "rendering)", a, b, "< 1 (pays off)",
+                   note="both `docker buildx build` on a new base; torch comes from the wheelhouse either way")
+
+    def registry_changed(self, n: int) -> Row:
+        """A fresh runner builds a changed cell with the registry's inline cache vs a cold build. One
+        pair whatever `n`: the cold side moves the bench's base, which the pushed cell was built on."""
+        image = f"{BASE_REGISTRY}/bench-{self.id}/regcache"
+        base = self.matrix.read_text().replace(f"image: 127.0.0.1:5001/bench-{self.id}/train\n", f"image: {image}\n")
+        pushed_matrix = self.root / "matrix-regcache.yaml"
+        pushed_matrix.write_text(base)
+        say("pushing the cell built by BuildKit (inline cache)")
+        self.cli("build", "--builder", "buildkit", "--push", work="rc-push", matrix=pushed_matrix)
+        pushed = self.report("rc-push")[GOOD]
+
+        def fresh() -> float:
+            self.engine.remove_image(pushed["image_id"])
+            prune_build_cache_since(self.started)
+            self.runs += 1
+            changed = self.root / f"matrix-changed-{self.runs}.yaml"
+            changed.write_text(base.replace("threads: 2", f"threads: {2 + self.runs}"))
+            work = f"rc-changed-{self.runs}"
+            took = self.cli("build", "--builder", "buildkit", "--registry-cache", work=work, matrix=changed)
+            log = Path(self.report(work)[GOOD]["log"]).read_text()
+            if " CACHED" not in log:
+                raise SystemExit("the changed cell reused no step from the registry's inline cache")
+            return took
+
+        def cold() -> float:
+            self.new_base()
+            work = f"rc-cold-{self.runs}"
+            took = self.cli("build", "--builder", "buildkit", work=work)
+            self.report(work)
+            return took
+
+        say("fresh runner with a changed cell (registry cache) vs cold BuildKit build (minutes each)")
+        a, b = pairs(1, fresh, cold)
+        return Row("fresh runner, changed cell, registry cache", "`build --builder buildkit --registry-cache`",
+                   "cold `build --builder buildkit`", a, b, "< 1 (pays off)",
+                   note="inline cache from 127.0.0.1:5000; this bench's build cache records pruned before each run")
+
     def sizes(self) -> tuple[Row, Row]:
         from imagefactory import matrix
 
@@ -404,7 +503,29 @@ pip:
                 pass
 
 
-FIGURES = ("cold", "noop", "test", "sizes", "probe-goal", "registry")
+FIGURES = ("cold", "noop", "test", "sizes", "probe-goal", "registry", "builders", "mounts", "registry-changed")
+
+
+def prune_build_cache_since(started: float) -> None:
+    """Remove the BuildKit cache records made since `started` (this bench's, under the docker
+    lock), one id at a time (buildx takes one id per filter); other builds' records stay."""
+    import datetime as dt
+    import re
+
+    for _ in range(10):
+        out = subprocess.run(["docker", "buildx", "du", "--verbose"], capture_output=True, text=True, check=True)
+        ids = []
+        for block in out.stdout.split("\n\n"):
+            rec = dict(line.split(":", 1) for line in block.splitlines() if ":" in line)
+            stamp = re.match(r"\s*(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)", rec.get("Created at", ""))
+            if stamp and "ID" in rec and dt.datetime.strptime(stamp[1], "%Y-%m-%d %H:%M:%S").replace(
+                    tzinfo=dt.timezone.utc).timestamp() >= started:
+                ids.append(rec["ID"].strip())
+        if not ids:
+            return
+        for record in ids:
+            subprocess.run(["docker", "buildx", "prune", "-f", "--filter", f"id={record}"], capture_output=True)
+    raise SystemExit("could not prune the bench's build cache records")
 
 
 def issue16_rows(bench: Bench, figures: set[str], args: argparse.Namespace) -> list[Row]:
@@ -415,6 +536,12 @@ def issue16_rows(bench: Bench, figures: set[str], args: argparse.Namespace) -> l
         rows.append(bench.probe_goal(args.pairs))
     if "registry" in figures:
         rows.append(bench.registry_pull(args.cold_pairs))
+    if "builders" in figures:
+        rows.extend(bench.builders(args.cold_pairs))
+    if "mounts" in figures:
+        rows.append(bench.mounts(args.cold_pairs))
+    if "registry-changed" in figures:
+        rows.append(bench.registry_changed(args.cold_pairs))
     return rows
 
 
@@ -427,7 +554,7 @@ def main() -> None:
                     / "wheels")
     ap.add_argument("--skip-cold", action="store_true", help="leave out the cold -j figure")
     ap.add_argument("--keep", action="store_true", help="keep the images and the work folder")
-    ap.add_argument("--figures", default="cold,noop,test,sizes,probe-goal,registry",
+    ap.add_argument("--figures", default=",".join(FIGURES),
                     help="comma-separated figures to measure (default: all): " + ", ".join(FIGURES))
     args = ap.parse_args()
     if not list(args.wheelhouse.glob(f"torch-{TORCH}+cpu-*.whl")):
