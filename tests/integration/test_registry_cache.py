@@ -122,6 +122,7 @@ def test_a_changed_cell_reuses_the_registrys_inline_cache_on_a_fresh_runner(cpu_
                                                                             created_images):
     """BuildKit: the first runner pushes the cell with inline cache metadata; a fresh runner builds
     the cell changed (threads) and reuses every unchanged step from the registry's image."""
+    (tmp_path / "registry").mkdir()
     registry = Registry(tmp_path / "registry")  # no auth: buildx reads only `docker login` credentials
     try:
         image = f"{registry.address}/regcache/train"
