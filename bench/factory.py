@@ -579,6 +579,7 @@ def main() -> None:
         rows.extend(issue16_rows(bench, figures, args))
     finally:
         cold = " --skip-cold" if args.skip_cold else f" --cold-pairs {args.cold_pairs}"
+        cold += "" if args.figures == ",".join(FIGURES) else f" --figures {args.figures}"
         print(f"\n{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cores, "
               f"load {os.getloadavg()[0]:.1f}; `python bench/factory.py --pairs {args.pairs}{cold}`\n")
         print("| figure | A | B | A/B (median) | goal | runs |")
