@@ -121,7 +121,8 @@ def steps(log: str) -> dict[str, bool]:
 def test_a_changed_cell_reuses_the_registrys_inline_cache_on_a_fresh_runner(cpu_build, engine, tmp_path,
                                                                             created_images):
     """BuildKit: the first runner pushes the cell with inline cache metadata; a fresh runner builds
-    the cell changed (threads) and reuses every unchanged step from the registry's image."""
+    the cell changed (threads) and reuses the unchanged steps of the final stage from the
+    registry's image."""
     (tmp_path / "registry").mkdir()
     registry = Registry(tmp_path / "registry")  # no auth: buildx reads only `docker login` credentials
     try:
@@ -146,7 +147,10 @@ def test_a_changed_cell_reuses_the_registrys_inline_cache_on_a_fresh_runner(cpu_
         assert again["content_hash"] != first["content_hash"]
         built = steps(log)
         reused = [s for s, cached in built.items() if cached]
-        assert any("useradd" in s for s in reused) and any("COPY --from=venv" in s for s in reused), built
+        # the user's layer exists only in the registry now (its uid is this test's): reused from the
+        # pushed image's inline cache. (Inline cache holds the final stage's layers only: the venv
+        # stage is built again, and what follows it is reused only when it comes out the same.)
+        assert any("useradd" in s for s in reused), built
         assert not all(built.values()), built  # the changed steps did run
         assert f"registry cache: cache from {image}:2.13.0-py3.11-cpu-openblas-pip" in log
     finally:
