@@ -189,12 +189,15 @@ pip:
 """)
 
     def new_base(self) -> None:
-        """A base no layer cache has seen: library/python plus one new label, pushed."""
+        """A base no layer cache has seen: library/python plus one new label and one new layer, pushed."""
         self.runs += 1
         ctx = self.root / f"base-{self.runs}"
         ctx.mkdir()
         (ctx / "Dockerfile").write_text(f"FROM {BASE_REGISTRY}/library/python:3.11-slim-bookworm\n"
-                                        f"LABEL io.imagefactory.bench.run={self.id}-{self.runs}\n")
+                                        f"LABEL io.imagefactory.bench.run={self.id}-{self.runs}\n"
+                                        # a layer of its own: BuildKit keys an image source by its layers
+                                        # alone, so a label-only base would not make its builds cold
+                                        f"RUN echo {self.id}-{self.runs} > /etc/imagefactory-bench-run\n")
         self.engine.build(str(ctx), self.base_ref, network_mode="host")
         self.engine.push(self.base_ref)
         self.images.append(self.engine.image_id(self.base_ref) or self.base_ref)
