@@ -84,6 +84,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from imagefactory.engine import Engine  # noqa: E402
+from imagefactory.errors import EngineError  # noqa: E402
 
 BASE_REGISTRY = "127.0.0.1:5000"
 TORCH = "2.13.0"
@@ -407,7 +408,10 @@ pip:
         def fresh() -> float:
             for ref in [pushed["image_id"], *self.images]:  # the bench's images hold its cache records
                 if ref != self.base_ref and not ref.startswith(f"{BASE_REGISTRY}/bench-{self.id}/python"):
-                    self.engine.remove_image(ref)
+                    try:
+                        self.engine.remove_image(ref)
+                    except EngineError:  # a base that later images are built on: it stays
+                        pass
             prune_build_cache_since(self.started)
             self.runs += 1
             changed = self.root / f"matrix-changed-{self.runs}.yaml"
