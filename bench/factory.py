@@ -32,6 +32,31 @@ Figures:
   headers, so its recipe installs them the blog way, `build-essential` and `python3-dev`
   (bench/fixtures/naive-pip-compiler.Dockerfile); a `compiler: false` cell is compared with
   bench/fixtures/naive-pip.Dockerfile.
+- the probe goal (issue 16): `imagefactory test --retest` of the cell as built vs ONE
+  `docker run` of the same image doing `import torch, numpy` and then one bare
+  `torch.compile` of the very function the probe compiles, with the probe's Inductor
+  settings (the program is the probe's own compile section, resources/probe.py): the sum
+  of the two, side by side. (The `compiler: false` cell's goal is the row above it: the
+  probe vs one import.)
+- fresh runner, content tag in the registry (issue 16): `build --push` of the cell on an
+  engine that does not have its image (the bench's own image removed, a verdict cache of
+  its own), the registry serving its content-hash tag: pulled, not built; vs a cold
+  `build` of the same cell on a new base. The base layers are shared with other local
+  images, so the pull fetches the cell's own layers only (a real fresh runner also pulls
+  the base's, about 50 MB here).
+- BuildKit vs classic (issue 16), the same cell with `--builder buildkit` and
+  `--builder classic`: cold (each run on a new base; BuildKit's pip cache mount is as
+  warm as earlier builds left it, which is part of what BuildKit buys) and no-op.
+- cache mounts: the cold BuildKit build (new base) of the cell whose packages an earlier
+  build already fetched into the builder's cache mount, rendered with the mounts vs
+  rendered without them (the classic rendering, `pip --no-cache-dir`), both built by
+  `docker buildx build`.
+- fresh runner, changed cell, registry cache (issue 16): the cell pushed by a BuildKit build
+  (inline cache) to the no-auth registry 127.0.0.1:5000 (buildx reads only `docker login`
+  credentials), then changed (`threads:`) and built with `--builder buildkit
+  --registry-cache` on an engine without the pushed image and without the build cache
+  records this bench made (pruned by id; other builds' records stay); vs a cold BuildKit
+  build on a new base.
 - image size vs the payload: what the image must carry, measured on what it does carry.
   payload = the environment (`du -sb /opt/venv` in the image) + the minimal OS (the base
   image's size) + the toolchain: the files (regular files and links, each inode once, from
@@ -64,6 +89,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from imagefactory.engine import Engine  # noqa: E402
+from imagefactory.errors import EngineError  # noqa: E402
 
 BASE_REGISTRY = "127.0.0.1:5000"
 TORCH = "2.13.0"
@@ -141,6 +167,7 @@ class Bench:
     def __init__(self, root: Path, wheelhouse: Path, engine: Engine):
         self.root, self.wheelhouse, self.engine = root, wheelhouse, engine
         self.id = uuid.uuid4().hex[:8]
+        self.started = time.time() - 1  # build cache records made since then are this bench's (docker lock held)
         self.base_repo = f"bench-{self.id}/python"
         self.base_ref = f"{BASE_REGISTRY}/{self.base_repo}:3.11-slim-bookworm"
         self.matrix = root / "matrix.yaml"
@@ -168,12 +195,15 @@ pip:
 """)
 
     def new_base(self) -> None:
-        """A base no layer cache has seen: library/python plus one new label, pushed."""
+        """A base no layer cache has seen: library/python plus one new label and one new layer, pushed."""
         self.runs += 1
         ctx = self.root / f"base-{self.runs}"
         ctx.mkdir()
         (ctx / "Dockerfile").write_text(f"FROM {BASE_REGISTRY}/library/python:3.11-slim-bookworm\n"
-                                        f"LABEL io.imagefactory.bench.run={self.id}-{self.runs}\n")
+                                        f"LABEL io.imagefactory.bench.run={self.id}-{self.runs}\n"
+                                        # a layer of its own: BuildKit keys an image source by its layers
+                                        # alone, so a label-only base would not make its builds cold
+                                        f"RUN echo {self.id}-{self.runs} > /etc/imagefactory-bench-run\n")
         self.engine.build(str(ctx), self.base_ref, network_mode="host")
         self.engine.push(self.base_ref)
         self.images.append(self.engine.image_id(self.base_ref) or self.base_ref)
@@ -282,6 +312,162 @@ pip:
                    "`docker run … import torch, numpy`", a, b, "≤ 1.5x",
                    note="no torch.compile child: the check is `skip` in such a cell")
 
+    # -- issue 16 rows (registry cache, probe goal) ----------------------------------------
+    def probe_goal(self, n: int) -> Row:
+        """The probe of the cell as built vs import + one bare torch.compile of the same function."""
+        sys.path.insert(0, str(REPO / "imagefactory" / "resources"))
+        import probe  # the in-image probe script: its compile section is the baseline's program
+
+        image = self.report()[GOOD]["candidate"]
+        bare = ["docker", "run", "--rm", "--network", "none", image, "python", "-c",
+                probe.child_code(["torch_compile"])]
+
+        def baseline() -> float:
+            started = time.perf_counter()
+            out = subprocess.run(bare, capture_output=True, text=True)
+            took = time.perf_counter() - started
+            if out.returncode != 0 or '"ok": true' not in out.stdout:
+                raise SystemExit(f"the bare torch.compile failed: {out.stdout[-500:]} {out.stderr[-1500:]}")
+            return took
+
+        say("the probe vs import + one bare torch.compile")
+        a, b = pairs(n, lambda: self.cli("test", "--retest"), baseline)
+        return Row("probe goal: `test --retest` vs import + bare torch.compile", "`test --retest`",
+                   "`docker run … import torch, numpy` + one bare `torch.compile` (one container)", a, b, "≤ 1.5x",
+                   note=f"same image, same function and Inductor settings as the probe; the probe's compile "
+                        f"check alone took {self.compile_seconds()}")
+
+    def registry_pull(self, n: int) -> Row:
+        """A fresh runner whose registry has the cell's content tag vs a cold build."""
+        creds = {"IMAGEFACTORY_REGISTRY_USER": os.environ.get("IMAGEFACTORY_TEST_REGISTRY_USER", "imagefactory"),
+                 "IMAGEFACTORY_REGISTRY_PASSWORD": os.environ.get("IMAGEFACTORY_TEST_REGISTRY_PASSWORD",
+                                                                  "ci-password")}
+        say("pushing the cell's content tag")
+        self.env.update(creds)
+        try:
+            self.cli("build", "--push", work="regcache-push")
+            pushed = self.report("regcache-push")[GOOD]
+
+            def fresh() -> float:
+                self.engine.remove_image(pushed["image_id"])  # the bench's own image: this engine lacks it now
+                self.runs += 1
+                work = f"regcache-{self.runs}"
+                self.env["IMAGEFACTORY_CACHE_DIR"] = str(self.root / f"cache-{self.runs}")
+                took = self.cli("build", "--push", work=work)
+                if not self.report(work)[GOOD]["pulled"]:
+                    raise SystemExit("the fresh runner built the cell instead of pulling its content tag")
+                return took
+
+            def cold() -> float:
+                self.new_base()
+                took = self.cli("build", work=f"cold-{self.runs}")
+                if self.report(f"cold-{self.runs}")[GOOD]["status"] != "passed":
+                    raise SystemExit("the cold build did not pass")
+                return took
+
+            say("fresh runner (content tag in the registry) vs cold build (minutes each)")
+            a, b = pairs(n, fresh, cold)
+        finally:
+            self.env["IMAGEFACTORY_CACHE_DIR"] = str(self.root / "cache")
+            for key in creds:
+                self.env.pop(key, None)
+        return Row("fresh runner, content tag in the registry", "`build --push` (pulled, probed)",
+                   "cold `build` (probed)", a, b, "< 1 (pays off)",
+                   note="no local image, an empty verdict cache; base layers were local (shared)")
+
+    def builders(self, n: int) -> tuple[Row, Row]:
+        """BuildKit vs classic, cold and no-op, the same cell."""
+        def cold(builder: str) -> float:
+            self.new_base()
+            work = f"cold-{builder}-{self.runs}"
+            took = self.cli("build", "--builder", builder, work=work)
+            if self.report(work)[GOOD]["builder"] != builder:
+                raise SystemExit(f"the cold build did not use {builder}")
+            return took
+
+        say("cold builds, BuildKit then classic (minutes each)")
+        a, b = pairs(n, lambda: cold("buildkit"), lambda: cold("classic"))
+        cold_row = Row("cold build, BuildKit vs classic", "`build --builder buildkit`", "`build --builder classic`",
+                       a, b, "≤ 1.0x", note="each run on a new base; BuildKit's pip cache mount as earlier builds left it")
+        say("no-op rebuilds, BuildKit vs classic")
+        self.cli("build", "--builder", "buildkit", work="bk")
+        self.cli("build", "--builder", "classic", work="work")
+        a, b = pairs(max(n, 3), lambda: self.cli("build", "--builder", "buildkit", work="bk"),
+                     lambda: self.cli("build", "--builder", "classic", work="work"))
+        if not (self.report("bk")[GOOD]["cached"] and self.report()[GOOD]["cached"]):
+            raise SystemExit("a no-op rebuild built something")
+        return cold_row, Row("no-op rebuild, BuildKit vs classic", "`build --builder buildkit`",
+                             "`build --builder classic`", a, b, "≤ 1.0x")
+
+    def mounts(self, n: int) -> Row:
+        """Cold BuildKit builds of the cell with and without the pip cache mount."""
+        from imagefactory import matrix, render
+
+        m = matrix.load(self.matrix)
+        cell = m.cell(GOOD)
+        self.cli("build", "--builder", "buildkit", work="bk")  # the cell's packages are in the cache mount now
+
+        def cold(mounts: bool) -> float:
+            self.new_base()
+            ctx = self.root / f"mounts-{self.runs}"
+            # FROM pinned to the new base's digest: by tag, BuildKit may reuse the tag's earlier resolution
+            pinned = f"{self.base_ref}@{self.engine.registry_digest(self.base_ref)}"
+            render.render(m, ctx, [cell], bases={cell.base_image: pinned}, buildkit=mounts)
+            ctx = ctx / cell.id
+            tag = f"imagefactory-bench/mounts-{self.id}:{self.runs}"
+            took = timed(["docker", "buildx", "build", "--progress=plain", "--network", "host", "--load", "-t", tag,
+                          str(ctx)], {"BUILDX_NO_DEFAULT_ATTESTATIONS": "1"})
+            self.images.append(tag)
+            return took
+
+        say("cold BuildKit builds with and without the cache mounts (minutes each)")
+        a, b = pairs(n, lambda: cold(True), lambda: cold(False))
+        return Row("cache mounts: cold build, packages already fetched", "with the mounts", "without (classic "
+                   "rendering)", a, b, "< 1 (pays off)",
+                   note="both `docker buildx build` on a new base; torch comes from the wheelhouse either way")
+
+    def registry_changed(self, n: int) -> Row:
+        """A fresh runner builds a changed cell with the registry's inline cache vs a cold build. One
+        pair whatever `n`: the cold side moves the bench's base, which the pushed cell was built on."""
+        image = f"{BASE_REGISTRY}/bench-{self.id}/regcache"
+        base = self.matrix.read_text().replace(f"image: 127.0.0.1:5001/bench-{self.id}/train\n", f"image: {image}\n")
+        pushed_matrix = self.root / "matrix-regcache.yaml"
+        pushed_matrix.write_text(base)
+        say("pushing the cell built by BuildKit (inline cache)")
+        self.cli("build", "--builder", "buildkit", "--push", work="rc-push", matrix=pushed_matrix)
+        pushed = self.report("rc-push")[GOOD]
+
+        def fresh() -> float:
+            for ref in [pushed["image_id"], *self.images]:  # the bench's images hold its cache records
+                if ref != self.base_ref and not ref.startswith(f"{BASE_REGISTRY}/bench-{self.id}/python"):
+                    try:
+                        self.engine.remove_image(ref)
+                    except EngineError:  # a base that later images are built on: it stays
+                        pass
+            prune_build_cache_since(self.started)
+            self.runs += 1
+            changed = self.root / f"matrix-changed-{self.runs}.yaml"
+            changed.write_text(base.replace("threads: 2", f"threads: {2 + self.runs}"))
+            work = f"rc-changed-{self.runs}"
+            took = self.cli("build", "--builder", "buildkit", "--registry-cache", work=work, matrix=changed)
+            log = Path(self.report(work)[GOOD]["log"]).read_text()
+            if " CACHED" not in log:
+                raise SystemExit("the changed cell reused no step from the registry's inline cache")
+            return took
+
+        def cold() -> float:
+            self.new_base()
+            work = f"rc-cold-{self.runs}"
+            took = self.cli("build", "--builder", "buildkit", work=work)
+            self.report(work)
+            return took
+
+        say("fresh runner with a changed cell (registry cache) vs cold BuildKit build (minutes each)")
+        a, b = pairs(1, fresh, cold)
+        return Row("fresh runner, changed cell, registry cache", "`build --builder buildkit --registry-cache`",
+                   "cold `build --builder buildkit`", a, b, "< 1 (pays off)",
+                   note="inline cache from 127.0.0.1:5000; this bench's build cache records pruned before each run")
+
     def sizes(self) -> tuple[Row, Row]:
         from imagefactory import matrix
 
@@ -361,6 +547,50 @@ pip:
                 pass
 
 
+FIGURES = ("cold", "noop", "test", "modes", "sizes", "probe-goal", "registry", "builders", "mounts", "registry-changed")
+
+
+def prune_build_cache_since(started: float) -> None:
+    """Remove the BuildKit cache records made since `started` (this bench's, under the docker
+    lock), one id at a time (buildx takes one id per filter); other builds' records stay."""
+    import datetime as dt
+    import re
+
+    for _ in range(10):
+        out = subprocess.run(["docker", "buildx", "du", "--verbose"], capture_output=True, text=True, check=True)
+        ids = []
+        for block in out.stdout.split("\n\n"):
+            rec = dict(line.split(":", 1) for line in block.splitlines() if ":" in line)
+            stamp = re.match(r"\s*(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)", rec.get("Created at", ""))
+            if stamp and "ID" in rec and dt.datetime.strptime(stamp[1], "%Y-%m-%d %H:%M:%S").replace(
+                    tzinfo=dt.timezone.utc).timestamp() >= started:
+                ids.append(rec["ID"].strip())
+        if not ids:
+            return
+        pruned = [r for r in ids if r in subprocess.run(["docker", "buildx", "prune", "-f", "--filter", f"id={r}"],
+                                                        capture_output=True, text=True).stdout]
+        if not pruned:  # what is left is held by an image that is not the bench's to remove
+            say(f"  {len(ids)} build cache record(s) of this bench could not be pruned")
+            return
+
+
+def issue16_rows(bench: Bench, figures: set[str], args: argparse.Namespace, rows: list[Row]) -> None:
+    """The rows issue 16 added (the probe goal, BuildKit, the registry as a cache), appended to
+    `rows` as each is measured: a later row that fails leaves the earlier ones printed."""
+    if "probe-goal" in figures:
+        bench.cli("build")  # the cell as built (compiler: true), probed once
+        rows.append(bench.probe_goal(args.pairs))
+    if "registry" in figures:
+        rows.append(bench.registry_pull(args.cold_pairs))
+    if "builders" in figures:
+        for row in bench.builders(args.cold_pairs):
+            rows.append(row)
+    if "mounts" in figures:
+        rows.append(bench.mounts(args.cold_pairs))
+    if "registry-changed" in figures:
+        rows.append(bench.registry_changed(args.cold_pairs))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pairs", type=int, default=3, help="interleaved pairs per figure (default 3)")
@@ -370,8 +600,11 @@ def main() -> None:
                     / "wheels")
     ap.add_argument("--skip-cold", action="store_true", help="leave out the cold -j figure")
     ap.add_argument("--only-modes", action="store_true",
-                    help="only the launch-mode figures (builds the cell once, then times the probes)")
+                    help="only the launch-mode figures (builds the cell once, then times the probes); "
+                         "the same as --figures modes")
     ap.add_argument("--keep", action="store_true", help="keep the images and the work folder")
+    ap.add_argument("--figures", default=",".join(FIGURES),
+                    help="comma-separated figures to measure (default: all): " + ", ".join(FIGURES))
     args = ap.parse_args()
     if not list(args.wheelhouse.glob(f"torch-{TORCH}+cpu-*.whl")):
         raise SystemExit(f"no torch-{TORCH}+cpu wheel in {args.wheelhouse}: "
@@ -381,19 +614,25 @@ def main() -> None:
     rows: list[Row] = []
     try:
         bench.new_base()
-        if args.only_modes:
-            bench.cli("build")
-            rows.extend(bench.launch_modes(args.pairs))
-            return
-        if not args.skip_cold:
+        figures = {"modes"} if args.only_modes else set(args.figures.split(","))
+        if figures - set(FIGURES):
+            raise SystemExit(f"--figures: unknown {sorted(figures - set(FIGURES))} (known: {', '.join(FIGURES)})")
+        if not args.skip_cold and "cold" in figures:
             rows.append(bench.cold_parallel(args.cold_pairs))
-        rows.extend(bench.noop(args.pairs))
-        rows.extend(bench.test(args.pairs))
-        rows.extend(bench.launch_modes(args.pairs))
-        rows.extend(bench.sizes())
+        if "noop" in figures:
+            rows.extend(bench.noop(args.pairs))
+        if "test" in figures:
+            rows.extend(bench.test(args.pairs))
+        if "modes" in figures:
+            bench.cli("build")  # a no-op where an earlier figure built the cell
+            rows.extend(bench.launch_modes(args.pairs))
+        if "sizes" in figures:
+            rows.extend(bench.sizes())
+        issue16_rows(bench, figures, args, rows)
     finally:
-        cold = " --only-modes" if args.only_modes else (
-            " --skip-cold" if args.skip_cold else f" --cold-pairs {args.cold_pairs}")
+        cold = " --skip-cold" if args.skip_cold else f" --cold-pairs {args.cold_pairs}"
+        cold += "" if args.figures == ",".join(FIGURES) and not args.only_modes else (
+            f" --figures {'modes' if args.only_modes else args.figures}")
         print(f"\n{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cores, "
               f"load {os.getloadavg()[0]:.1f}; `python bench/factory.py --pairs {args.pairs}{cold}`\n")
         print("| figure | A | B | A/B (median) | goal | runs |")

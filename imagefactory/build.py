@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from imagefactory import freshness, render, schedule, smoke, tags, verdicts
+from imagefactory import freshness, publish, regcache, render, schedule, smoke, tags, verdicts
+from imagefactory import netrc as netrc_mod
 from imagefactory.context import UI, Gpus, Network, Options, Pull, RunContext
 from imagefactory.engine_api import BuildProgress, ContainerEngine
 from imagefactory.errors import BuildError, Cancelled, ConfigError, EngineGone, ImageFactoryError
@@ -35,6 +36,9 @@ from imagefactory.report import (BUILD_FAILED, BUILT, CACHED, CHECK_FAILED, INTE
 
 
 BUILD_ENDED = 1 << 30  # a step number past any build's last: opens the cell's gate
+# The platform a cell is built for. Every cell is linux/amd64 today (its installers and wheels are
+# x86_64); BuildKit is handed it, so linux/arm64 cells need no change here (README: multi-platform).
+PLATFORM = "linux/amd64"
 
 
 @dataclass
@@ -65,6 +69,15 @@ def find_built(engine: ContainerEngine, matrix: Matrix, cell: Cell, content_hash
     return None
 
 
+# What pip and conda print when an index gave them nothing: a refused login looks the same.
+_NOTHING_FOUND = ("No matching distribution found", "from versions: none", "401", "403", "PackagesNotFoundError",
+                  "HTTP 000 CONNECTION FAILED", "UnavailableInvalidChannel")
+
+
+def _index_failure(e: BuildError) -> bool:
+    return any(w in line for line in e.log_tail[-15:] + [e.message] for w in _NOTHING_FOUND)
+
+
 class _Cell:
     """The per-cell work: log file, cache lookup, build, smoke test."""
 
@@ -81,6 +94,13 @@ class _Cell:
         # a re-test (test, push) appends: the build's log stays readable after it
         self.log_file = log_path.open("a" if keep_log else "w", encoding="utf-8")
 
+    @property
+    def registry_cache(self) -> bool:
+        """Whether to look for the cell's content tag in the target registry (regcache.py):
+        --registry-cache, else whenever the run pushes."""
+        chosen = self.options.registry_cache
+        return self.options.push if chosen is None else chosen
+
     def log(self, line: str, *, show: bool = True) -> None:
         self.log_file.write(line + "\n")
         self.log_file.flush()
@@ -93,6 +113,9 @@ class _Cell:
 
     def build(self) -> bool:
         r, cell = self.report, self.ctx.cell
+        # the content hash covers the Dockerfile, which differs by builder: a cached image was
+        # built by the same kind of builder as this run's
+        r.builder = self.engine.builder
         self.ui.status(cell.id, "looking for a cached image")
         existing = find_built(self.engine, self.matrix, cell, self.ctx.content_hash)
         if existing:
@@ -100,22 +123,60 @@ class _Cell:
             r.image_id, r.cached, r.status = existing, True, CACHED
             self.log(f"cached: {existing} already carries content hash {self.ctx.content_hash[:12]}")
             return True
+        if self.registry_cache:
+            self.ui.status(cell.id, "looking in the registry")
+            pulled = regcache.pull_content(self.engine, self.matrix, cell, self.ctx.content_hash,
+                                           publish.credentials(), self.log)
+            if pulled:
+                self.engine.tag(pulled.image_id, r.candidate)
+                r.image_id, r.cached, r.pulled, r.status = pulled.image_id, True, pulled.ref, CACHED
+                return True
         self.ui.status(cell.id, "building")
         started = time.monotonic()
+        buildkit = self.engine.builder == "buildkit"
         try:
             network = "host" if self.options.network is Network.host else None
             r.image_id = self.engine.build(str(self.ctx.path), r.candidate, network_mode=network,
                                            log=self.log, progress=self._progress,
                                            pull=self.options.pull is Pull.always,
-                                           cache_from=[ref for ref in self.options.cache_from
-                                                       if self.engine.image_id(ref)])
+                                           cache_from=self.cache_sources(buildkit),
+                                           secrets=self.secrets(), platform=PLATFORM if buildkit else None)
         except BuildError as e:
             r.status, r.error, r.failed_step, r.log_tail = BUILD_FAILED, e.message, e.step or "", e.log_tail
+            refused = netrc_mod.refused_indexes(self.matrix, cell, self.options.netrc) if _index_failure(e) else []
+            if refused:
+                r.error = f"{e.message}; index login refused: {'; '.join(refused)}"
+                self.log(f"index login refused: {'; '.join(refused)}")
             return False
         finally:
             r.build_seconds = round(time.monotonic() - started, 1)
         r.status = BUILT
         return True
+
+    def cache_sources(self, buildkit: bool) -> list[str]:
+        """The images a build may take layers from. The classic builder reuses local images
+        only; BuildKit reads a registry image's inline cache, so it also gets the cell's images
+        in the target registry when the registry cache is on (regcache.py)."""
+        if not buildkit:
+            return [ref for ref in self.options.cache_from if self.engine.image_id(ref)]
+        refs = list(self.options.cache_from)
+        if self.registry_cache:
+            refs += regcache.cache_sources(self.ctx.cell)
+        refs = list(dict.fromkeys(refs))
+        if refs:
+            self.log(f"registry cache: cache from {', '.join(refs)}")
+        return refs
+
+    def secrets(self) -> dict[str, Path] | None:
+        """The BuildKit secrets this cell's build mounts: the netrc, when it has a login for a host
+        the cell installs from (netrc.py). Never logged: only the secret's id is."""
+        netrc = self.options.netrc
+        if netrc is None or not netrc_mod.needs(netrc_mod.Netrc(netrc, frozenset(self.options.netrc_hosts)),
+                                                self.matrix, self.ctx.cell):
+            return None
+        self.log(f"secret: {netrc_mod.SECRET_ID} (a netrc login, mounted at {netrc_mod.SECRET_PATH} in the install "
+                 "step only)", show=False)
+        return {netrc_mod.SECRET_ID: netrc}
 
     def test(self, image: str) -> bool:
         r, cell = self.report, self.ctx.cell
@@ -159,7 +220,8 @@ def _run(matrix: Matrix, cells: list[Cell], run: RunContext, work: Callable[[_Ce
     first = engine_factory()
     gpus = resolve_gpus(options.gpus, first)
     try:
-        contexts = render_pinned(matrix, cells, options.work_dir, first, options.pull, interrupt)
+        contexts = render_pinned(matrix, cells, options.work_dir, first, options.pull, interrupt,
+                                 buildkit=first.builder == "buildkit", netrc_cells=netrc_cells(matrix, cells, options))
     except Cancelled:  # stopped while pinning base images or rendering: no cell started
         return Outcome([CellReport(cell=c.id, status=INTERRUPTED, error="interrupted before the build started")
                         for c in cells], gpus)
@@ -215,14 +277,23 @@ def _run(matrix: Matrix, cells: list[Cell], run: RunContext, work: Callable[[_Ce
     return Outcome(reports, gpus, gone[0] if gone else None)
 
 
+def netrc_cells(matrix: Matrix, cells: list[Cell], options: Options) -> frozenset[str]:
+    """The ids of the cells whose install steps mount the netrc secret."""
+    if options.netrc is None:
+        return frozenset()
+    netrc = netrc_mod.Netrc(options.netrc, frozenset(options.netrc_hosts))
+    return frozenset(c.id for c in cells if netrc_mod.needs(netrc, matrix, c))
+
+
 def render_pinned(matrix: Matrix, cells: list[Cell], work_dir: Path, engine: ContainerEngine,
-                  pull: Pull | str, interrupt: Interrupt | None = None) -> list[render.Context]:
+                  pull: Pull | str, interrupt: Interrupt | None = None, *, buildkit: bool = False,
+                  netrc_cells: frozenset[str] = frozenset()) -> list[render.Context]:
     """The cells' contexts with each base image pinned to the digest it resolves to now
     (freshness.py): the content hashes every step that looks for a cell's image must use.
     Raises Cancelled once `interrupt` is set."""
     bases = freshness.resolve(engine, [c.base_image for c in cells], Pull(pull))
     return render.render(matrix, work_dir / "contexts", cells, bases={ref: b.pinned for ref, b in bases.items()},
-                         interrupt=interrupt)
+                         interrupt=interrupt, buildkit=buildkit, netrc_cells=netrc_cells)
 
 
 def _pool(contexts: list[render.Context], order: list[int], one: Callable[[int], CellReport], jobs: int,

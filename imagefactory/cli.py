@@ -28,7 +28,7 @@ from imagefactory import publish as publish_mod
 from imagefactory import render as render_mod
 from imagefactory import report as report_mod
 from imagefactory.errors import Cancelled, CellFailure, ConfigError, DockerUnavailable, ImageFactoryError, Interrupted
-from imagefactory.context import Gpus, Network, Pull, RunContext
+from imagefactory.context import Builder, Gpus, Network, Pull, RunContext
 from imagefactory.engine_api import ContainerEngine
 from imagefactory import smoke
 from imagefactory.interrupt import Interrupt
@@ -89,6 +89,10 @@ FLAGS: dict[str, tuple[Any, Any]] = {
     "cache_from": (Optional[List[str]], typer.Option(
         None, "--cache-from", help="A local image whose layers the builds may reuse, e.g. the previous "
                                    "release pulled from the registry (repeatable).")),
+    "registry_cache": (Optional[bool], typer.Option(
+        None, "--registry-cache/--no-registry-cache",
+        help="Pull a cell's content-hash tag from the target registry instead of building it, when the "
+             "registry has it (default: on with --push).")),
     "pull": (Pull, typer.Option(Pull.missing, "--pull", help="Base images are resolved to a digest that is pinned in "
                                                              "FROM: always (from the registry, and re-pulled), missing "
                                                              "(from the registry, else the local copy), never (the "
@@ -99,6 +103,22 @@ FLAGS: dict[str, tuple[Any, Any]] = {
                                     help="/dev/shm of the probe containers: a size (1g, 512m: --shm-size), host "
                                          "(--ipc=host) or default (Docker's 64 MB, too small for the DataLoader "
                                          "check).")),
+    "builder": (Builder, typer.Option(Builder.classic, "--builder",
+                                      help="What builds the images: buildkit (docker buildx: cache mounts for pip's "
+                                           "and conda's packages, --netrc logins as build secrets), classic (the "
+                                           "Docker SDK's legacy builder), or auto (buildkit when `docker buildx "
+                                           "version` answers, else classic). test and push need the builder the "
+                                           "images were built with (the Dockerfiles, so the content hashes, "
+                                           "differ).")),
+    "buildx_builder": (Optional[str], typer.Option(None, "--buildx-builder", metavar="NAME",
+                                                   help="With BuildKit: the buildx builder to use (`docker buildx "
+                                                        "build --builder NAME`), e.g. a remote buildkitd or BuildKit "
+                                                        "on Kubernetes: the way to spread builds over machines.")),
+    "netrc": (Optional[Path], typer.Option(None, "--netrc", metavar="PATH",
+                                           help="Logins for package indexes and conda channels (default: $NETRC, "
+                                                "then ~/.netrc). Mounted into BuildKit's install steps as a build "
+                                                "secret, never into a layer; refused under the classic builder. A "
+                                                "netrc without a host the cells install from is not mounted.")),
 }
 # flag name -> the context.Options field it sets (the same name where not listed)
 FIELD = {"keep_going": "fail_fast", "push_tries": "attempts", "retry_delay": "backoff"}
@@ -153,12 +173,37 @@ def _invocation(command: str, values: dict[str, Any], fixed: dict[str, Any]) -> 
     if "probe_shm" in settings:
         settings["probe_shm"] = smoke.check_shm(settings["probe_shm"])
     settings.update(fixed)
+    if "builder" in settings:
+        settings.update(_builder(m, cells, settings))
     if settings.get("atomic") and not settings.get("push"):
         raise ConfigError("--atomic: only meaningful with --push")
     options = context.Options(**settings)
     if options.push:
         options = _publishing(m, cells, options)
     return Invocation(command, m, cells, options, values.get("live"), tuple(settings))
+
+
+def _builder(m: matrix_mod.Matrix, cells: list[Cell], settings: dict[str, Any]) -> dict[str, Any]:
+    """Resolve --builder to buildkit or classic (buildkit.select: exit 2 when buildkit is asked for
+    and buildx cannot build; auto falls back to classic and says so), check --buildx-builder, and
+    load the netrc the builds mount (netrc.resolve: exit 2 for a bad file, or for a cell that needs
+    a login under the classic builder)."""
+    from imagefactory import buildkit
+    from imagefactory import netrc as netrc_mod
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr)
+
+    builder = buildkit.select(settings["builder"], say)
+    out: dict[str, Any] = {"builder": builder,
+                           "buildx_builder": buildkit.check_builder_name(settings.get("buildx_builder"))}
+    if "netrc" in settings:
+        explicit = settings["netrc"] is not None
+        path = settings["netrc"] if explicit else netrc_mod.default_path()
+        loaded = netrc_mod.resolve(path, explicit, m, cells, buildkit=builder is Builder.buildkit, warn=say)
+        out["netrc"] = loaded.path if loaded else None
+        out["netrc_hosts"] = tuple(sorted(loaded.hosts)) if loaded else ()
+    return out
 
 
 def _publishing(m: matrix_mod.Matrix, cells: list[Cell], options: context.Options) -> context.Options:
@@ -258,7 +303,8 @@ def _run(inv: Invocation, output: Path) -> Iterator[RunContext]:
     turned into the run's cancellation while the block runs."""
     interrupt = Interrupt()
     with build_mod.locked(inv.options.work_dir, output):
-        factory = engine_api.docker_factory(interrupt)
+        factory = engine_api.docker_factory(interrupt, buildkit=inv.options.builder is Builder.buildkit,
+                                            buildx_builder=inv.options.buildx_builder)
         first: list[ContainerEngine] = [factory()]  # DockerUnavailable before anything is printed
 
         def engines() -> ContainerEngine:
@@ -278,7 +324,8 @@ def _pipeline(inv: Invocation, steps: Callable[[RunContext], build_mod.Outcome])
 
 
 BUILD_FLAGS = ("matrix", "only", "jobs", "keep_going", "gpus", "network", "report", "work_dir", "probe_timeout",
-               "live", "push", "atomic", "push_tries", "retry_delay", "cache_from", "pull", "retest", "probe_shm")
+               "live", "push", "atomic", "push_tries", "retry_delay", "cache_from", "registry_cache", "pull", "retest",
+               "probe_shm", "builder", "buildx_builder", "netrc")
 
 
 @app.command()
@@ -301,7 +348,7 @@ def build(inv: Invocation) -> None:
 
 @app.command()
 @shared("matrix", "only", "atomic", "gpus", "report", "work_dir", "probe_timeout", "live", "push_tries",
-        "retry_delay", push=True)
+        "retry_delay", "builder", push=True)
 def push(inv: Invocation) -> None:
     """Smoke-test the built images again, then tag and push those that pass.
 
@@ -320,7 +367,7 @@ def push(inv: Invocation) -> None:
 
 @app.command("test")
 @shared("matrix", "only", "jobs", "keep_going", "gpus", "report", "work_dir", "probe_timeout", "live", "pull",
-        "retest", "probe_shm")
+        "retest", "probe_shm", "builder")
 def test_cmd(inv: Invocation) -> None:
     """Re-run the smoke tests on the images already built for the matrix's current content.
 

@@ -46,7 +46,15 @@ class Pull(str, Enum):
     never = "never"
 
 
-_CHOICES: dict[str, type[Enum]] = {"gpus": Gpus, "network": Network, "pull": Pull}
+class Builder(str, Enum):
+    """auto: BuildKit (docker buildx) when buildx answers, else the classic builder (buildkit.select)."""
+
+    auto = "auto"
+    buildkit = "buildkit"
+    classic = "classic"
+
+
+_CHOICES: dict[str, type[Enum]] = {"gpus": Gpus, "network": Network, "pull": Pull, "builder": Builder}
 
 
 @dataclass(frozen=True)
@@ -64,7 +72,13 @@ class Options:
     probe_shm: str = DEFAULT_PROBE_SHM  # /dev/shm of the probe containers: a size, host or default
     probe_timeout: float = DEFAULT_PROBE_TIMEOUT
     cache_from: tuple[str, ...] = ()  # images whose layers a build may reuse (e.g. the previous release)
+    registry_cache: bool | None = None  # pull a cell's pushed content tag instead of building (None: with --push)
     verdicts_dir: Path | None = None  # None: verdicts.cache_dir()
+    # the builder: resolved to buildkit or classic by the CLI (buildkit.select) before a run starts
+    builder: Builder = Builder.classic
+    buildx_builder: str | None = None  # buildx's --builder NAME (a remote or Kubernetes builder)
+    netrc: Path | None = None  # the netrc mounted as a BuildKit secret (None: nothing mounted; netrc.py)
+    netrc_hosts: tuple[str, ...] = ()  # the hosts it has logins for (netrc.load)
     # publishing (push, build --push)
     push: bool = False
     atomic: bool = False

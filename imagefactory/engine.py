@@ -19,7 +19,8 @@ import socket
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, NoReturn
+from pathlib import Path
+from typing import Any, Callable, Mapping, NoReturn
 
 import docker
 import docker.errors
@@ -62,7 +63,9 @@ class _Stream:
 
 
 class Engine:
-    """A connected Docker engine (implements ContainerEngine)."""
+    """A connected Docker engine (implements ContainerEngine); builds with the classic builder."""
+
+    builder = "classic"
 
     def __init__(self, client: docker.DockerClient | None = None, *, timeout: int = 600,
                  interrupt: Interrupt | None = None):
@@ -189,16 +192,21 @@ class Engine:
         pull: bool = False,
         cache_from: list[str] | None = None,
         nocache: bool = False,
+        secrets: Mapping[str, Path] | None = None,
+        platform: str | None = None,
     ) -> str:
         """Build `context` and tag it; returns the image id. Raises BuildError with the
-        failing step and the log tail when the stream reports an error."""
+        failing step and the log tail when the stream reports an error. The classic builder has
+        no build secrets: it refuses them rather than build without."""
+        if secrets:
+            raise BuildError("the classic builder has no build secrets; build with --builder buildkit")
         builder = _BuildStream(log, progress)
         self.interrupt.check()
         try:
             with self._streaming() as stream:
                 events = self.api.build(path=context, tag=tag, rm=True, forcerm=True, decode=True,
                                         network_mode=network_mode, pull=pull, cache_from=cache_from or None,
-                                        nocache=nocache)
+                                        nocache=nocache, platform=platform)
                 for event in events:
                     builder.feed(event, stream)  # first: it notes a new build container
                     self.interrupt.check()
@@ -325,6 +333,30 @@ class Engine:
         if digest is None:
             raise PushError(f"push of {ref} ended without a digest", transient=True)
         return PushOutcome(ref, digest, sorted(layers_pushed), sorted(layers_existing - {""}))
+
+    def pull(self, ref: str, *, auth_config: dict[str, str] | None = None) -> str:
+        """Pull `ref` (name:tag@sha256:...); the local image id. Like a push, a pull reports its
+        failure inside the stream: EngineError then. An interrupt closes the stream."""
+        name, _, digest = ref.partition("@")
+        repo, tag = split_tag(name)  # by digest when there is one (the tag is then only a name)
+        tag = digest or tag
+        self.interrupt.check()
+        try:
+            with self._streaming():
+                for event in self.api.pull(repo, tag=tag, stream=True, decode=True, auth_config=auth_config):
+                    self.interrupt.check()
+                    if "error" in event:
+                        raise EngineError(f"pull of {ref} failed: {str(event['error']).strip()}")
+        except (Cancelled, EngineError):
+            self.interrupt.check()
+            raise
+        except _SDK_ERRORS as e:
+            self._failed(f"pull of {ref} failed", e)
+        self.interrupt.check()
+        image_id = self.image_id(ref)
+        if image_id is None:
+            raise EngineError(f"pull of {ref} ended without an image")
+        return image_id
 
     def registry_digest(self, ref: str, *, auth_config: dict[str, str] | None = None) -> str | None:
         """The manifest digest the registry serves for `ref` (asked of the registry itself)."""

@@ -12,7 +12,8 @@ when the engine stopped answering), and Cancelled once the engine's Interrupt is
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from pathlib import Path
+from typing import Any, Callable, Mapping, Protocol
 
 from imagefactory.interrupt import Interrupt
 
@@ -51,6 +52,8 @@ class EngineInfo:
 class ContainerEngine(Protocol):
     """Every engine operation the commands use."""
 
+    builder: str  # what `build` builds with: "classic" (the Docker SDK) or "buildkit" (docker buildx)
+
     def describe(self) -> EngineInfo:
         """Version, runtimes, CDI directories and CPU count (EngineError if it will not say)."""
         ...
@@ -71,8 +74,11 @@ class ContainerEngine(Protocol):
 
     def build(self, context: str, tag: str, *, network_mode: str | None = "host",
               log: Callable[[str], None] = ..., progress: Callable[[BuildProgress], None] = ...,
-              pull: bool = False, cache_from: list[str] | None = None, nocache: bool = False) -> str:
-        """Build `context` as `tag`; the image id. `nocache`: reuse no layer (cold builds)."""
+              pull: bool = False, cache_from: list[str] | None = None, nocache: bool = False,
+              secrets: Mapping[str, Path] | None = None, platform: str | None = None) -> str:
+        """Build `context` as `tag`; the image id. `nocache`: reuse no layer (cold builds).
+        `secrets`: BuildKit secrets (id -> file), never part of the image; the classic builder
+        has none and refuses them. `platform`: os/arch the image is built for (None: the engine's)."""
         ...
 
     def gpus_available(self) -> bool: ...
@@ -87,6 +93,11 @@ class ContainerEngine(Protocol):
 
     def push(self, ref: str, *, auth_config: dict[str, str] | None = None,
              progress: Callable[[dict], None] = ...) -> PushOutcome: ...
+
+    def pull(self, ref: str, *, auth_config: dict[str, str] | None = None) -> str:
+        """Pull `ref` (name:tag@sha256:...) from its registry; the local image id. EngineError
+        when the registry refuses or does not have it."""
+        ...
 
     def registry_digest(self, ref: str, *, auth_config: dict[str, str] | None = None) -> str | None: ...
 
@@ -105,14 +116,23 @@ def is_transient(message: str) -> bool:
     return not any(w in low for w in _AUTH_WORDS)
 
 
-def docker_engine(interrupt: Interrupt | None = None) -> ContainerEngine:
-    """A connected Docker engine (engine.Engine): the Docker SDK is imported here, on first use,
-    never by the commands that need no engine. Raises DockerUnavailable."""
+def docker_engine(interrupt: Interrupt | None = None, *, buildkit: bool = False,
+                  buildx_builder: str | None = None) -> ContainerEngine:
+    """A connected Docker engine (engine.Engine, or buildkit.BuildxEngine that builds with
+    `docker buildx`): the Docker SDK is imported here, on first use, never by the commands that
+    need no engine. Raises DockerUnavailable."""
+    if buildkit:
+        from imagefactory.buildkit import BuildxEngine
+
+        return BuildxEngine(interrupt=interrupt, buildx_builder=buildx_builder)
     from imagefactory.engine import Engine
 
     return Engine(interrupt=interrupt)
 
 
-def docker_factory(interrupt: Interrupt | None = None) -> EngineFactory:
+def docker_factory(interrupt: Interrupt | None = None, *, buildkit: bool = False,
+                   buildx_builder: str | None = None) -> EngineFactory:
     """Makes Docker engines that share `interrupt` (one per worker thread)."""
+    if buildkit:
+        return lambda: docker_engine(interrupt, buildkit=True, buildx_builder=buildx_builder)
     return lambda: docker_engine(interrupt)

@@ -25,6 +25,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl, urlsplit
 
 import yaml
 
@@ -235,6 +236,14 @@ MAX_PROBLEMS = 20  # error lines shown
 # scheme://user[:password]@ anywhere in a string (a URL inside an env or label value too). No
 # scheme before "://": a pattern that starts with [A-Za-z]+ is quadratic on a long run of letters.
 CREDENTIALS_RE = re.compile(r"://[^/?#\s@]*@")
+# A query or fragment parameter whose name says it carries a credential: token=, key=, api_key=,
+# password=, secret=, sig=, X-Amz-Signature=, X-Amz-Credential=, auth=... (checked per URL).
+CREDENTIAL_PARAM_RE = re.compile(r"(?:[a-z0-9]+[_.-])*(?:token|key|apikey|accesstoken|authtoken|password|passwd|pwd|"
+                                 r"secret|sig|signature|credentials?|auth|authorization|session)", re.IGNORECASE)
+URL_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]{0,30}://\S{1,4000}")
+CREDENTIALS_MESSAGE = ("credentials in a URL (user:password@, or a ?token=/key=/password=/sig= parameter) would be "
+                       "baked into an image layer and its history; put the login in a netrc file and build with "
+                       "--builder buildkit --netrc PATH (a build secret, never in a layer)")
 # Characters the YAML reader refuses; reported by us with their line, not a byte offset.
 _UNREADABLE = re.compile("[^\x09\x0A\x0D\x20-\x7E\x85\xA0-\uD7FF\uE000-\uFFFD\U00010000-\U0010FFFF]")
 
@@ -286,6 +295,24 @@ _KEY_KINDS = {"int": "a number", "float": "a number", "bool": "true/false", "nul
               "timestamp": "a date", "binary": "binary data"}
 
 
+def has_credentials(text: str) -> bool:
+    """Whether `text` holds a URL with userinfo or with a credential-named query parameter."""
+    if "://" not in text:
+        return False
+    if CREDENTIALS_RE.search(text):
+        return True
+    for url in URL_RE.findall(text[:100_000]):
+        try:
+            parts = urlsplit(url)
+        except ValueError:  # not a URL after all (an unbalanced "[" in its host)
+            continue
+        for section in (parts.query, parts.fragment):
+            for name, _ in parse_qsl(section, keep_blank_values=True):
+                if CREDENTIAL_PARAM_RE.fullmatch(name.strip()[:100]):
+                    return True
+    return False
+
+
 def structure(root: yaml.Node) -> tuple[list[Problem], int]:
     """Problems of the document's shape, found without expanding aliases: keys that are not
     text, keys given twice, control characters, credentials in URLs. Also the number of
@@ -300,10 +327,8 @@ def structure(root: yaml.Node) -> tuple[list[Problem], int]:
         if node.tag == _STR and bad is not None:
             problems.append(Problem(node.start_mark.line + 1, path or "(top level)",
                                     f"{show(text)} holds the control character {show(bad)[1:-1]}"))
-        elif node.tag == _STR and CREDENTIALS_RE.search(text):
-            problems.append(Problem(node.start_mark.line + 1, path or "(top level)",
-                                    "credentials in a URL would be baked into an image layer and its "
-                                    "history; serve it without them (or through a local proxy)"))
+        elif node.tag == _STR and has_credentials(text):
+            problems.append(Problem(node.start_mark.line + 1, path or "(top level)", CREDENTIALS_MESSAGE))
 
     def walk(node: yaml.Node, path: str) -> int:
         if id(node) in sizes:

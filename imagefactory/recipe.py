@@ -20,6 +20,8 @@ MINIFORGE_URL = "https://github.com/conda-forge/miniforge/releases/download/{v}/
 MINICONDA_URL = "https://repo.anaconda.com/miniconda/Miniconda3-{v}-Linux-x86_64.sh"
 
 ENV_PREFIX = {"conda": "/opt/env", "pip": "/opt/venv"}
+# Where the package caches are mounted under BuildKit (root's pip cache; conda's CONDA_PKGS_DIRS).
+CACHE_DIRS = {"conda": "/var/cache/imagefactory/conda-pkgs", "pip": "/root/.cache/pip"}
 # What the image's ENV puts before the base image's PATH.
 ENV_PATH = {"conda": "/opt/env/bin:/opt/conda/bin", "pip": "/opt/venv/bin"}
 CERT_ENV = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "PIP_CERT")  # partials/certs.j2

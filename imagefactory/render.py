@@ -21,11 +21,12 @@ from typing import Mapping
 import jinja2
 
 from imagefactory import digests, inputs, lockfile
+from imagefactory import netrc as netrc_mod
 from imagefactory.errors import ConfigError
 from imagefactory.interrupt import Interrupt
 from imagefactory.model import AUTO, Cell, Matrix
 # The recipe (what a cell's image is made of) lives in recipe.py; its names stay reachable here.
-from imagefactory.recipe import (CERT_BUNDLE, CERT_ENV, CGROUP_ROOT, ENV_PATH, ENV_PREFIX,  # noqa: F401
+from imagefactory.recipe import (CACHE_DIRS, CERT_BUNDLE, CERT_ENV, CGROUP_ROOT, ENV_PATH, ENV_PREFIX,  # noqa: F401
                                  HASH_LABEL, LABEL_PREFIX, LAUNCH_HOOK, LAUNCH_PTH, MINICONDA_URL,
                                  MINIFORGE_URL, MKL_THREADING_LAYER, _conda_values, _pip_values, conda_specs,
                                  image_env, labels, pip_requirements, runtime_env, site_packages,
@@ -78,8 +79,17 @@ class Context:
 
 
 def dockerfile_text(matrix: Matrix, cell: Cell, content_hash: str | None, certs: list[str], *,
-                    locked: bool) -> str:
+                    locked: bool, buildkit: bool = False, netrc: bool = False) -> str:
+    """`buildkit`: package caches are BuildKit cache mounts (the classic builder has none);
+    `netrc`: the install steps mount the netrc secret (netrc.py; BuildKit only)."""
+    if netrc and not buildkit:
+        raise ConfigError(f"cell {cell.id}: a netrc login needs the BuildKit builder (build secrets)")
     values: dict[str, object] = {
+        "buildkit": buildkit,
+        "netrc_secret": netrc_mod.SECRET_PATH if netrc else None,
+        "netrc_id": netrc_mod.SECRET_ID,
+        "cache_dir": CACHE_DIRS[cell.installer],
+        "pip_cache": "" if buildkit else " --no-cache-dir",
         "cell": cell,
         "base_image": cell.base_image,
         "certs": certs,
@@ -195,15 +205,17 @@ def context_hash(root: Path, dockerfile_without_hash: str) -> str:
     return h.hexdigest()
 
 
-def render_cell(matrix: Matrix, cell: Cell, dest: Path, lock: lockfile.Lock | None) -> Context:
+def render_cell(matrix: Matrix, cell: Cell, dest: Path, lock: lockfile.Lock | None, *,
+                buildkit: bool = False, netrc: bool = False) -> Context:
     """Write one cell's context to `dest` (created; must not exist). `lock` is the cell's lock as
-    lockfile.load_all read and checked it (read once per run), or None."""
+    lockfile.load_all read and checked it (read once per run), or None. `buildkit` and `netrc`
+    as for dockerfile_text."""
     dest.mkdir(parents=True)
     _write_files(matrix, cell, dest, lock)
     certs = _cert_names(matrix)
-    locked = lock is not None
-    digest = context_hash(dest, dockerfile_text(matrix, cell, None, certs, locked=locked))
-    (dest / "Dockerfile").write_text(dockerfile_text(matrix, cell, digest, certs, locked=locked), encoding="utf-8")
+    flags = {"locked": lock is not None, "buildkit": buildkit, "netrc": netrc}
+    digest = context_hash(dest, dockerfile_text(matrix, cell, None, certs, **flags))
+    (dest / "Dockerfile").write_text(dockerfile_text(matrix, cell, digest, certs, **flags), encoding="utf-8")
     if lock is not None:  # the checks compare the image's packages with the lock's
         cell = replace(cell, locked=lock.versions())
     return Context(cell=cell, path=dest, content_hash=digest)
@@ -223,7 +235,8 @@ def _check_out(out: Path, cells: list[Cell]) -> None:
 
 
 def render(matrix: Matrix, out: Path, cells: list[Cell] | None = None,
-           bases: Mapping[str, str] | None = None, interrupt: Interrupt | None = None) -> list[Context]:
+           bases: Mapping[str, str] | None = None, interrupt: Interrupt | None = None, *,
+           buildkit: bool = False, netrc_cells: frozenset[str] = frozenset()) -> list[Context]:
     """Render every cell into out/<cell-id>/, all or nothing: contexts are written to a
     temporary folder and moved into place only when every cell rendered.
 
@@ -233,7 +246,10 @@ def render(matrix: Matrix, out: Path, cells: list[Cell] | None = None,
 
     `bases` maps a cell's base image to its pinned form (name:tag@sha256:..., see
     freshness.py); the pinned FROM is then part of the content hash. Without it the
-    tags are kept (`imagefactory render` needs no engine)."""
+    tags are kept (`imagefactory render` needs no engine).
+
+    `buildkit`: render for BuildKit (cache mounts); `netrc_cells`: the ids of the cells whose
+    install steps mount the netrc secret."""
     out = Path(out)
     cells = list(matrix.cells if cells is None else cells)
     if bases:
@@ -248,7 +264,8 @@ def render(matrix: Matrix, out: Path, cells: list[Cell] | None = None,
         staged = []
         for cell in cells:
             check()
-            staged.append(render_cell(matrix, cell, staging / cell.id, locks[cell.id]))
+            staged.append(render_cell(matrix, cell, staging / cell.id, locks[cell.id], buildkit=buildkit,
+                                      netrc=cell.id in netrc_cells))
         check()
         _check_out(out, cells)
         contexts = []

@@ -39,6 +39,8 @@ class CellReport:
     base_digest: str = ""
     verdicts: str = ""  # probed | cached (an earlier pass of this very image, verdicts.py) | "" (not tested)
     verdicts_at: str = ""  # when the verdicts were made (UTC)
+    pulled: str = ""  # name:tag@sha256:... when the image was pulled from the registry instead of built (regcache.py)
+    builder: str = ""  # what built the image: buildkit | classic ("" when none was built this run)
 
     @property
     def launches(self) -> dict[str, str]:
@@ -87,7 +89,8 @@ def summary(reports: list[CellReport]) -> str:
              "|---|---|---|---|---|"]
     for r in reports:
         failed = ", ".join(_named(c) for c in r.checks if c.verdict == "fail") or ("—" if r.checks else "")
-        status = r.status + (" (cached)" if r.cached else "") + (
+        status = r.status + (" (cached)" if r.cached and not r.pulled else "") + (
+            " (pulled, not built)" if r.pulled else "") + (
             f" (verdicts cached from {r.verdicts_at})" if r.verdicts == CACHED else "")
         modes = " ".join(f"{m} {_ICON.get(v, v)}" for m, v in r.launches.items()) or "—"
         lines.append(f"| `{r.cell}` | {status} | {modes} | {r.publish or '—'} | {failed} |")

@@ -102,6 +102,35 @@ install_packages() {
 }
 
 # --------------------------------------------------------------------------
+# 1b. docker buildx (BuildKit builds): Debian 12 has no package; Debian 13's
+#     docker-buildx is one Go binary that needs only libc6 (>= 2.34). Fetch the
+#     .deb against a trixie sources list kept apart from the system's (the
+#     system's apt state is never touched), unpack it, install the CLI plugin.
+# --------------------------------------------------------------------------
+readonly BUILDX_PLUGIN_DIR="/usr/libexec/docker/cli-plugins"
+install_buildx() {
+    if docker buildx version >/dev/null 2>&1; then
+        log "buildx present: $(docker buildx version 2>/dev/null | head -n1)"
+        return 0
+    fi
+    local apt_dir="${CACHE_DIR}/apt-trixie" work
+    mkdir -p "${apt_dir}/lists/partial" "${apt_dir}/archives/partial"
+    printf 'deb %s trixie main\n' "$MIRROR" >"${apt_dir}/sources.list"
+    local opts=(-o "Dir::Etc::sourcelist=${apt_dir}/sources.list" -o "Dir::Etc::sourceparts=/nonexistent"
+                -o "Dir::State::Lists=${apt_dir}/lists" -o "Dir::Cache::Archives=${apt_dir}/archives"
+                -o "APT::Get::List-Cleanup=0")
+    log "fetching docker-buildx from Debian trixie"
+    apt-get "${opts[@]}" update -qq || die "apt-get update against trixie failed"
+    work="$(mktemp -d)"
+    CLEANUP_PATHS+=("$work")
+    (cd "$work" && apt-get "${opts[@]}" download docker-buildx) || die "apt-get download docker-buildx failed"
+    dpkg-deb -x "$work"/docker-buildx_*.deb "$work/root"
+    install -D -m 0755 "$work/root/usr/libexec/docker/cli-plugins/docker-buildx" "${BUILDX_PLUGIN_DIR}/docker-buildx"
+    docker buildx version >/dev/null 2>&1 || die "docker buildx does not answer after install"
+    log "buildx installed: $(docker buildx version | head -n1)"
+}
+
+# --------------------------------------------------------------------------
 # 2. Docker engine
 # --------------------------------------------------------------------------
 start_docker() {
@@ -362,6 +391,7 @@ main() {
     flock -w 900 9 || die "another ci-setup.sh holds $CACHE_DIR/.lock"
     install_packages
     start_docker
+    install_buildx
     make_base_images
     start_registries
     push_base_images

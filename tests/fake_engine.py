@@ -15,7 +15,7 @@ import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from imagefactory.context import UI, Options, RunContext, Silent
 from imagefactory.engine_api import BuildProgress, ContainerEngine, EngineInfo, PushOutcome, RunResult, is_transient
@@ -57,11 +57,14 @@ class World:
     label_lookup_fails: bool = False
     images: dict[str, Image] = field(default_factory=dict)
     registry: dict[str, str] = field(default_factory=dict)  # ref -> digest served (base images too)
+    blobs: dict[str, Image] = field(default_factory=dict)  # digest -> the image a pull of it gives (pushes add)
+    pull_fails: bool = False  # every pull fails (the registry refuses)
     local: dict[str, list[str]] | None = None  # ref -> local RepoDigests (None: one per ref, see below)
     hold: dict[str, threading.Event] = field(default_factory=dict)  # cell id -> set before its step 2
     run_outputs: list[Any] = field(default_factory=list)  # RunResult | Exception, answered in order
     run_calls: list[dict] = field(default_factory=list)  # each run's arguments
     info: EngineInfo = ENGINE_INFO
+    builder: str = "classic"  # what its engines build with ("classic" or "buildkit")
     gpus: bool = False
     calls: list[tuple] = field(default_factory=list)  # (operation, argument), in order
     running: set[str] = field(default_factory=set)  # containers now running
@@ -116,6 +119,7 @@ class FakeEngine:
     def __init__(self, world: World):
         self.world = world
         self.interrupt = world.interrupt
+        self.builder = world.builder
 
     def _hang(self) -> None:
         while not self.interrupt.is_set():
@@ -160,11 +164,15 @@ class FakeEngine:
     def build(self, context: str, tag: str, *, network_mode: str | None = "host",
               log: Callable[[str], None] = lambda line: None,
               progress: Callable[[BuildProgress], None] = lambda p: None,
-              pull: bool = False, cache_from: list[str] | None = None, nocache: bool = False) -> str:
+              pull: bool = False, cache_from: list[str] | None = None, nocache: bool = False,
+              secrets: Mapping[str, Path] | None = None, platform: str | None = None) -> str:
         self.interrupt.check()
         cell = Path(context).name
         self.world.record("build", cell)
-        self.world.record("build_args", {"cell": cell, "pull": pull, "cache_from": cache_from, "nocache": nocache})
+        self.world.record("build_args", {"cell": cell, "pull": pull, "cache_from": cache_from, "nocache": nocache,
+                                         "secrets": dict(secrets or {}), "platform": platform})
+        if secrets and self.builder == "classic":
+            raise BuildError("the classic builder has no build secrets; build with --builder buildkit")
         dockerfile = (Path(context) / "Dockerfile").read_text()
         behaviour = self.world.builds.get(cell, "ok")
         steps = instructions(dockerfile) or ["FROM base"]
@@ -255,7 +263,20 @@ class FakeEngine:
         digest = "sha256:" + hashlib.sha256(image.id.encode()).hexdigest()
         progress({"status": "Pushed", "id": "layer1"})
         self.world.registry[ref] = digest
+        self.world.blobs[digest] = Image(image.id, dict(image.labels), set(), image.cell)
         return PushOutcome(ref, digest, ["layer1"], [])
+
+    def pull(self, ref: str, *, auth_config: dict[str, str] | None = None) -> str:
+        """A pull of name:tag@digest gives what was pushed under that digest (`world.blobs`)."""
+        self.interrupt.check()
+        self.world.record("pull", ref)
+        self.world.record("pull_auth", auth_config)
+        blob = self.world.blobs.get(ref.partition("@")[2])
+        if self.world.pull_fails or blob is None:
+            raise EngineError(f"pull of {ref} failed: manifest unknown")
+        with self.world.lock:
+            image = self.world.images.setdefault(blob.id, Image(blob.id, dict(blob.labels), set(), blob.cell))
+        return image.id
 
     def registry_digest(self, ref: str, *, auth_config: dict[str, str] | None = None) -> str | None:
         self.world.record("registry_digest", ref)

@@ -7,12 +7,14 @@ from __future__ import annotations
 import glob
 import json
 import os
+import queue
 import re
 import shutil
 import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import uuid
 from dataclasses import replace
@@ -369,3 +371,66 @@ class Build:
     @property
     def good_image(self) -> str:
         return self.first_report[self.GOOD]["candidate"]
+
+
+class Run:
+    """`python -m imagefactory ARGS` in the background, its output read line by line."""
+
+    def __init__(self, *args: str, env: dict | None = None):
+        full_env = {k: v for k, v in os.environ.items()
+                    if k not in ("IMAGEFACTORY_REGISTRY_USER", "IMAGEFACTORY_REGISTRY_PASSWORD")}
+        full_env.update(env or {})
+        self.proc = subprocess.Popen([sys.executable, "-m", "imagefactory", *args], stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, env=full_env)
+        self.lines: list[str] = []
+        self.work = next((Path(v) for k, v in zip(args, args[1:]) if k == "--work-dir"), None)
+        self._queue: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._queue.put(line.rstrip("\n"))
+
+    def wait_for(self, pattern: str, timeout: float = 600) -> re.Match:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                line = self._queue.get(timeout=0.5)
+            except queue.Empty:
+                assert self.proc.poll() is None, "exited early:\n" + "\n".join(self.lines[-40:])
+                continue
+            self.lines.append(line)
+            m = re.search(pattern, line)
+            if m:
+                return m
+        raise AssertionError(f"no line matched {pattern!r}:\n" + "\n".join(self.lines[-40:]))
+
+    def stop(self, signum: int) -> tuple[int, float]:
+        """Send `signum`; (exit code, seconds until the process ended)."""
+        sent = time.monotonic()
+        self.proc.send_signal(signum)
+        try:
+            code = self.proc.wait(timeout=60)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+        elapsed = time.monotonic() - sent
+        time.sleep(0.5)
+        self.note_leftovers()
+        return code, elapsed
+
+    def note_leftovers(self) -> None:
+        """What the interrupted build had made (its finished steps) is this run's to remove."""
+        if self.work is not None:
+            LEFTOVERS.from_work_dir(self.work)
+
+    def output(self) -> str:
+        self.note_leftovers()
+        while not self._queue.empty():
+            self.lines.append(self._queue.get())
+        return "\n".join(self.lines)
+
+
+def report_of(path: Path) -> dict:
+    return {c["cell"]: c for c in json.loads(path.read_text())["cells"]}

@@ -506,6 +506,16 @@ def test_publish_runs_weekly_and_caches_no_pip():
             assert "cache" not in (step.get("with") or {}), step
 
 
+def test_publish_pulls_no_previous_image_and_builds_with_the_registry_cache():
+    """The registry is the cache (issue 16): no step pulls a whole previous image; the build
+    pushes, which turns the registry cache on, and does not turn it off."""
+    doc = _load(WORKFLOW_DIR / "publish.yml")
+    runs = [str(step.get("run", "")) for job in doc["jobs"].values() for step in job["steps"]]
+    assert not [r for r in runs if "docker pull" in r or "docker image pull" in r], runs
+    builds = [r for r in runs if "imagefactory build" in r]
+    assert builds and all("--push" in r and "--no-registry-cache" not in r for r in builds), builds
+
+
 def _zizmor() -> str:
     exe = shutil.which("zizmor") or str(Path(sys.executable).parent / "zizmor")
     if not Path(exe).is_file():

@@ -1,0 +1,359 @@
+"""BuildKit builds: `docker buildx build` as a subprocess, behind the ContainerEngine interface.
+
+docker-py builds only with the classic builder (docker/docker-py#2230), so `BuildxEngine` is the
+Docker SDK engine (engine.py) for everything else and runs buildx for `build`:
+
+    docker buildx build --network host --progress=rawjson --metadata-file FILE --load
+                        [--builder NAME] [--platform P] [--secret id=netrc,src=FILE] -t TAG CONTEXT
+
+No `# syntax=` line is ever rendered (the frontend image cannot be pulled here); BuildKit's
+built-in Dockerfile frontend reads `RUN --mount=type=cache|secret`. `--progress=rawjson` prints
+one JSON document per progress event (vertexes, statuses, logs) on stderr; `RawJsonProgress`
+turns it into the same log lines, step N of M and 30-line tail the classic stream gives. An
+interrupt stops buildx's whole process group (SIGINT, then SIGKILL): buildx closing its session
+cancels the build in the engine.
+
+`select` chooses the builder: buildkit when `docker buildx version` answers with at least
+MIN_VERSION, else classic (auto) or exit 2 (buildkit).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+from collections import deque
+from pathlib import Path
+from typing import IO, Callable, Mapping
+
+from imagefactory.context import Builder
+from imagefactory.engine import Engine
+from imagefactory.engine_api import BuildProgress
+from imagefactory.errors import BuildError, Cancelled, ConfigError, EngineGone
+from imagefactory.interrupt import Interrupt
+
+MIN_VERSION = (0, 13)
+TAIL_LINES = 30
+STOP_SECONDS = 3.0  # after SIGINT, how long buildx gets to cancel its build before SIGKILL
+INSTALL_HINT = ("install the buildx CLI plugin (`bash scripts/ci-setup.sh` does, from Debian trixie's "
+                "docker-buildx package), or build with --builder classic")
+# "github.com/docker/buildx 0.13.1+ds1 0.13.1+ds1-3", "github.com/docker/buildx v0.17.1 8c2a5c6"
+VERSION_RE = re.compile(r"\S*buildx\s+v?(\d+)\.(\d+)(?:\.(\d+))?\S*(?:\s+\S+)?\s*")
+# "[2/3] RUN ...", "[venv 4/7] RUN ...", "[stage-1 1/9] FROM ..."
+STEP_RE = re.compile(r"\[(?:(\S+) )?(\d+)/(\d+)\] (.*)", re.DOTALL)
+# builder names buildx accepts (`docker buildx create --name`)
+BUILDER_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+PLATFORM_RE = re.compile(r"[a-z0-9]+/[a-z0-9_]+(?:/[a-z0-9]+)?")
+
+
+def docker_cli() -> str | None:
+    return shutil.which("docker")
+
+
+def buildx_version(timeout: float = 20.0) -> tuple[tuple[int, int, int] | None, str]:
+    """buildx's version, or None and why not (no docker CLI, no plugin, an answer we cannot read)."""
+    cli = docker_cli()
+    if cli is None:
+        return None, "no `docker` CLI on PATH"
+    try:
+        done = subprocess.run([cli, "buildx", "version"], capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return None, f"`docker buildx version` did not answer ({type(e).__name__})"
+    first = (done.stdout.strip().splitlines() or [""])[0][:200]
+    if done.returncode != 0:
+        return None, "`docker buildx version` failed: the buildx plugin is not installed"
+    m = VERSION_RE.fullmatch(first)
+    if m is None:
+        return None, f"`docker buildx version` answered {first!r}, not a version"
+    return (int(m[1]), int(m[2]), int(m[3] or 0)), first
+
+
+def select(choice: Builder | str, say: Callable[[str], None]) -> Builder:
+    """The builder a run uses: buildkit or classic. `buildkit` without a usable buildx is
+    ConfigError (exit 2) naming the fix; `auto` then falls back to classic and says so once."""
+    choice = Builder(choice)
+    if choice is Builder.classic:
+        return choice
+    version, text = buildx_version()
+    why = text if version is None else None
+    if version is not None and version[:2] < MIN_VERSION:
+        why = f"buildx {'.'.join(map(str, version))} is older than {'.'.join(map(str, MIN_VERSION))}"
+    if why is None:
+        return Builder.buildkit
+    if choice is Builder.buildkit:
+        raise ConfigError(f"--builder buildkit: {why}; {INSTALL_HINT}")
+    say(f"builder: classic ({why}; BuildKit builds need buildx >= {'.'.join(map(str, MIN_VERSION))}: "
+        f"{INSTALL_HINT.split(', or')[0]})")
+    return Builder.classic
+
+
+def check_builder_name(name: str | None) -> str | None:
+    if name is not None and not BUILDER_NAME_RE.fullmatch(name):
+        raise ConfigError(f"--buildx-builder {name[:80]!r}: not a builder name (letters, digits, '_', '.', '-')")
+    return name
+
+
+def command(cli: str, context: str, tag: str, metadata: Path, *, network_mode: str | None, pull: bool,
+            cache_from: list[str] | None, nocache: bool, secrets: Mapping[str, Path] | None,
+            platform: str | None, builder: str | None) -> list[str]:
+    """The buildx command line (a list: no shell ever sees it)."""
+    args = [cli, "buildx", "build", "--progress=rawjson", "--metadata-file", str(metadata), "--load", "-t", tag]
+    if builder:
+        args += ["--builder", builder]
+    if network_mode:
+        args += ["--network", network_mode]
+    if platform:
+        args += ["--platform", platform]
+    if pull:
+        args.append("--pull")
+    if nocache:
+        args.append("--no-cache")
+    # inline cache metadata in every image (regcache.py): a later build on another machine can take
+    # its cache from this image once it is pushed (registry cache export needs another driver)
+    args += ["--build-arg", "BUILDKIT_INLINE_CACHE=1"]
+    for ref in cache_from or ():
+        args += ["--cache-from", ref]
+    for name, src in sorted((secrets or {}).items()):
+        args += ["--secret", f"id={name},src={src}"]
+    args.append(context)
+    return args
+
+
+class RawJsonProgress:
+    """buildx's `--progress=rawjson` stream -> log lines, BuildProgress and the log tail.
+
+    Each event is one JSON document (pretty-printed over several lines). A vertex named
+    "[stage k/n] INSTRUCTION" is a Dockerfile step; step N of M counts the steps started of
+    all the steps announced. Lines that are not JSON (buildx's final "ERROR: ...") are log
+    lines too."""
+
+    def __init__(self, log: Callable[[str], None], progress: Callable[[BuildProgress], None]):
+        self.log, self.progress = log, progress
+        self.tail: deque[str] = deque(maxlen=TAIL_LINES)
+        self.state = BuildProgress()
+        self._names: dict[str, str] = {}  # vertex digest -> name
+        self._steps: dict[str, int] = {}  # "stage" -> its step count
+        self._started: set[str] = set()  # step vertexes started
+        self._announced: set[str] = set()  # vertexes whose start was logged
+        self._errors: list[str] = []
+        self._buffer: list[str] = []
+        self._partial: dict[str, str] = {}  # vertex -> an unfinished log line
+
+    @property
+    def error(self) -> str | None:
+        return self._errors[-1] if self._errors else None
+
+    def emit(self, line: str) -> None:
+        self.tail.append(line)
+        self.log(line)
+
+    def feed_line(self, line: str) -> None:
+        """One line of buildx's stderr."""
+        if not self._buffer:
+            if line.startswith("{"):
+                self._buffer.append(line)
+                if line.rstrip() == "{}":
+                    self._flush()
+            elif line.strip():
+                text = line.rstrip()
+                self.emit(text)
+                if text.startswith("ERROR:"):
+                    self._errors.append(text.removeprefix("ERROR:").strip())
+            return
+        self._buffer.append(line)
+        if line.rstrip() == "}":  # a document's closing brace is alone on its line, unindented
+            self._flush()
+
+    def _flush(self) -> None:
+        text = "".join(self._buffer)
+        self._buffer = []
+        try:
+            event = json.loads(text)
+        except ValueError:
+            for line in text.splitlines():
+                self.emit(line)
+            return
+        if isinstance(event, dict):
+            self.feed(event)
+
+    def feed(self, event: dict) -> None:
+        for v in event.get("vertexes") or ():
+            if isinstance(v, dict):
+                self._vertex(v)
+        for entry in event.get("logs") or ():
+            if isinstance(entry, dict):
+                self._logs(entry)
+
+    def _vertex(self, v: dict) -> None:
+        digest, name = str(v.get("digest", "")), str(v.get("name", ""))
+        self._names[digest] = name
+        m = STEP_RE.fullmatch(name)
+        if m:
+            self._steps[m[1] or ""] = int(m[3])
+        if v.get("started") and digest not in self._announced:
+            self._announced.add(digest)
+            self.emit(f"#{len(self._announced)} {name}" + (" CACHED" if v.get("cached") else ""))
+            if m and digest not in self._started:
+                self._started.add(digest)
+                self.state = BuildProgress(len(self._started), max(sum(self._steps.values()), len(self._started)),
+                                           m[4])
+                self.progress(self.state)
+        if v.get("error"):
+            message = str(v["error"]).strip()
+            self.emit(f"ERROR: {name}: {message}")
+            self._errors.append(message)
+            if m:
+                self._failed_step = name
+
+    def _logs(self, entry: dict) -> None:
+        vertex = str(entry.get("vertex", ""))
+        try:
+            data = base64.b64decode(str(entry.get("data", "")), validate=True).decode(errors="replace")
+        except ValueError:
+            return
+        text = self._partial.pop(vertex, "") + data.replace("\r\n", "\n").replace("\r", "\n")
+        lines = text.split("\n")
+        if lines[-1]:
+            self._partial[vertex] = lines[-1]
+        for line in lines[:-1]:
+            if line.strip():
+                self.emit(line)
+
+    def step_text(self) -> str | None:
+        failed = getattr(self, "_failed_step", None)
+        if failed:
+            m = STEP_RE.fullmatch(failed)
+            return f"{failed}" if m is None else f"step {m[2]}/{m[3]}{' of ' + m[1] if m[1] else ''}: {m[4]}"
+        s = self.state
+        return f"step {s.step}/{s.steps}: {s.instruction}" if s.step else None
+
+    def build_error(self, message: str) -> BuildError:
+        return BuildError(message, step=self.step_text(), log_tail=list(self.tail))
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Stop buildx and its build: SIGINT to its process group (buildx cancels the build and
+    exits), SIGKILL after STOP_SECONDS if it has not."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGINT)
+    except ProcessLookupError:
+        return
+
+    def later() -> None:
+        try:
+            proc.wait(timeout=STOP_SECONDS)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    threading.Thread(target=later, name="imagefactory-buildx-stop", daemon=True).start()
+
+
+def run_build(args: list[str], parser: RawJsonProgress, interrupt: Interrupt) -> int:
+    """Run buildx in its own process group, feed its output to `parser`, return its exit status.
+    Cancelled once `interrupt` is set (the process group stopped)."""
+    interrupt.check()
+    proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True, env=_buildx_env())
+    try:
+        with interrupt.on_cancel(lambda: _stop(proc)):
+            out: IO[bytes] | None = proc.stdout
+            assert out is not None
+            for raw in out:
+                parser.feed_line(raw.decode(errors="replace"))
+            code = proc.wait()
+    finally:
+        if proc.poll() is None:  # an exception (or an interrupt) while reading: never leave it running
+            _stop(proc)
+            try:
+                proc.wait(timeout=STOP_SECONDS + 2)
+            except subprocess.TimeoutExpired:
+                pass
+        if proc.stdout is not None:
+            proc.stdout.close()
+    interrupt.check()
+    return code
+
+
+def _buildx_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("BUILDX_BUILDER", None)  # the builder is chosen by --buildx-builder only
+    env["BUILDX_NO_DEFAULT_ATTESTATIONS"] = "1"  # the docker driver cannot store them
+    return env
+
+
+class BuildxEngine(Engine):
+    """The Docker SDK engine, building with BuildKit through `docker buildx build`."""
+
+    builder = "buildkit"
+
+    def __init__(self, *, interrupt: Interrupt | None = None, buildx_builder: str | None = None) -> None:
+        super().__init__(interrupt=interrupt)
+        self.buildx_builder = check_builder_name(buildx_builder)
+
+    def build(
+        self,
+        context: str,
+        tag: str,
+        *,
+        network_mode: str | None = "host",
+        log: Callable[[str], None] = lambda line: None,
+        progress: Callable[[BuildProgress], None] = lambda p: None,
+        pull: bool = False,
+        cache_from: list[str] | None = None,
+        nocache: bool = False,
+        secrets: Mapping[str, Path] | None = None,
+        platform: str | None = None,
+    ) -> str:
+        cli = docker_cli()
+        if cli is None:
+            raise BuildError("no `docker` CLI on PATH: " + INSTALL_HINT)
+        if platform is not None and not PLATFORM_RE.fullmatch(platform):
+            raise BuildError(f"platform {platform[:40]!r} is not os/arch[/variant]")
+        parser = RawJsonProgress(log, progress)
+        with tempfile.TemporaryDirectory(prefix="imagefactory-buildx-") as tmp:
+            metadata = Path(tmp) / "metadata.json"
+            args = command(cli, context, tag, metadata, network_mode=network_mode, pull=pull, cache_from=cache_from,
+                           nocache=nocache, secrets=secrets, platform=platform, builder=self.buildx_builder)
+            try:
+                code = run_build(args, parser, self.interrupt)
+            except Cancelled:
+                raise
+            except OSError as e:
+                raise parser.build_error(f"could not run docker buildx: {e.strerror}") from None
+            if code != 0:
+                message = parser.error or f"docker buildx build exited {code}"
+                if not self.alive():
+                    raise EngineGone(f"build of {tag}: the Docker engine stopped answering ({message})")
+                raise parser.build_error(message)
+            image_id = _metadata_image(metadata) or self.image_id(tag)
+        if image_id is None or self.image_id(tag) is None:
+            raise parser.build_error("the build ended without producing an image")
+        return image_id
+
+
+def _metadata_image(path: Path) -> str | None:
+    """The image id buildx's --metadata-file names (the config digest; with the docker driver
+    containerimage.digest is the image id too)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    for key in ("containerimage.config.digest", "containerimage.digest"):
+        value = data.get(key)
+        if isinstance(value, str) and re.fullmatch(r"sha256:[0-9a-f]{64}", value):
+            return value
+    return None

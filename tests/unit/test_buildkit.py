@@ -1,0 +1,297 @@
+"""The BuildKit backend without an engine: buildx's rawjson progress, the builder selection and
+its fallback (a fake `docker` CLI on PATH), the buildx command line, and build.py's use of them
+(the fake engine)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from imagefactory import buildkit, cli
+from imagefactory.context import Builder
+from imagefactory.engine_api import BuildProgress
+from imagefactory.errors import ConfigError
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "buildx"
+
+
+def parse(text: str) -> tuple[buildkit.RawJsonProgress, list[str], list[BuildProgress]]:
+    lines: list[str] = []
+    steps: list[BuildProgress] = []
+    p = buildkit.RawJsonProgress(lines.append, steps.append)
+    for line in text.splitlines(keepends=True):
+        p.feed_line(line)
+    return p, lines, steps
+
+
+def doc(**event: object) -> str:
+    return json.dumps(event, indent=2) + "\n"
+
+
+def vertex(digest: str, name: str, **more: object) -> dict:
+    return {"digest": digest, "name": name, **more}
+
+
+def log(digest: str, text: str) -> dict:
+    return {"vertex": digest, "stream": 1, "data": base64.b64encode(text.encode()).decode()}
+
+
+def test_recorded_stream_gives_steps_of_the_dockerfile_and_the_run_output():
+    p, lines, steps = parse((FIXTURES / "rawjson-ok.txt").read_text())
+    assert [(s.step, s.steps) for s in steps] == [(1, 3), (2, 3), (3, 3)]
+    assert steps[1].instruction == "RUN echo hello && sleep 1 && echo there"
+    assert "hello" in lines and "there" in lines  # a RUN step's output, decoded
+    assert any(line.endswith("[2/3] RUN echo hello && sleep 1 && echo there") for line in lines)
+    assert p.error is None
+
+
+def test_multi_stage_steps_count_every_stage_and_logs_join_split_lines():
+    a, b, c = "sha256:" + "a" * 64, "sha256:" + "b" * 64, "sha256:" + "c" * 64
+    text = (doc(vertexes=[vertex(a, "[venv 1/3] FROM base"), vertex(b, "[venv 2/3] RUN pip install torch"),
+                          vertex(c, "[stage-1 1/2] FROM base")])
+            + doc(vertexes=[vertex(a, "[venv 1/3] FROM base", started="t", cached=True)])
+            + doc(vertexes=[vertex(b, "[venv 2/3] RUN pip install torch", started="t")])
+            + doc(logs=[log(b, "Collecting to"), log(b, "rch\nInstalled\n")]))
+    p, lines, steps = parse(text)
+    assert [(s.step, s.steps) for s in steps] == [(1, 5), (2, 5)]
+    assert "Collecting torch" in lines and "Installed" in lines
+    assert any(line.endswith("[venv 1/3] FROM base CACHED") for line in lines)
+
+
+def test_a_failed_step_is_the_error_with_its_step_and_the_tail():
+    a = "sha256:" + "a" * 64
+    err = 'process "/bin/bash -o pipefail -c pip install nope" did not complete successfully: exit code: 1'
+    text = (doc(vertexes=[vertex(a, "[venv 2/4] RUN pip install nope", started="t")])
+            + doc(logs=[log(a, "".join(f"line {i}\n" for i in range(40)))])
+            + doc(vertexes=[vertex(a, "[venv 2/4] RUN pip install nope", started="t", completed="t", error=err)])
+            + "ERROR: failed to solve: " + err + "\n")
+    p, lines, _ = parse(text)
+    e = p.build_error(p.error or "")
+    assert "did not complete successfully" in e.message
+    assert e.step == "step 2/4 of venv: RUN pip install nope"
+    assert len(e.log_tail) == buildkit.TAIL_LINES and e.log_tail[-1].startswith("ERROR: failed to solve")
+    assert "line 39" in e.log_tail and "line 0" not in e.log_tail
+
+
+def test_text_that_is_not_json_is_logged_not_lost():
+    p, lines, _ = parse("{\n  \"vertexes\": [\n}\nplain words\n")
+    assert "plain words" in lines and p.error is None
+
+
+@pytest.fixture
+def fake_docker(tmp_path, monkeypatch):
+    """A `docker` CLI on PATH whose `buildx version` prints what the test says (or fails)."""
+    def make(answer: str | None) -> None:
+        script = tmp_path / "docker"
+        body = "exit 1" if answer is None else f"echo {answer!r}"
+        script.write_text(f"#!/bin/sh\n[ \"$1 $2\" = 'buildx version' ] || exit 9\n{body}\n")
+        script.chmod(script.stat().st_mode | stat.S_IEXEC)
+        monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}/usr/bin:/bin")
+    return make
+
+
+@pytest.mark.parametrize("answer, version", [
+    ("github.com/docker/buildx 0.13.1+ds1 0.13.1+ds1-3", (0, 13, 1)),
+    ("github.com/docker/buildx v0.17.1 8c2a5c6", (0, 17, 1)),
+])
+def test_buildx_version_is_read(fake_docker, answer, version):
+    fake_docker(answer)
+    assert buildkit.buildx_version()[0] == version
+    said: list[str] = []
+    assert buildkit.select(Builder.auto, said.append) is Builder.buildkit and said == []
+
+
+@pytest.mark.parametrize("answer", [None, "github.com/docker/buildx v0.10.4 abc", "buildx; rm -rf /"])
+def test_buildkit_without_a_usable_buildx_is_exit_2_naming_the_fix(fake_docker, answer):
+    fake_docker(answer)
+    with pytest.raises(ConfigError) as e:
+        buildkit.select(Builder.buildkit, print)
+    assert e.value.exit_code == 2 and "scripts/ci-setup.sh" in e.value.message
+    said: list[str] = []
+    assert buildkit.select(Builder.auto, said.append) is Builder.classic
+    assert len(said) == 1 and said[0].startswith("builder: classic")
+
+
+def test_no_docker_cli_at_all(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(ConfigError, match="no `docker` CLI"):
+        buildkit.select("buildkit", print)
+
+
+def test_classic_never_asks_buildx(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert buildkit.select("classic", print) is Builder.classic
+
+
+def test_command_line_carries_builder_platform_secret_and_host_network(tmp_path):
+    args = buildkit.command("docker", "/ctx", "t:1", tmp_path / "m.json", network_mode="host", pull=True,
+                            cache_from=["reg/x:1"], nocache=False, secrets={"netrc": Path("/home/u/.netrc")},
+                            platform="linux/arm64", builder="k8s-builder")
+    assert args[:3] == ["docker", "buildx", "build"] and args[-1] == "/ctx"
+    for pair in (["--builder", "k8s-builder"], ["--network", "host"], ["--platform", "linux/arm64"],
+                 ["--secret", "id=netrc,src=/home/u/.netrc"], ["--cache-from", "reg/x:1"], ["-t", "t:1"]):
+        assert any(args[i:i + 2] == pair for i in range(len(args))), pair
+    assert "--progress=rawjson" in args and "--load" in args and "--pull" in args
+
+
+@pytest.mark.parametrize("name", ["-rf", "a b", "x;y", "", "a" * 65])
+def test_buildx_builder_name_is_checked(name):
+    with pytest.raises(ConfigError, match="--buildx-builder"):
+        buildkit.check_builder_name(name)
+
+
+MATRIX = """\
+image: registry.example.com/ml/train
+matrix:
+  python: ["3.11"]
+  cuda: ["none"]
+  blas: [openblas]
+  installer: [pip]
+torch: "2.13.0"
+threads: 2
+pip:
+  torch_index_url: null
+  extra_index_urls: ["https://pkgs.example.com/simple"]
+  wheelhouse: wheels
+"""
+CELL = "py3.11-cpu-openblas-pip"
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    (tmp_path / "wheels").mkdir()
+    (tmp_path / "wheels" / "torch-2.13.0+cpu-cp311-cp311-linux_x86_64.whl").write_bytes(b"x")
+    (tmp_path / "matrix.yaml").write_text(MATRIX)
+    monkeypatch.delenv("NETRC", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    return tmp_path
+
+
+def run_cli(project, world, monkeypatch, *args: str) -> tuple[int, dict]:
+    from imagefactory import engine_api
+
+    def engine(interrupt, **kwargs):
+        world.interrupt = interrupt
+        world.builder = "buildkit" if kwargs.get("buildkit") else "classic"
+        world.engine_kwargs = kwargs
+        return world.engine()
+
+    monkeypatch.setattr(engine_api, "docker_engine", engine)
+    report = project / "report.json"
+    monkeypatch.setattr("sys.argv", ["imagefactory", "build", "--matrix", str(project / "matrix.yaml"), "--plain",
+                                     "--gpus", "none", "--work-dir", str(project / "work"), "--report", str(report),
+                                     *args])
+    with pytest.raises(SystemExit) as e:
+        cli.main()
+    cells = {c["cell"]: c for c in json.loads(report.read_text())["cells"]} if report.exists() else {}
+    return int(e.value.code or 0), cells
+
+
+@pytest.fixture
+def world():
+    from tests.fake_engine import World
+    from tests.unit.helpers import good_probe
+    from imagefactory import matrix as matrix_mod
+
+    def make(project: Path) -> World:
+        m = matrix_mod.load(project / "matrix.yaml")
+        return World(probes={c.id: good_probe(c) for c in m.cells})
+    return make
+
+
+def dockerfile(project: Path) -> str:
+    return (project / "work" / "contexts" / CELL / "Dockerfile").read_text()
+
+
+def test_build_with_buildkit_records_it_and_renders_cache_mounts(project, world, fake_docker, monkeypatch, capsys):
+    fake_docker("github.com/docker/buildx 0.13.1+ds1 0.13.1+ds1-3")
+    w = world(project)
+    code, cells = run_cli(project, w, monkeypatch, "--builder", "buildkit", "--buildx-builder", "remote-1")
+    assert code == 0, capsys.readouterr().err
+    assert cells[CELL]["builder"] == "buildkit" and w.engine_kwargs["buildx_builder"] == "remote-1"
+    text = dockerfile(project)
+    assert "RUN --mount=type=cache,id=imagefactory-pip,target=/root/.cache/pip" in text
+    assert "--no-cache-dir" not in text and "PIP_NO_CACHE_DIR" not in text
+    assert "type=secret" not in text  # no netrc: nothing mounted
+    args = [a for op, a in w.calls if op == "build_args"][0]
+    assert args["platform"] == "linux/amd64" and args["secrets"] == {}
+
+
+def test_auto_without_buildx_falls_back_to_classic_and_says_so_once(project, world, fake_docker, monkeypatch, capsys):
+    fake_docker(None)
+    w = world(project)
+    code, cells = run_cli(project, w, monkeypatch, "--builder", "auto")
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert cells[CELL]["builder"] == "classic" and err.count("builder: classic") == 1
+    text = dockerfile(project)
+    assert "--mount" not in text and "--no-cache-dir" in text and "PIP_NO_CACHE_DIR=1" in text
+
+
+def test_buildkit_without_buildx_is_exit_2_before_anything_runs(project, world, fake_docker, monkeypatch, capsys):
+    fake_docker(None)
+    w = world(project)
+    code, cells = run_cli(project, w, monkeypatch, "--builder", "buildkit")
+    assert code == 2 and cells == {} and w.calls == []
+    assert "scripts/ci-setup.sh" in capsys.readouterr().err
+
+
+def test_netrc_is_mounted_only_as_a_secret(project, world, fake_docker, monkeypatch, capsys):
+    fake_docker("github.com/docker/buildx v0.17.1 abc")
+    netrc = project / "netrc"
+    netrc.write_text("machine pkgs.example.com login me password Sup3r-S3cret\n")
+    w = world(project)
+    code, cells = run_cli(project, w, monkeypatch, "--builder", "buildkit", "--netrc", str(netrc))
+    err = capsys.readouterr().err
+    assert code == 0, err
+    args = [a for op, a in w.calls if op == "build_args"][0]
+    assert args["secrets"] == {"netrc": netrc}
+    text = dockerfile(project)
+    assert "--mount=type=secret,id=netrc,target=/run/secrets/imagefactory-netrc,required=true" in text
+    assert "export NETRC=/run/secrets/imagefactory-netrc" in text
+    for place in (text, err, (project / "report.json").read_text(), (project / "work" / "logs" / f"{CELL}.log")
+                  .read_text(), *(p.read_text(errors="replace") for p in (project / "work" / "contexts")
+                                  .rglob("*") if p.is_file())):
+        assert "Sup3r-S3cret" not in place
+
+
+def test_netrc_under_the_classic_builder_is_refused_up_front(project, world, fake_docker, monkeypatch, capsys):
+    netrc = project / "netrc"
+    netrc.write_text("machine pkgs.example.com login me password Sup3r-S3cret\n")
+    w = world(project)
+    code, cells = run_cli(project, w, monkeypatch, "--builder", "classic", "--netrc", str(netrc))
+    err = capsys.readouterr().err
+    assert code == 2 and w.calls == [] and cells == {}
+    assert "classic builder has no build secrets" in err and "pkgs.example.com" in err
+    assert "Sup3r-S3cret" not in err
+
+
+def test_netrc_for_other_hosts_warns_and_mounts_nothing(project, world, fake_docker, monkeypatch, capsys):
+    fake_docker("github.com/docker/buildx v0.17.1 abc")
+    home = project / "home"
+    home.mkdir()
+    (home / ".netrc").write_text("machine elsewhere.example.org login me password Sup3r-S3cret\n")
+    w = world(project)
+    code, cells = run_cli(project, w, monkeypatch, "--builder", "buildkit")  # the default: ~/.netrc
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "names no host the selected cells install from" in err and "pkgs.example.com" in err
+    assert "type=secret" not in dockerfile(project)
+    assert [a for op, a in w.calls if op == "build_args"][0]["secrets"] == {}
+
+
+def test_metadata_file_image_id(tmp_path):
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps({"containerimage.digest": "sha256:" + "1" * 64}))
+    assert buildkit._metadata_image(path) == "sha256:" + "1" * 64
+    path.write_text(json.dumps({"containerimage.digest": "sha256:nothex"}))
+    assert buildkit._metadata_image(path) is None
+
+
+def test_cli_module_exposes_the_flags():
+    assert {"builder", "buildx_builder", "netrc"} <= set(cli.FLAGS)

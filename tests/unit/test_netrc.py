@@ -1,0 +1,157 @@
+"""Index logins: the netrc file (bad input, the hosts it names, which cells need it, refusal under
+the classic builder) and the credential-in-a-URL rule that now names --netrc."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from imagefactory import matrix, netrc, render
+from imagefactory.errors import ConfigError
+
+SECRET = "Sup3r-S3cret-pw"
+MATRIX = textwrap.dedent("""\
+    image: registry.example.com/ml/train
+    matrix:
+      python: ["3.11"]
+      cuda: ["none"]
+      blas: [openblas]
+      installer: [pip]
+    torch: "2.13.0"
+    threads: 2
+    pip:
+      torch_index_url: "https://torch.example.com/whl/{variant}"
+      extra_index_urls: ["https://pkgs.example.com:8443/simple"]
+    """)
+
+
+@pytest.fixture
+def m(tmp_path):
+    path = tmp_path / "matrix.yaml"
+    path.write_text(MATRIX)
+    return matrix.load(path)
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "netrc"
+    path.write_text(text)
+    return path
+
+
+def test_hosts_are_machine_names_and_default_is_any(tmp_path):
+    text = (f"machine PKGS.example.com login me password {SECRET}\n"
+            f"macdef init\nmachine macro.example.com\n\n"
+            f"machine other.example.org\n  login you\n  password {SECRET}\ndefault login a password b\n")
+    assert netrc.hosts(text) == {"pkgs.example.com", "other.example.org", netrc.ANY_HOST}
+    loaded = netrc.load(write(tmp_path, text))
+    assert SECRET not in repr(loaded)
+
+
+def test_needs_compares_hosts_without_ports(m, tmp_path):
+    cell = m.cells[0]
+    assert netrc.cell_hosts(m, cell) == {"pkgs.example.com", "torch.example.com"}
+    assert netrc.needs(netrc.load(write(tmp_path, "machine pkgs.example.com login a password b\n")), m, cell)
+    assert not netrc.needs(netrc.load(write(tmp_path, "machine pypi.org login a password b\n")), m, cell)
+    assert netrc.needs(netrc.load(write(tmp_path, "default login a password b\n")), m, cell)
+
+
+@pytest.mark.parametrize("make, words", [
+    (lambda d: ((d / "target").write_text("machine x login a password b\n"), os.symlink(d / "target", d / "netrc")),
+     "is a symbolic link"),
+    (lambda d: (d / "netrc").mkdir(), "is a directory"),
+    (lambda d: os.mkfifo(d / "netrc"), "is a FIFO"),
+    (lambda d: None, "file not found"),
+    (lambda d: (d / "netrc").write_bytes(b"machine x login a password \xff\n"), "not UTF-8"),
+    (lambda d: (d / "netrc").write_text("#" * (netrc.MAX_BYTES + 1)), "larger than"),
+])
+def test_a_bad_netrc_is_exit_2(tmp_path, make, words):
+    make(tmp_path)
+    with pytest.raises(ConfigError) as e:
+        netrc.load(tmp_path / "netrc")
+    assert e.value.exit_code == 2 and words in e.value.message and "--netrc" in e.value.message
+
+
+def test_an_unreadable_netrc_is_exit_2(tmp_path, monkeypatch):
+    """Root (these tests' user) reads any mode, so the open itself fails as it does for a user
+    without access."""
+    path = write(tmp_path, "machine x login a password b\n")
+    real_open = os.open
+
+    def refuse(p, *args, **kwargs):
+        if Path(p) == path:
+            raise PermissionError(13, "Permission denied")
+        return real_open(p, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", refuse)
+    with pytest.raises(ConfigError, match="cannot be read: Permission denied"):
+        netrc.load(path)
+
+
+def test_resolve_warns_for_other_hosts_and_mounts_nothing(m, tmp_path):
+    said: list[str] = []
+    path = write(tmp_path, f"machine elsewhere.example.org login a password {SECRET}\n")
+    assert netrc.resolve(path, True, m, m.cells, buildkit=True, warn=said.append) is None
+    assert len(said) == 1 and "names no host" in said[0] and "pkgs.example.com" in said[0]
+    assert SECRET not in said[0]
+
+
+def test_resolve_refuses_a_needed_login_under_classic_saying_why(m, tmp_path):
+    path = write(tmp_path, f"machine pkgs.example.com login a password {SECRET}\n")
+    with pytest.raises(ConfigError) as e:
+        netrc.resolve(path, True, m, m.cells, buildkit=False, warn=print)
+    text = "\n".join(e.value.problems)
+    assert "classic builder has no build secrets" in text and "--builder buildkit" in text
+    assert SECRET not in text
+    assert netrc.resolve(path, True, m, m.cells, buildkit=True, warn=print) is not None
+
+
+def test_default_path_is_netrc_variable_then_home(tmp_path):
+    assert netrc.default_path({"NETRC": "/x/y", "HOME": str(tmp_path)}) == Path("/x/y")
+    assert netrc.default_path({"HOME": str(tmp_path)}) is None
+    (tmp_path / ".netrc").write_text("")
+    assert netrc.default_path({"HOME": str(tmp_path)}) == tmp_path / ".netrc"
+
+
+def test_render_refuses_a_secret_mount_for_the_classic_builder(m):
+    with pytest.raises(ConfigError, match="needs the BuildKit builder"):
+        render.dockerfile_text(m, m.cells[0], None, [], locked=False, buildkit=False, netrc=True)
+
+
+def test_the_secret_mount_is_in_the_install_run_only(m):
+    text = render.dockerfile_text(m, m.cells[0], None, [], locked=False, buildkit=True, netrc=True)
+    mounts = [line for line in text.splitlines() if "type=secret" in line]
+    assert len(mounts) == 1 and mounts[0].startswith("RUN --mount=type=cache")
+    assert "ENV NETRC" not in text and "ARG" not in text
+    # NETRC is exported inside that RUN's shell, never in an ENV instruction
+    env_lines = [line for line in text.splitlines() if line.startswith("ENV")]
+    assert not any("NETRC" in line for line in env_lines)
+
+
+@pytest.mark.parametrize("url", [
+    "https://idx.example.com/simple?token=abc123",
+    "https://idx.example.com/simple?page=1&api_key=abc123",
+    "https://idx.example.com/simple?password=abc",
+    "https://blob.example.com/c?sv=1&sig=abc%2F",
+    "https://s3.example.com/w?X-Amz-Signature=abc&X-Amz-Credential=k",
+    "https://idx.example.com/simple#access_token=abc",
+    "https://user:pw@idx.example.com/simple",
+])
+def test_credentials_anywhere_in_a_url_are_refused_naming_netrc(tmp_path, url):
+    path = tmp_path / "matrix.yaml"
+    path.write_text(MATRIX.replace("https://pkgs.example.com:8443/simple", url))
+    with pytest.raises(ConfigError) as e:
+        matrix.load(path)
+    text = "\n".join(e.value.problems)
+    assert "pip.extra_index_urls[0]" in text and "credentials in a URL" in text and "--netrc" in text
+    assert "abc123" not in text
+
+
+@pytest.mark.parametrize("url", ["https://idx.example.com/simple?page=2", "https://idx.example.com/s?monkey=1",
+                                 "https://idx.example.com/s?keyboard=us"])
+def test_harmless_query_parameters_pass(tmp_path, url):
+    path = tmp_path / "matrix.yaml"
+    path.write_text(MATRIX.replace("https://pkgs.example.com:8443/simple", url))
+    assert matrix.load(path).pip.extra_index_urls == (url,)
