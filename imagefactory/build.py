@@ -126,7 +126,7 @@ class _Cell:
         if self.registry_cache:
             self.ui.status(cell.id, "looking in the registry")
             pulled = regcache.pull_content(self.engine, self.matrix, cell, self.ctx.content_hash,
-                                           publish.credentials(), self.log)
+                                           publish.registry_credentials(self.matrix), self.log)
             if pulled:
                 self.engine.tag(pulled.image_id, r.candidate)
                 r.image_id, r.cached, r.pulled, r.status = pulled.image_id, True, pulled.ref, CACHED

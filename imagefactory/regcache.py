@@ -12,9 +12,10 @@ target registry instead of building.
   needs the docker-container driver or the containerd image store, which dockerd 20.10's
   built-in BuildKit does not have: inline cache only.
 
-Lookups go through the engine with the publish registry's credentials
-(IMAGEFACTORY_REGISTRY_*, else `docker login`'s) and only for the matrix's own image: base
-registries never see them. A registry that does not answer, or serves something else, costs
+Lookups go through the engine with the credentials of the content tag's own registry
+(publish.auth_for: IMAGEFACTORY_REGISTRY_* for `image`'s registry, the _<HOST> pair for one
+under tags.registries, else `docker login`'s), and only for the matrix's own tags: base
+registries and other registries never see them. A registry that does not answer, or serves something else, costs
 a build, never the run.
 """
 
@@ -24,7 +25,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
-from imagefactory import render, tags
+from imagefactory import publish, render, tags
 from imagefactory.engine_api import ContainerEngine
 from imagefactory.errors import EngineError, EngineGone, PushError
 from imagefactory.model import Cell, Matrix
@@ -50,10 +51,16 @@ def lookup(engine: ContainerEngine, ref: str, auth: dict[str, str] | None) -> st
 
 
 def pull_content(engine: ContainerEngine, matrix: Matrix, cell: Cell, content_hash: str,
-                 auth: dict[str, str] | None, log: Callable[[str], None]) -> Pulled | None:
+                 creds: dict[str, publish.Auth | None], log: Callable[[str], None]) -> Pulled | None:
     """Pull the cell's content-hash tag when the registry has it, and tag it locally under
-    that tag (so later runs find it without the registry). None: build instead (`log` says why)."""
+    that tag (so later runs find it without the registry). `creds`: per registry, as
+    publish.registry_credentials gives them. None: build instead (`log` says why)."""
     ref = content_ref(matrix, cell, content_hash)
+    try:
+        auth = publish.auth_for(ref, creds)
+    except PushError as e:
+        log(f"registry cache: {e.message}; building")
+        return None
     digest = lookup(engine, ref, auth)
     if digest is None:
         log(f"registry cache: {ref} is not in the registry; building")

@@ -280,6 +280,7 @@ class FakeEngine:
 
     def registry_digest(self, ref: str, *, auth_config: dict[str, str] | None = None) -> str | None:
         self.world.record("registry_digest", ref)
+        self.world.record("digest_auth", (ref, auth_config))
         served = self.world.registry.get(ref)
         if served and ref in self.world.wrong_digest:
             return "sha256:" + "0" * 64

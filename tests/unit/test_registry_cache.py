@@ -170,3 +170,26 @@ def test_buildkit_builds_take_the_cells_registry_images_as_cache_and_classic_one
 
 def world_log(m, cell: str):
     return m.path.parent / "w1" / "logs" / f"{cell}.log"
+
+
+def test_the_content_tag_lookup_gets_only_its_own_registrys_credentials(tmp_path, write_matrix, monkeypatch):
+    """A content-hash tag under tags.registries is looked up and pulled with that registry's
+    credentials (IMAGEFACTORY_REGISTRY_*_<HOST>), never with `image`'s (issue 18, part 4)."""
+    third = "third.example.net:5000"
+    text = MATRIX + f'tags: {{hash_template: "{third}/it/fast:{{hash}}", registries: ["{third}"]}}\n'
+    m = matrix.load(write_matrix(text))
+    monkeypatch.setenv(publish.USER_ENV, "own")
+    monkeypatch.setenv(publish.PASSWORD_ENV, "own-secret")
+    monkeypatch.setenv(publish.USER_ENV + "_THIRD_EXAMPLE_NET_5000", "third")
+    monkeypatch.setenv(publish.PASSWORD_ENV + "_THIRD_EXAMPLE_NET_5000", "third-secret")
+    world = World(probes={c.id: good_probe(c, cpus=2) for c in m.cells}, registry=dict(BASES))
+    opts = build.Options(work_dir=tmp_path / "w1", verdicts_dir=tmp_path / "cache", push=True)
+    publish.publish(m, build.build(m, list(m.cells), world.context(opts)).reports, world.context(opts))
+    world.images.clear()
+    world.calls.clear()
+    opts = build.Options(work_dir=tmp_path / "w2", verdicts_dir=tmp_path / "cache2", push=True)
+    reports = build.build(m, list(m.cells), world.context(opts)).reports
+    assert all(r.pulled.startswith(f"{third}/it/fast:") for r in reports)
+    mine = {"username": "third", "password": "third-secret"}
+    looked_up = [auth for ref, auth in world.ops("digest_auth") if ref.startswith(third)]
+    assert looked_up == [mine, mine] and world.ops("pull_auth") == [mine, mine]
