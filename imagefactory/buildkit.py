@@ -14,12 +14,16 @@ interrupt stops buildx's whole process group (SIGINT, then SIGKILL): buildx clos
 cancels the build in the engine.
 
 `select` chooses the builder: buildkit when `docker buildx version` answers with at least
-MIN_VERSION, else classic (auto) or exit 2 (buildkit).
+MIN_VERSION, else classic (auto) or exit 2 (buildkit). A usable answer is kept in the cache
+folder under a key made of every file the docker CLI finds buildx through (the CLI, each
+plugin directory's docker-buildx, the CLI's config.json), so a no-op run does not start the
+two Go programs again; any change to those files asks again.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import re
@@ -32,6 +36,7 @@ from collections import deque
 from pathlib import Path
 from typing import IO, Callable, Mapping
 
+from imagefactory import fsutil
 from imagefactory.context import Builder
 from imagefactory.engine import Engine
 from imagefactory.engine_api import BuildProgress
@@ -56,11 +61,73 @@ def docker_cli() -> str | None:
     return shutil.which("docker")
 
 
+# Where the docker CLI looks for plugins on Linux, after $DOCKER_CONFIG/cli-plugins and the
+# config's cliPluginsExtraDirs (docker/cli cli-plugins/manager).
+SYSTEM_PLUGIN_DIRS = ("/usr/local/lib/docker/cli-plugins", "/usr/local/libexec/docker/cli-plugins",
+                      "/usr/lib/docker/cli-plugins", "/usr/libexec/docker/cli-plugins")
+
+
+def _stat_key(path: Path) -> str:
+    try:
+        st = path.stat()
+    except OSError:
+        return f"{path}:-"
+    return f"{path}:{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
+
+
+def _answer_key(cli: str) -> str | None:
+    """What `docker buildx version` depends on, as one digest; None when it cannot be pinned down
+    (a config.json that names extra plugin directories, or one that cannot be read)."""
+    config_dir = Path(os.environ.get("DOCKER_CONFIG") or Path.home() / ".docker")
+    config = config_dir / "config.json"
+    try:
+        if config.is_file() and "cliPluginsExtraDirs" in config.read_text(encoding="utf-8", errors="replace")[:1_000_000]:
+            return None
+    except OSError:
+        return None
+    paths = [Path(cli), config, config_dir / "cli-plugins" / "docker-buildx",
+             *(Path(d) / "docker-buildx" for d in SYSTEM_PLUGIN_DIRS)]
+    return hashlib.sha256("\n".join(_stat_key(p) for p in paths).encode()).hexdigest()
+
+
+def _cache_file() -> Path:
+    from imagefactory import verdicts  # the cache folder (imported here: verdicts is a later step)
+
+    return verdicts.cache_dir().parent / "buildx-version.json"
+
+
 def buildx_version(timeout: float = 20.0) -> tuple[tuple[int, int, int] | None, str]:
-    """buildx's version, or None and why not (no docker CLI, no plugin, an answer we cannot read)."""
+    """buildx's version, or None and why not (no docker CLI, no plugin, an answer we cannot read).
+    A usable answer is reused while the files it depends on are unchanged (_answer_key)."""
     cli = docker_cli()
     if cli is None:
         return None, "no `docker` CLI on PATH"
+    key = _answer_key(cli)
+    if key is not None:
+        try:
+            kept = json.loads(_cache_file().read_text(encoding="utf-8")[:4096])
+            if kept.get("key") == key and VERSION_RE.fullmatch(str(kept.get("answer", ""))[:200]):
+                return _parsed(str(kept["answer"]))
+        except (OSError, ValueError, AttributeError):
+            pass
+    version, text = _ask(cli, timeout)
+    if version is not None and key is not None:
+        try:
+            _cache_file().parent.mkdir(parents=True, exist_ok=True)
+            fsutil.atomic_write(_cache_file(), json.dumps({"key": key, "answer": text}))
+        except OSError:
+            pass  # an unwritable cache costs the next run one more question, nothing else
+    return version, text
+
+
+def _parsed(first: str) -> tuple[tuple[int, int, int] | None, str]:
+    m = VERSION_RE.fullmatch(first)
+    if m is None:
+        return None, f"`docker buildx version` answered {first!r}, not a version"
+    return (int(m[1]), int(m[2]), int(m[3] or 0)), first
+
+
+def _ask(cli: str, timeout: float) -> tuple[tuple[int, int, int] | None, str]:
     try:
         done = subprocess.run([cli, "buildx", "version"], capture_output=True, text=True, timeout=timeout,
                               stdin=subprocess.DEVNULL)
@@ -69,10 +136,7 @@ def buildx_version(timeout: float = 20.0) -> tuple[tuple[int, int, int] | None, 
     first = (done.stdout.strip().splitlines() or [""])[0][:200]
     if done.returncode != 0:
         return None, "`docker buildx version` failed: the buildx plugin is not installed"
-    m = VERSION_RE.fullmatch(first)
-    if m is None:
-        return None, f"`docker buildx version` answered {first!r}, not a version"
-    return (int(m[1]), int(m[2]), int(m[3] or 0)), first
+    return _parsed(first)
 
 
 def select(choice: Builder | str, say: Callable[[str], None]) -> Builder:
