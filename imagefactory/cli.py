@@ -229,7 +229,7 @@ def select(m: matrix_mod.Matrix, only: Optional[List[str]]) -> list[Cell]:
 def _cell_row(c: Cell) -> dict:
     return {
         "id": c.id, "python": c.python, "cuda": c.cuda or "none", "blas": c.blas,
-        "installer": c.installer, "torch": c.torch, "threads": c.threads,
+        "installer": c.installer, "variant": c.variant, "torch": c.torch, "threads": c.threads,
         "base_image": c.base_image, "tag": c.tags[0] if c.tags else "",
     }
 

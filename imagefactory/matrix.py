@@ -27,7 +27,10 @@ from imagefactory.inputs import Located as _Located
 from imagefactory.inputs import Problem
 from imagefactory.model import Cell, CondaSettings, Matrix, PipSettings
 
-AXES = ("python", "cuda", "blas", "installer")
+AXES = ("python", "cuda", "blas", "installer", "variant")
+# An axis the file leaves out: installer conda; variant none ("", the fifth axis is optional).
+DEFAULT_AXES: dict[str, list[str]] = {"installer": ["conda"], "variant": [""]}
+DEFAULT_NEW_CELL = {"installer": "conda", "variant": ""}  # a cell an include entry adds
 CELL_KEYS = ("torch", "numpy", "threads", "compiler", "base_image", "packages", "env")
 DEFAULT_BASE_IMAGES = {"conda": "debian:bookworm-slim", "pip": "python:{python}-slim-bookworm"}
 DEFAULT_THREADS = 4
@@ -204,7 +207,7 @@ def _build(path: Path, data: dict[str, Any], loc: _Located, problems: list[Probl
 
     base_dir = path.parent
     axes_spec = data["matrix"]
-    axes = {a: list(axes_spec.get(a, ["conda"] if a == "installer" else [])) for a in AXES}
+    axes = {a: list(axes_spec.get(a, DEFAULT_AXES.get(a, []))) for a in AXES}
 
     for axis, values in axes.items():
         for i, v in enumerate(values):
@@ -217,7 +220,7 @@ def _build(path: Path, data: dict[str, Any], loc: _Located, problems: list[Probl
             if value not in axes[axis]:
                 problem(("matrix", "exclude", i, axis),
                         f"{value!r} is not in matrix.{axis}, so this exclude removes nothing "
-                        f"(allowed: {', '.join(axes[axis])})")
+                        f"(allowed: {', '.join(v for v in axes[axis] if v) or 'none, matrix.' + axis + ' is not set'})")
 
     combos: list[dict[str, Any]] = []
     for picked in itertools.product(*(dict.fromkeys(axes[a]) for a in AXES)):
@@ -242,7 +245,7 @@ def _build(path: Path, data: dict[str, Any], loc: _Located, problems: list[Probl
                 problem(("matrix", "include", i),
                         f"matches no cell, and a new cell needs {', '.join(missing)}")
                 continue
-            new = {"installer": "conda", **inc}
+            new = {**DEFAULT_NEW_CELL, **inc}
             combos.append(new)
             original.append({k: new[k] for k in AXES})
 
@@ -289,6 +292,7 @@ def _build(path: Path, data: dict[str, Any], loc: _Located, problems: list[Probl
         env = {**data.get("env", {}), **combo.get("env", {})}
         cell = Cell(
             python=combo["python"], cuda=cuda, blas=combo["blas"], installer=combo["installer"],
+            variant=combo["variant"],
             torch=torch, numpy=combo.get("numpy", data.get("numpy")),
             threads=combo.get("threads", data.get("threads", DEFAULT_THREADS)),
             compiler=combo.get("compiler", data.get("compiler", True)),

@@ -33,11 +33,14 @@ class Cell:
     tags: tuple[str, ...] = ()  # release tags (full references), applied only after checks pass
     # (name, version) of every package in the cell's lock (render fills it in); () when unlocked
     locked: tuple[tuple[str, str], ...] = ()
+    # the optional fifth axis (matrix.variant): cells alike in the four axes that differ in
+    # packages, threads, env...; "" for none. It ends the id: py3.11-cpu-openblas-pip-vision
+    variant: str = ""
 
     @property
     def id(self) -> str:
         accel = "cpu" if self.cuda is None else f"cu{self.cuda}"
-        return f"py{self.python}-{accel}-{self.blas}-{self.installer}"
+        return f"py{self.python}-{accel}-{self.blas}-{self.installer}" + (f"-{self.variant}" if self.variant else "")
 
     @property
     def accel(self) -> str:
@@ -72,7 +75,7 @@ class Matrix:
     pip: PipSettings = field(default_factory=PipSettings)
     conda: CondaSettings = field(default_factory=CondaSettings)
     ca_certificates: tuple[Path, ...] = ()  # absolute paths on the host
-    tag_template: str = "{image}:{torch}-py{python}-{accel}-{blas}{installer_suffix}"
+    tag_template: str = "{image}:{torch}-py{python}-{accel}-{blas}{installer_suffix}{variant_suffix}"
     hash_tag_template: str = "{image}:sha-{hash}"
     extra_tags: tuple[str, ...] = ()  # "date", "git-sha"
     registries: tuple[str, ...] = ()  # registries besides image's that tags may name (tags.registries)

@@ -90,6 +90,8 @@ def labels(matrix: Matrix, cell: Cell, content_hash: str | None) -> list[tuple[s
         f"{LABEL_PREFIX}.compiler": "true" if cell.compiler else "false",
         f"{LABEL_PREFIX}.version": __version__,
     }
+    if cell.variant:  # only then: a cell without a variant keeps the labels (and content hash) it had
+        out[f"{LABEL_PREFIX}.variant"] = cell.variant
     out.update(dict(cell.labels))
     if content_hash:
         out[HASH_LABEL] = content_hash

@@ -11,7 +11,8 @@ import string
 from imagefactory import refs
 from imagefactory.model import Cell, Matrix
 
-FIELDS = ("image", "torch", "python", "cuda", "accel", "blas", "installer", "installer_suffix", "id")
+FIELDS = ("image", "torch", "python", "cuda", "accel", "blas", "installer", "installer_suffix", "variant",
+          "variant_suffix", "id")
 HASH_FIELDS = FIELDS + ("hash",)
 CANDIDATE_REPO = "imagefactory-candidate"
 
@@ -32,6 +33,8 @@ def _fields(image: str, cell: Cell) -> dict[str, str]:
         "blas": cell.blas,
         "installer": cell.installer,
         "installer_suffix": "-pip" if cell.installer == "pip" else "",
+        "variant": cell.variant,
+        "variant_suffix": f"-{cell.variant}" if cell.variant else "",
         "id": cell.id,
     }
 
