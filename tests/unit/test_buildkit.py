@@ -295,3 +295,33 @@ def test_metadata_file_image_id(tmp_path):
 
 def test_cli_module_exposes_the_flags():
     assert {"builder", "buildx_builder", "netrc"} <= set(cli.FLAGS)
+
+
+def test_an_interrupt_stops_the_whole_buildx_process_group(tmp_path):
+    """buildx stand-in: prints progress, then waits on a child that ignores SIGINT (a background
+    job of a non-interactive shell does). The interrupt sends SIGINT to the group, then SIGKILL."""
+    import subprocess
+    import threading
+    import time
+
+    from imagefactory.errors import Cancelled
+    from imagefactory.interrupt import Interrupt
+
+    marker = f"imagefactory-test-{os.getpid()}-{time.monotonic_ns()}"
+    script = tmp_path / "fake-buildx"
+    script.write_text(f"#!/bin/sh\necho '{{}}'\n/bin/sh -c 'sleep 300; : {marker}' &\nwait\n")
+    script.chmod(0o755)
+    interrupt = Interrupt()
+    parser = buildkit.RawJsonProgress(lambda line: None, lambda p: None)
+    threading.Timer(0.5, interrupt.cancel).start()
+    started = time.monotonic()
+    with pytest.raises(Cancelled):
+        buildkit.run_build([str(script)], parser, interrupt)
+    assert time.monotonic() - started < buildkit.STOP_SECONDS + 3
+    left = ""
+    for _ in range(50):
+        left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout
+        if not left:
+            break
+        time.sleep(0.1)
+    assert left == "", "a process of the build outlived the interrupt"
