@@ -214,6 +214,7 @@ def test_build_with_buildkit_records_it_and_renders_cache_mounts(project, world,
     code, cells = run_cli(project, w, monkeypatch, "--builder", "buildkit", "--buildx-builder", "remote-1")
     assert code == 0, capsys.readouterr().err
     assert cells[CELL]["builder"] == "buildkit" and w.engine_kwargs["buildx_builder"] == "remote-1"
+    assert "builder: buildkit" in (project / "report.md").read_text()
     text = dockerfile(project)
     assert "RUN --mount=type=cache,id=imagefactory-pip,target=/root/.cache/pip" in text
     assert "--no-cache-dir" not in text and "PIP_NO_CACHE_DIR" not in text
