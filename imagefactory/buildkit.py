@@ -304,7 +304,7 @@ class RawJsonProgress:
 
 def _stop(proc: subprocess.Popen) -> None:
     """Stop buildx and its build: SIGINT to its process group (buildx cancels the build and
-    exits), SIGKILL after STOP_SECONDS if it has not."""
+    exits), then SIGKILL to whatever of the group is left, at most STOP_SECONDS later."""
     if proc.poll() is not None:
         return
     try:
@@ -316,10 +316,11 @@ def _stop(proc: subprocess.Popen) -> None:
         try:
             proc.wait(timeout=STOP_SECONDS)
         except subprocess.TimeoutExpired:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            pass
+        try:  # whatever of the group is left, even once buildx itself has exited
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
     threading.Thread(target=later, name="imagefactory-buildx-stop", daemon=True).start()
 

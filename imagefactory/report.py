@@ -96,6 +96,8 @@ def summary(reports: list[CellReport]) -> str:
         lines.append(f"| `{r.cell}` | {status} | {modes} | {r.publish or '—'} | {failed} |")
     for r in reports:
         lines += ["", f"## `{r.cell}`: {r.status}", ""]
+        if r.builder:
+            lines += [f"builder: {r.builder}", ""]
         if r.error:
             lines += [f"**{r.failed_step or 'error'}**: {r.error}", ""]
             if r.log_tail:

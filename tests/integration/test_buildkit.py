@@ -140,9 +140,12 @@ def build_args(root: Path, matrix: Path, *extra: str) -> list[str]:
 
 
 @pytest.fixture(scope="session")
-def bk_build(tmp_path_factory, engine, base_registry, wheelhouse, session_id, auth_index, created_images) -> BkBuild:
+def bk_build(cpu_build, tmp_path_factory, engine, base_registry, wheelhouse, session_id, auth_index,
+             created_images) -> BkBuild:
     """THE cold BuildKit build of the session: the shared pip CPU cell plus PACKAGE from the
-    password-protected index, its login given as a netrc."""
+    password-protected index, its login given as a netrc. After cpu_build (the classic build of
+    the same cell, which the suite makes anyway): that fixture first removes every image of its
+    cells, this one's included."""
     _buildx_or_skip()
     root = tmp_path_factory.mktemp("bk-build")
     matrix = index_matrix(root, wheelhouse, auth_index.url, session_id)
@@ -235,8 +238,18 @@ class Silent:
 
 
 def _processes_naming(text: str) -> list[str]:
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if text in line and "ps -eo" not in line]
+    """The command lines (every process on the host: a build step's too) that contain `text`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or entry.name == str(os.getpid()):
+            continue
+        try:
+            line = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in line:
+            found.append(f"{entry.name} {line[:300]}")
+    return found
 
 
 def test_sigint_stops_buildx_and_its_build_within_seconds(tmp_path, base_registry, wheelhouse, session_id):
@@ -251,7 +264,8 @@ def test_sigint_stops_buildx_and_its_build_within_seconds(tmp_path, base_registr
         while not silent.held and time.monotonic() < deadline:  # pip is now waiting on the silent index
             time.sleep(0.2)
         assert silent.held, run.output()
-        assert _processes_naming(f"127.0.0.1:{silent.port}"), "no pip process asks the silent index"
+        assert _processes_naming(f"127.0.0.1:{silent.port}"), "no pip process asks the silent index:\n" + "\n".join(
+            _processes_naming("pip")) + "\n" + run.output()[-3000:]
         code, elapsed = run.stop(signal.SIGINT)
         assert code == 130, run.output()
         assert elapsed < 15, f"took {elapsed:.1f}s to stop"

