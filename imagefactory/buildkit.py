@@ -91,9 +91,7 @@ def _answer_key(cli: str) -> str | None:
 
 
 def _cache_file() -> Path:
-    from imagefactory import verdicts  # the cache folder (imported here: verdicts is a later step)
-
-    return verdicts.cache_dir().parent / "buildx-version.json"
+    return fsutil.cache_root() / "buildx-version.json"
 
 
 def buildx_version(timeout: float = 20.0) -> tuple[tuple[int, int, int] | None, str]:

@@ -6,7 +6,7 @@ wheelhouse files into the context (same inode), so a digest is remembered per
 git's index trust. A file changed in place without its mtime changing is the accepted
 blind spot; --retest does not cover it, deleting the cache file does.
 
-The cache is one JSON file beside the verdicts (verdicts.cache_dir()'s parent), written
+The cache is one JSON file beside the verdicts (in fsutil.cache_root()), written
 atomically, and every entry is checked when read; a bad file is ignored.
 """
 
@@ -27,9 +27,7 @@ _lock = threading.Lock()
 
 
 def cache_file() -> Path:
-    from imagefactory.verdicts import cache_dir
-
-    return cache_dir().parent / "file-digests.json"
+    return fsutil.cache_root() / "file-digests.json"
 
 
 _hash = fsutil.sha256_file

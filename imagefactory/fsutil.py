@@ -1,4 +1,4 @@
-"""The two file operations several steps share: a file's sha256, and an atomic write."""
+"""What several steps share about files: a file's sha256, an atomic write, and the cache folder."""
 
 from __future__ import annotations
 
@@ -6,6 +6,16 @@ import hashlib
 import os
 import tempfile
 from pathlib import Path
+
+
+def cache_root() -> Path:
+    """imagefactory's cache folder: $IMAGEFACTORY_CACHE_DIR, else $XDG_CACHE_HOME/imagefactory,
+    else ~/.cache/imagefactory. The verdicts, the file digests and buildx's answer live in it."""
+    explicit = os.environ.get("IMAGEFACTORY_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "imagefactory"
 
 
 def sha256_file(path: Path) -> str:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,11 +42,7 @@ MAX_BYTES = 4 << 20  # a record is a few KiB; anything huge is not ours
 
 
 def cache_dir() -> Path:
-    explicit = os.environ.get("IMAGEFACTORY_CACHE_DIR")
-    if explicit:
-        return Path(explicit) / "verdicts"
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "imagefactory" / "verdicts"
+    return fsutil.cache_root() / "verdicts"
 
 
 def probe_version() -> str:
