@@ -392,8 +392,8 @@ pip:
                    "cold `build` (probed)", a, b, "< 1 (pays off)",
                    note="no local image, an empty verdict cache; base layers were local (shared)")
 
-    def builders(self, n: int) -> tuple[Row, Row]:
-        """BuildKit vs classic, cold and no-op, the same cell."""
+    def builders(self, n: int, noop_pairs: int) -> tuple[Row, Row]:
+        """BuildKit vs classic, cold (`n` pairs) and no-op (`noop_pairs`, at least 3), the same cell."""
         def cold(builder: str) -> float:
             self.new_base()
             work = f"cold-{builder}-{self.runs}"
@@ -409,7 +409,7 @@ pip:
         say("no-op rebuilds, BuildKit vs classic")
         self.cli("build", "--builder", "buildkit", work="bk")
         self.cli("build", "--builder", "classic", work="work")
-        a, b = pairs(max(n, 3), lambda: self.cli("build", "--builder", "buildkit", work="bk"),
+        a, b = pairs(max(noop_pairs, 3), lambda: self.cli("build", "--builder", "buildkit", work="bk"),
                      lambda: self.cli("build", "--builder", "classic", work="work"))
         if not (self.report("bk")[GOOD]["cached"] and self.report()[GOOD]["cached"]):
             raise SystemExit("a no-op rebuild built something")
@@ -600,7 +600,7 @@ def issue16_rows(bench: Bench, figures: set[str], args: argparse.Namespace, rows
     if "registry" in figures:
         rows.append(bench.registry_pull(args.cold_pairs))
     if "builders" in figures:
-        for row in bench.builders(args.cold_pairs):
+        for row in bench.builders(args.cold_pairs, args.pairs):
             rows.append(row)
     if "mounts" in figures:
         rows.append(bench.mounts(args.cold_pairs))
