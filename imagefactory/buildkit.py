@@ -221,8 +221,8 @@ class RawJsonProgress:
         if not self._buffer:
             if line.startswith("{"):
                 self._buffer.append(line)
-                if line.rstrip() == "{}":
-                    self._flush()
+                if line.rstrip().endswith("}"):  # a whole document on one line (or "{}"): no closing line follows
+                    self._flush(keep_if_partial=True)
             elif line.strip():
                 text = line.rstrip()
                 self.emit(text)
@@ -230,18 +230,24 @@ class RawJsonProgress:
                     self._errors.append(text.removeprefix("ERROR:").strip())
             return
         self._buffer.append(line)
-        if line.rstrip() == "}":  # a document's closing brace is alone on its line, unindented
+        end = line.rstrip()
+        if end == "}":  # a document's closing brace is alone on its line, unindented
             self._flush()
+        elif line[:1] in "}]" and end.endswith("}"):  # an unindented `]}`: perhaps the end too
+            self._flush(keep_if_partial=True)
 
-    def _flush(self) -> None:
+    def _flush(self, keep_if_partial: bool = False) -> None:
         text = "".join(self._buffer)
-        self._buffer = []
         try:
             event = json.loads(text)
         except ValueError:
+            if keep_if_partial:  # a first line like `{"a": {}` : the document goes on
+                return
+            self._buffer = []
             for line in text.splitlines():
                 self.emit(line)
             return
+        self._buffer = []
         if isinstance(event, dict):
             self.feed(event)
 

@@ -380,3 +380,71 @@ def test_hadolint_passes_the_buildkit_renders_with_the_secret(tmp_path):
         assert not text.startswith("# syntax=")
         r = subprocess.run(["hadolint", "--no-color", str(ctx.dockerfile)], capture_output=True, text=True)
         assert r.returncode == 0, f"{ctx.cell.id}:\n{r.stdout}{r.stderr}"
+
+
+class _Engine(buildkit.BuildxEngine):
+    """BuildxEngine.build as it is, with the SDK half (ping, image lookup) stood in."""
+
+    def __init__(self, *, alive: bool, images: dict[str, str]):
+        from imagefactory.interrupt import Interrupt
+
+        self.interrupt, self.buildx_builder = Interrupt(), None
+        self._alive, self._images = alive, images
+
+    def alive(self) -> bool:
+        return self._alive
+
+    def image_id(self, ref: str) -> str | None:
+        return self._images.get(ref)
+
+
+def _buildx(tmp_path, monkeypatch, body: str) -> None:
+    """A `docker` on PATH whose `buildx build` runs `body` (sh), after one progress document."""
+    script = tmp_path / "bin" / "docker"
+    script.parent.mkdir()
+    script.write_text("#!/bin/sh\necho '{\"vertexes\": []}' >&2\n" + body + "\n")
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{script.parent}{os.pathsep}/usr/bin:/bin")
+
+
+def test_a_buildx_failure_while_the_engine_is_gone_is_engine_gone(tmp_path, monkeypatch):
+    from imagefactory.errors import EngineGone
+
+    _buildx(tmp_path, monkeypatch, "echo 'ERROR: failed to solve: Canceled' >&2; exit 1")
+    with pytest.raises(EngineGone, match="stopped answering"):
+        _Engine(alive=False, images={}).build(str(tmp_path), "t:1")
+
+
+def test_a_failed_buildx_build_is_the_cells_build_error_with_the_tail(tmp_path, monkeypatch):
+    from imagefactory.errors import BuildError, EngineGone
+
+    _buildx(tmp_path, monkeypatch, "i=0; while [ $i -lt 40 ]; do echo \"noise $i\" >&2; i=$((i+1)); done; "
+                                   "echo 'ERROR: failed to solve: exit code: 2' >&2; exit 1")
+    with pytest.raises(BuildError) as e:
+        _Engine(alive=True, images={}).build(str(tmp_path), "t:1")
+    assert not isinstance(e.value, EngineGone)
+    assert "failed to solve" in e.value.message and len(e.value.log_tail) <= buildkit.TAIL_LINES
+    assert e.value.log_tail[-1].startswith("ERROR: failed to solve")
+
+
+def test_a_buildx_build_that_leaves_no_image_is_an_error(tmp_path, monkeypatch):
+    from imagefactory.errors import BuildError
+
+    _buildx(tmp_path, monkeypatch, "exit 0")
+    with pytest.raises(BuildError, match="without producing an image"):
+        _Engine(alive=True, images={}).build(str(tmp_path), "t:1")
+
+
+def test_the_image_id_comes_from_buildx_metadata_file(tmp_path, monkeypatch):
+    image = "sha256:" + "c" * 64
+    body = ('while [ "$1" != "--metadata-file" ]; do shift; done; '
+            f'echo \'{{"containerimage.config.digest": "{image}"}}\' > "$2"; exit 0')
+    _buildx(tmp_path, monkeypatch, body)
+    assert _Engine(alive=True, images={"t:1": image}).build(str(tmp_path), "t:1") == image
+
+
+def test_a_document_on_one_line_does_not_swallow_the_lines_after_it():
+    p, lines, _ = parse('{"vertexes": []}\n{"logs": []}\nERROR: failed to solve: boom\n')
+    assert p.error == "failed to solve: boom" and lines[-1] == "ERROR: failed to solve: boom"
+    p, lines, _ = parse('{"vertexes": [{}\n]}\nplain\n')  # a first line that only looks whole
+    assert lines == ["plain"]
