@@ -514,6 +514,8 @@ def test_publish_pulls_no_previous_image_and_builds_with_the_registry_cache():
     assert not [r for r in runs if "docker pull" in r or "docker image pull" in r], runs
     builds = [r for r in runs if "imagefactory build" in r]
     assert builds and all("--push" in r and "--no-registry-cache" not in r for r in builds), builds
+    # the registry's inline cache is BuildKit's: the classic builder would use only local images
+    assert all("--builder auto" in r or "--builder buildkit" in r for r in builds), builds
 
 
 def _zizmor() -> str:
