@@ -159,11 +159,14 @@ def remove_run_images(client, refs: list[str], run_id: str, leftovers: Leftovers
     (a multi-stage build's earlier stage, a failed build's last step). Nothing else."""
     import docker
 
-    for ref in reversed(refs):
-        try:
-            client.images.remove(ref, force=True)
-        except docker.errors.APIError:
-            pass
+    def remove_refs() -> None:
+        for ref in reversed(refs):
+            try:
+                client.images.remove(ref, force=True)
+            except docker.errors.APIError:
+                pass
+
+    remove_refs()
     labelled = client.images.list(filters={"label": f"{RUN_LABEL}={run_id}"})
     # children before parents: an image built FROM another is newer
     for image in sorted(labelled, key=lambda i: i.attrs.get("Created", ""), reverse=True):
@@ -172,6 +175,9 @@ def remove_run_images(client, refs: list[str], run_id: str, leftovers: Leftovers
         except docker.errors.APIError:
             pass
     leftovers.remove(client)
+    # again: an image registered by id (a base a test built and moved its tag from) that a
+    # build's earlier stage was FROM could not go before that stage's images did
+    remove_refs()
 
 
 def _work_dir(args: tuple[str, ...]) -> Path | None:

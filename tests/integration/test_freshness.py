@@ -104,6 +104,7 @@ def test_base_digest_decides_rebuilds_and_passes_are_not_probed_twice(fresh):
 
     # The base tag moves: the same matrix now rebuilds, on the new digest.
     digest_b = push_base(engine, ref, "b", root)
+    created.append(engine.image_id(ref))  # the moved base: untagged once the next step moves the tag again
     assert digest_b != digest_a
     moved, out = run("build")
     created.append(moved["candidate"])
