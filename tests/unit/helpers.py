@@ -6,8 +6,28 @@ module ties every importer to that module's edits (tests/unit/test_lint.py check
 
 from __future__ import annotations
 
+import hashlib
+
+import pytest
+
 from imagefactory.checks import Check, judge, passed
 from imagefactory.model import Cell
+
+# Two pip CPU cells (Python 3.11 and 3.12) that build and pass: what most orchestration tests run.
+TWO_PIP_CELLS = """\
+image: registry.example.com/ml/train
+matrix:
+  python: ["3.11", "3.12"]
+  cuda: ["none"]
+  blas: [openblas]
+  installer: [pip]
+torch: "2.13.0"
+threads: 2
+"""
+CELL_A, CELL_B = "py3.11-cpu-openblas-pip", "py3.12-cpu-openblas-pip"
+# Their base images as a registry (the fake engine's) serves them: tag -> digest.
+BASE_DIGESTS = {f"python:{v}-slim-bookworm": "sha256:" + hashlib.sha256(v.encode()).hexdigest()
+                for v in ("3.11", "3.12")}
 
 CPU_OPENBLAS = Cell(python="3.11", cuda=None, blas="openblas", installer="pip", torch="2.13.0",
                     threads=4, base_image="python:3.11-slim-bookworm")
@@ -114,3 +134,16 @@ def only_failure(cell: Cell, probe: dict, name: str, *, gpu_required: bool = Fal
     check = by_name(checks)[name]
     assert check.detail and "\n" not in check.detail
     return check
+
+
+def run_cli(args: list[str], monkeypatch, capsys) -> tuple[int, str, str]:
+    """The installed entry point (cli.main), in this process: (exit code, stdout, stderr)."""
+    import sys
+
+    from imagefactory import cli
+
+    monkeypatch.setattr(sys, "argv", ["imagefactory", *args])
+    with pytest.raises(SystemExit) as e:
+        cli.main()
+    out, err = capsys.readouterr()
+    return int(e.value.code or 0), out, err

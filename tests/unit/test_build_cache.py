@@ -4,7 +4,6 @@ The real-engine counterpart is tests/integration/test_freshness.py."""
 
 from __future__ import annotations
 
-import hashlib
 import re
 import threading
 
@@ -13,19 +12,10 @@ import pytest
 from imagefactory import build, freshness, matrix, schedule
 from tests.fake_engine import World
 from imagefactory.report import CACHED, NOT_BUILT, PASSED
-from tests.unit.helpers import good_probe
+from tests.unit.helpers import BASE_DIGESTS, TWO_PIP_CELLS, good_probe
 
-MATRIX = """
-image: 127.0.0.1:5001/it/fast
-matrix:
-  python: ["3.11", "3.12"]
-  cuda: ["none"]
-  blas: [openblas]
-  installer: [pip]
-torch: "2.13.0"
-threads: 2
-"""
-BASES = {f"python:{v}-slim-bookworm": "sha256:" + hashlib.sha256(v.encode()).hexdigest() for v in ("3.11", "3.12")}
+MATRIX = TWO_PIP_CELLS.replace("registry.example.com/ml/train", "127.0.0.1:5001/it/fast")
+BASES = BASE_DIGESTS
 
 
 @pytest.fixture

@@ -26,19 +26,10 @@ from imagefactory.model import Cell
 from imagefactory.progress import Plain
 from imagefactory.report import BUILD_FAILED, CACHED, CHECK_FAILED, NOT_BUILT, NOT_PUBLISHED, PASSED, PUBLISHED
 from tests.fake_engine import FakeEngine, Image, World
-from tests.unit.helpers import CPU_OPENBLAS, good_probe
+from tests.unit.helpers import CELL_A, CELL_B, CPU_OPENBLAS, TWO_PIP_CELLS, good_probe
 
-MATRIX = """\
-image: registry.example.com/ml/train
-matrix:
-  python: ["3.11", "3.12"]
-  cuda: ["none"]
-  blas: [openblas]
-  installer: [pip]
-torch: "2.13.0"
-threads: 2
-"""
-A, B = "py3.11-cpu-openblas-pip", "py3.12-cpu-openblas-pip"
+MATRIX = TWO_PIP_CELLS
+A, B = CELL_A, CELL_B
 
 
 @pytest.fixture

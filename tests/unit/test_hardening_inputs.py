@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import base64
 import re
-import sys
 from pathlib import Path
 
 import pytest
 from cryptography import x509
 
-from imagefactory import cli, fsutil, inputs, matrix, render
+from imagefactory import fsutil, inputs, matrix, render
 from imagefactory.errors import ConfigError
 from tests.conftest import REPO
+from tests.unit.helpers import run_cli
 
 BASE = """\
 image: registry.example.com/ml/train
@@ -27,13 +27,6 @@ PIP = BASE.replace("blas: [openblas]", "blas: [openblas]\n  installer: [pip]")
 CERT = (REPO / "tests" / "golden" / "certs" / "corp-ca.pem").read_text()
 KEY_BODY = "MC4CAQAwBQYDK2VwBCIEIBm5nGyGzDNZm0Ql0sm6yAZdLS0rYH/3wNudt2Wv4nsC"  # PKCS#8 Ed25519 key
 
-
-def run_cli(args: list[str], monkeypatch, capsys) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["imagefactory", *args])
-    with pytest.raises(SystemExit) as e:
-        cli.main()
-    out, err = capsys.readouterr()
-    return int(e.value.code or 0), out, err
 
 
 def refused(tmp_path: Path, text: str, monkeypatch, capsys) -> str:

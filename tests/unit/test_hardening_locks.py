@@ -11,14 +11,14 @@ import hashlib
 import os
 import re
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
-from imagefactory import cli, lock, lockfile, matrix, render
+from imagefactory import lock, lockfile, matrix, render
 from imagefactory.errors import ConfigError
 from tests.conftest import REPO
+from tests.unit.helpers import run_cli
 
 FIXTURE = REPO / "tests" / "fixtures" / "locks"
 PIP, CONDA = "py3.11-cpu-openblas-pip", "py3.9-cpu-openblas-conda"
@@ -237,13 +237,6 @@ def test_lock_writes_the_resolution_record_it_is_judged_against(project):
 
 
 # --------------------------------------------------------------------------- reading (section 2)
-
-def run_cli(args: list[str], monkeypatch, capsys) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["imagefactory", *args])
-    with pytest.raises(SystemExit) as e:
-        cli.main()
-    out, err = capsys.readouterr()
-    return int(e.value.code or 0), out, err
 
 
 @pytest.mark.parametrize("target", ["/proc/self/environ", "outside"])

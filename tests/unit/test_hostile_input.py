@@ -17,7 +17,8 @@ from typing import Callable
 import pytest
 import yaml
 
-from imagefactory import cli, matrix, render
+from imagefactory import matrix, render
+from tests.unit.helpers import run_cli
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = REPO / "tests" / "golden"
@@ -160,14 +161,6 @@ CASES = [
     Case("long-value", BASE.replace('"2.7.1"', '"' + "9" * 100_000 + '"'), 6, "torch", ("more characters",)),
 ]
 
-
-def run_cli(args: list[str], monkeypatch, capsys) -> tuple[int, str, str]:
-    """The installed entry point (cli.main), in this process."""
-    monkeypatch.setattr(sys, "argv", ["imagefactory", *args])
-    with pytest.raises(SystemExit) as e:
-        cli.main()
-    out, err = capsys.readouterr()
-    return int(e.value.code or 0), out, err
 
 
 def assert_one_located_line(err: str, path: Path | str, line: int | None, key: str | None) -> str:

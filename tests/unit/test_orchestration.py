@@ -32,19 +32,10 @@ from imagefactory.report import (BUILD_FAILED, CHECK_FAILED, INTERRUPTED, NOT_PU
                                  PUBLISH_FAILED, PUBLISHED, SKIPPED)
 from tests.conftest import REPO
 from tests.fake_engine import World
-from tests.unit.helpers import good_probe
+from tests.unit.helpers import CELL_A, CELL_B, TWO_PIP_CELLS, good_probe
 
-MATRIX = """\
-image: registry.example.com/ml/train
-matrix:
-  python: ["3.11", "3.12"]
-  cuda: ["none"]
-  blas: [openblas]
-  installer: [pip]
-torch: "2.13.0"
-threads: 2
-"""
-A, B = "py3.11-cpu-openblas-pip", "py3.12-cpu-openblas-pip"
+MATRIX = TWO_PIP_CELLS
+A, B = CELL_A, CELL_B
 SECRET = "s3cret-Pa55word"
 
 

@@ -5,26 +5,16 @@ The real-engine counterpart is tests/integration/test_registry_cache.py."""
 
 from __future__ import annotations
 
-import hashlib
 
 import pytest
 
 from imagefactory import build, matrix, publish, regcache, render, tags
 from imagefactory.report import PASSED, summary
 from tests.fake_engine import Image, World
-from tests.unit.helpers import good_probe
+from tests.unit.helpers import BASE_DIGESTS, TWO_PIP_CELLS, good_probe
 
-MATRIX = """
-image: 127.0.0.1:5001/it/fast
-matrix:
-  python: ["3.11", "3.12"]
-  cuda: ["none"]
-  blas: [openblas]
-  installer: [pip]
-torch: "2.13.0"
-threads: 2
-"""
-BASES = {f"python:{v}-slim-bookworm": "sha256:" + hashlib.sha256(v.encode()).hexdigest() for v in ("3.11", "3.12")}
+MATRIX = TWO_PIP_CELLS.replace("registry.example.com/ml/train", "127.0.0.1:5001/it/fast")
+BASES = BASE_DIGESTS
 
 
 @pytest.fixture

@@ -19,18 +19,9 @@ from imagefactory.context import Gpus, Options
 from imagefactory.errors import Cancelled, ConfigError
 from imagefactory.interrupt import Interrupt
 from tests.fake_engine import World
-from tests.unit.helpers import good_probe
+from tests.unit.helpers import TWO_PIP_CELLS, good_probe
 
-MATRIX = """\
-image: registry.example.com/ml/train
-matrix:
-  python: ["3.11", "3.12"]
-  cuda: ["none"]
-  blas: [openblas]
-  installer: [pip]
-torch: "2.13.0"
-threads: 2
-"""
+MATRIX = TWO_PIP_CELLS
 
 
 @pytest.fixture
