@@ -86,12 +86,10 @@ class Interrupt:
 
         thread = threading.Thread(target=stopper, name="imagefactory-interrupt", daemon=True)
         thread.start()
-        previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
-            yield
-        finally:
-            for s, h in previous.items():
-                signal.signal(s, h)
+            with _handling(handler):
+                yield
+        finally:  # the run's handlers are back in place by now
             pending = wake.is_set()  # a signal the stopper has not acted on yet
             done.set()
             wake.set()  # the stopper returns at once: no polling interval to wait out
@@ -111,12 +109,19 @@ class Interrupt:
             self._event.set()
             raise Cancelled("interrupted")
 
-        previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-        try:
+        with _handling(handler):
             yield
-        finally:
-            for s, h in previous.items():
-                signal.signal(s, h)
+
+
+@contextmanager
+def _handling(handler: Callable[[int, object], None]) -> Iterator[None]:
+    """SIGINT and SIGTERM go to `handler` while the block runs; the previous handlers after."""
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
 
 
 def _quietly(action: Callable[[], None]) -> None:
