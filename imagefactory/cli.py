@@ -490,23 +490,29 @@ def schema() -> None:
     print(json.dumps(matrix_mod.schema(), indent=2))
 
 
+def _error(text: str) -> None:
+    """An error line on stderr, every control character escaped: messages carry paths, URLs and
+    engine answers, and none of them may drive the terminal."""
+    print(inputs.escaped(text), file=sys.stderr)
+
+
 def main() -> None:
     try:
         app()
     except Interrupted as e:
-        print(f"{e.message}: {e.note}", file=sys.stderr)
+        _error(f"{e.message}: {e.note}")
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(e.exit_code)  # do not wait for a worker still stuck in the engine
     except ConfigError as e:
         for line in e.problems:
-            print(f"error: {line}", file=sys.stderr)
+            _error(f"error: {line}")
         sys.exit(e.exit_code)
     except ImageFactoryError as e:
-        print(f"error: {e.message}", file=sys.stderr)
+        _error(f"error: {e.message}")
         sys.exit(e.exit_code)
     except OSError as e:  # a path the user gave cannot be written or read
-        print(f"error: {e.strerror or e}: {e.filename or ''}".rstrip(": "), file=sys.stderr)
+        _error(f"error: {e.strerror or e}: {e.filename or ''}".rstrip(": "))
         sys.exit(1)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

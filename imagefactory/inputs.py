@@ -51,7 +51,8 @@ class InputError(ValueError):
     """The file cannot be used; the message says why."""
 
 
-def _short(path: Path | str, limit: int = 120) -> str:
+def short(path: Path | str, limit: int = 120) -> str:
+    """A path as messages show it: cut to `limit` characters (the CLI escapes what it prints)."""
     text = str(path)
     return text if len(text) <= limit else text[:limit] + "..."
 
@@ -124,40 +125,40 @@ def certificates(path: Path) -> bytes:
     from cryptography import x509  # 30 ms to import: only for matrices with CA files
     from cryptography.hazmat.primitives import serialization
 
-    shown = _short(path)
+    shown = short(path)
     try:
         path = resolved(path)
     except InputError as e:
         raise InputError(f"{shown}: {e}") from None
     if any(path == root or path.is_relative_to(root) for root in REFUSED_ROOTS):
-        raise InputError(f"{_short(path)} is in a pseudo file system, not a certificate file")
+        raise InputError(f"{short(path)} is in a pseudo file system, not a certificate file")
     try:
         data = read_regular(path, CERT_MAX_BYTES)
     except InputError as e:
-        raise InputError(f"{_short(path)}: {e}") from None
+        raise InputError(f"{short(path)}: {e}") from None
     if b"PRIVATE KEY-----" in data:  # whole or cut short, a key never enters an image
         keys = sorted({m.decode() for m in _BEGIN.findall(data) if b"PRIVATE KEY" in m})
-        raise InputError(f"{_short(path)} holds a private key ({', '.join(keys) or 'PRIVATE KEY'}); "
+        raise InputError(f"{short(path)} holds a private key ({', '.join(keys) or 'PRIVATE KEY'}); "
                          f"give a file with the certificates only")
     try:
         blocks = pem_blocks(data)
     except InputError as e:
-        raise InputError(f"{_short(path)}: {e}") from None
+        raise InputError(f"{short(path)}: {e}") from None
     out = []
     for label, body, line in blocks:
         if label != "CERTIFICATE":
             continue
         if not _BASE64.fullmatch(body):
-            raise InputError(f"{_short(path)}:{line}: a CERTIFICATE block is not base64")
+            raise InputError(f"{short(path)}:{line}: a CERTIFICATE block is not base64")
         try:
             der = base64.b64decode(body, validate=True)
             cert = x509.load_der_x509_certificate(der)
         except (binascii.Error, ValueError):
-            raise InputError(f"{_short(path)}:{line}: a CERTIFICATE block does not hold an X.509 "
+            raise InputError(f"{short(path)}:{line}: a CERTIFICATE block does not hold an X.509 "
                              f"certificate (not valid base64, or DER that is something else, such as a key)") from None
         out.append(cert.public_bytes(serialization.Encoding.PEM))
     if not out:
-        raise InputError(f"not a PEM certificate: {_short(path)}")
+        raise InputError(f"not a PEM certificate: {short(path)}")
     return b"".join(out)
 
 
@@ -170,17 +171,17 @@ def ca_files(entry: str, base_dir: Path) -> list[Path]:
         found = [pattern]
     else:
         if GLOB_CHARS & set(str(pattern.parent)):
-            raise InputError(f"{_short(entry)}: wildcards are allowed only in the file name (a glob lists "
+            raise InputError(f"{short(entry)}: wildcards are allowed only in the file name (a glob lists "
                              f"one directory), e.g. certs/*.pem")
         try:
             names = sorted(glob.glob(pattern.name, root_dir=pattern.parent))
         except OSError as e:
-            raise InputError(f"{_short(pattern.parent)}: cannot be listed: {e.strerror}") from None
+            raise InputError(f"{short(pattern.parent)}: cannot be listed: {e.strerror}") from None
         if len(names) > MAX_CA_FILES:
-            raise InputError(f"{_short(entry)} matches {len(names)} files, more than {MAX_CA_FILES}")
+            raise InputError(f"{short(entry)} matches {len(names)} files, more than {MAX_CA_FILES}")
         found = [pattern.parent / name for name in names]
         if not found:
-            raise InputError(f"no file matches {_short(pattern)}")
+            raise InputError(f"no file matches {short(pattern)}")
     out = []
     for p in found:
         certificates(p)
@@ -216,7 +217,7 @@ def wheelhouse_files(root: Path) -> tuple[list[tuple[str, Path]], list[str]]:
             continue
         mode = entry.lstat().st_mode
         if stat.S_ISLNK(mode) and not target.is_relative_to(root):
-            refused.append(f"{entry.name} is a symbolic link to {_short(target)}, outside the wheelhouse")
+            refused.append(f"{entry.name} is a symbolic link to {short(target)}, outside the wheelhouse")
         elif not target.exists() or not stat.S_ISREG(target.lstat().st_mode):
             what = kind(target.lstat().st_mode) if target.exists() else "a broken link"
             refused.append(f"{entry.name} is {what}, not a regular file")
@@ -380,6 +381,12 @@ def show(value: object, limit: int = 80) -> str:
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit} more characters)"
 
 
+def escaped(text: str) -> str:
+    """`text` with every control or escape character written out (\\x1b), its lines kept: what
+    the CLI prints of any message, so no value in it can drive the terminal."""
+    return "\n".join("".join(c if c.isprintable() else repr(c)[1:-1] for c in line) for line in text.split("\n"))
+
+
 def printable(line: str) -> str:
     """One message line safe for a terminal: no control or escape characters, bounded length."""
     line = "".join(c if c.isprintable() else repr(c)[1:-1] for c in line)
@@ -502,7 +509,7 @@ def read_within(path: Path, root: Path, limit: int) -> bytes | None:
     if stat.S_ISLNK(st.st_mode):
         target = resolved(path)
         if not target.is_relative_to(resolved(root)):
-            raise InputError(f"is a symbolic link to {_short(target)}, outside {_short(root)}")
+            raise InputError(f"is a symbolic link to {short(target)}, outside {short(root)}")
         if not target.exists():
             raise InputError("is a broken symbolic link")
     return read_regular(target, limit)

@@ -53,7 +53,7 @@ def default_path(environ: Mapping[str, str] | None = None) -> Path | None:
 def load(path: Path, flag: str = "--netrc") -> Netrc:
     """The hosts a netrc file has logins for. ConfigError (exit 2) for a link, anything but a
     regular file, a file that cannot be read or is larger than MAX_BYTES."""
-    where = f"{flag} {_short(path)}"
+    where = f"{flag} {inputs.short(path)}"
     try:
         mode = os.lstat(path).st_mode
     except FileNotFoundError:
@@ -188,7 +188,3 @@ def refused_indexes(matrix: Matrix, cell: Cell, netrc_path: Path | None, timeout
             found.append(f"{url} answered {response.status_code} {response.reason} {how}")
     return found
 
-
-def _short(path: Path, limit: int = 120) -> str:
-    text = str(path)
-    return text if len(text) <= limit else text[:limit] + "..."

@@ -68,3 +68,17 @@ def test_unwritable_output_is_one_line_not_a_traceback(tmp_path):
     r = cli("render", "--out", str(blocker / "sub"))
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert r.stderr.startswith("error: ") and str(blocker) in r.stderr
+
+
+def test_every_error_line_reaches_the_terminal_escaped(tmp_path, monkeypatch, capsys):
+    """A message carries what the user gave (here a --netrc path with a terminal escape and a
+    bell); cli.main prints it with every control character written out, lines kept."""
+    from tests.unit.helpers import run_cli
+
+    (tmp_path / "matrix.yaml").write_text(
+        'image: r.example.com/ml/t\nmatrix: {python: ["3.11"], cuda: ["none"], blas: [openblas]}\ntorch: "2.7.1"\n')
+    bad = tmp_path / "\x1b[31mred\x07"
+    code, out, err = run_cli(["build", "--matrix", str(tmp_path / "matrix.yaml"), "--builder", "classic",
+                              "--netrc", str(bad)], monkeypatch, capsys)
+    assert code == 2 and "file not found" in err
+    assert "\x1b" not in err and "\x07" not in err and "\\x1b[31mred\\x07" in err
