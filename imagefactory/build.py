@@ -143,7 +143,9 @@ class _Cell:
                                            secrets=self.secrets(), platform=PLATFORM if buildkit else None)
         except BuildError as e:
             r.status, r.error, r.failed_step, r.log_tail = BUILD_FAILED, e.message, e.step or "", e.log_tail
-            refused = netrc_mod.refused_indexes(self.matrix, cell, self.options.netrc) if _index_failure(e) else []
+            netrc = self.options.netrc
+            refused = (netrc_mod.refused_indexes(self.matrix, cell, netrc.path if netrc else None)
+                       if _index_failure(e) else [])
             if refused:
                 r.error = f"{e.message}; index login refused: {'; '.join(refused)}"
                 self.log(f"index login refused: {'; '.join(refused)}")
@@ -171,12 +173,11 @@ class _Cell:
         """The BuildKit secrets this cell's build mounts: the netrc, when it has a login for a host
         the cell installs from (netrc.py). Never logged: only the secret's id is."""
         netrc = self.options.netrc
-        if netrc is None or not netrc_mod.needs(netrc_mod.Netrc(netrc, frozenset(self.options.netrc_hosts)),
-                                                self.matrix, self.ctx.cell):
+        if netrc is None or not netrc_mod.needs(netrc, self.matrix, self.ctx.cell):
             return None
         self.log(f"secret: {netrc_mod.SECRET_ID} (a netrc login, mounted at {netrc_mod.SECRET_PATH} in the install "
                  "step only)", show=False)
-        return {netrc_mod.SECRET_ID: netrc}
+        return {netrc_mod.SECRET_ID: netrc.path}
 
     def test(self, image: str) -> bool:
         r, cell = self.report, self.ctx.cell
@@ -279,10 +280,7 @@ def _run(matrix: Matrix, cells: list[Cell], run: RunContext, work: Callable[[_Ce
 
 def netrc_cells(matrix: Matrix, cells: list[Cell], options: Options) -> frozenset[str]:
     """The ids of the cells whose install steps mount the netrc secret."""
-    if options.netrc is None:
-        return frozenset()
-    netrc = netrc_mod.Netrc(options.netrc, frozenset(options.netrc_hosts))
-    return frozenset(c.id for c in cells if netrc_mod.needs(netrc, matrix, c))
+    return frozenset(c.id for c in cells if netrc_mod.needs(options.netrc, matrix, c))
 
 
 def render_pinned(matrix: Matrix, cells: list[Cell], work_dir: Path, engine: ContainerEngine,

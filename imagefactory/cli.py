@@ -201,8 +201,7 @@ def _builder(m: matrix_mod.Matrix, cells: list[Cell], settings: dict[str, Any]) 
         explicit = settings["netrc"] is not None
         path = settings["netrc"] if explicit else netrc_mod.default_path()
         loaded = netrc_mod.resolve(path, explicit, m, cells, buildkit=builder is Builder.buildkit, warn=say)
-        out["netrc"] = loaded.path if loaded else None
-        out["netrc_hosts"] = tuple(sorted(loaded.hosts)) if loaded else ()
+        out["netrc"] = loaded
     return out
 
 

@@ -20,6 +20,7 @@ from imagefactory import engine_api
 from imagefactory.engine_api import BuildProgress, EngineFactory
 from imagefactory.errors import ConfigError
 from imagefactory.interrupt import Interrupt
+from imagefactory.netrc import Netrc
 from imagefactory.report import CellReport
 
 DEFAULT_PROBE_TIMEOUT = 300.0  # seconds the in-image probe may run
@@ -77,8 +78,7 @@ class Options:
     # the builder: resolved to buildkit or classic by the CLI (buildkit.select) before a run starts
     builder: Builder = Builder.classic
     buildx_builder: str | None = None  # buildx's --builder NAME (a remote or Kubernetes builder)
-    netrc: Path | None = None  # the netrc mounted as a BuildKit secret (None: nothing mounted; netrc.py)
-    netrc_hosts: tuple[str, ...] = ()  # the hosts it has logins for (netrc.load)
+    netrc: Netrc | None = None  # the netrc mounted as a BuildKit secret, as netrc.load read it (None: nothing)
     # publishing (push, build --push)
     push: bool = False
     atomic: bool = False

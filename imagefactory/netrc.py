@@ -39,6 +39,9 @@ class Netrc:
     path: Path
     hosts: frozenset[str]  # lower-case machine names; ANY_HOST for a `default` entry
 
+    def __str__(self) -> str:  # as the run's settings line shows it: the path, never more
+        return str(self.path)
+
 
 def default_path(environ: Mapping[str, str] | None = None) -> Path | None:
     """$NETRC, else ~/.netrc when it exists, else None (nothing to mount)."""

@@ -155,3 +155,13 @@ def test_harmless_query_parameters_pass(tmp_path, url):
     path = tmp_path / "matrix.yaml"
     path.write_text(MATRIX.replace("https://pkgs.example.com:8443/simple", url))
     assert matrix.load(path).pip.extra_index_urls == (url,)
+
+
+def test_the_settings_line_shows_the_netrc_path_and_nothing_of_its_content(tmp_path):
+    from imagefactory.context import Options
+
+    path = tmp_path / "netrc"
+    path.write_text(f"machine pkgs.example.com login me password {SECRET}\n")
+    loaded = netrc.load(path)
+    assert loaded.hosts == {"pkgs.example.com"}
+    assert Options(netrc=loaded).summary(("netrc",)) == f"netrc={path}"
