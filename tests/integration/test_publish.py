@@ -6,11 +6,15 @@ throwaway ones a test starts and stops itself."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import time
 
 import pytest
 
 from tests.integration.helpers import (TEST_PASSWORD, TEST_REGISTRY, TEST_USER, Build, Registry, registry_digest,
-                                      registry_tags)
+                                      registry_tags, report_of)
 
 pytestmark = [pytest.mark.docker, pytest.mark.registry]
 
@@ -22,8 +26,37 @@ def repo_of(image: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def pushed(cpu_build, test_registry, created_images):
-    """`imagefactory push` of the shared build, with credentials: one cell passed, one never built."""
+def dying_push(cpu_build, tmp_path_factory):
+    """A push of the shared build's good cell to a throwaway registry that is stopped once the upload
+    has begun, started before the module's other pushes: the engine then retries each layer on its
+    own (about 50 s of waiting), and those waits overlap the rest of the module. Its own work dir
+    and report; its test judges the outcome. Yields (registry, process, report path)."""
+    root = tmp_path_factory.mktemp("dying-push")
+    registry = Registry(root)
+    report = root / "report.json"
+    args = [sys.executable, "-m", "imagefactory", "push", "--only", Build.GOOD, "--plain",
+            "--matrix", str(cpu_build.with_image(f"{registry.address}/midpush/train")), "--report", str(report),
+            "--work-dir", str(root / "work"), "--push-tries", "3", "--retry-delay", "0.5"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("IMAGEFACTORY_REGISTRY_")}
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while not registry.receiving() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert registry.receiving(), "the push never reached the registry"
+        registry.stop()  # mid-upload
+        yield registry, proc, report
+    finally:
+        registry.stop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+@pytest.fixture(scope="module")
+def pushed(cpu_build, test_registry, created_images, dying_push):
+    """`imagefactory push` of the shared build, with credentials: one cell passed, one never built.
+    (After dying_push has started: see there.)"""
     result = cpu_build.run("push", env=CREDS)
     report = cpu_build.report()
     for cell in report.values():
@@ -112,41 +145,24 @@ def test_registry_stopped_gives_retries_then_a_clean_failure(cpu_build, tmp_path
     created_images.extend(good["tags"])
 
 
-def test_build_with_push_publishes_in_one_command(cpu_build, tmp_path, created_images):
-    registry = Registry(tmp_path)
+def test_build_with_push_publishes_in_one_command(cpu_build, pushed, created_images):
+    """To a repository of its own on the shared registry: its blobs are there already (from `pushed`),
+    so the push mounts them instead of compressing a gigabyte again."""
+    image = f"{TEST_REGISTRY}/onecommand-{id(cpu_build)}/train"
+    result = cpu_build.run("build", "--only", Build.GOOD, "--push", matrix=cpu_build.with_image(image), env=CREDS)
+    good = cpu_build.report()[Build.GOOD]
+    created_images.extend(good["tags"])
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert good["cached"] and good["publish"] == "published"
+    tags = registry_tags(TEST_REGISTRY, repo_of(image))
+    assert f"sha-{good['content_hash'][:12]}" in tags and "2.13.0-py3.11-cpu-openblas-pip" in tags
+
+
+def test_registry_dying_during_a_push_is_retried_and_nothing_is_reported_published(dying_push, created_images):
+    registry, proc, report = dying_push
     try:
-        image = f"{registry.address}/onecommand/train"
-        result = cpu_build.run("build", "--only", Build.GOOD, "--push", matrix=cpu_build.with_image(image))
-        good = cpu_build.report()[Build.GOOD]
-        created_images.extend(good["tags"])
-        assert result.returncode == 0, result.stdout + result.stderr
-        assert good["cached"] and good["publish"] == "published"
-        tags = registry_tags(registry.address, "onecommand/train", auth=None)
-        assert f"sha-{good['content_hash'][:12]}" in tags and "2.13.0-py3.11-cpu-openblas-pip" in tags
-    finally:
-        registry.stop()
-
-
-def test_registry_dying_during_a_push_is_retried_and_nothing_is_reported_published(cpu_build, tmp_path,
-                                                                                     created_images):
-    import subprocess
-    import sys
-    import time
-
-    registry = Registry(tmp_path)
-    try:
-        image = f"{registry.address}/midpush/train"
-        args = [sys.executable, "-m", "imagefactory", "push", "--only", Build.GOOD, "--plain",
-                "--matrix", str(cpu_build.with_image(image)), "--report", str(cpu_build.report_path),
-                "--work-dir", str(cpu_build.work_dir), "--push-tries", "3", "--retry-delay", "0.5"]
-        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        deadline = time.monotonic() + 120
-        while not registry.receiving() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert registry.receiving(), "the push never reached the registry"
-        registry.stop()  # mid-upload
         out, _ = proc.communicate(timeout=600)
-        good = cpu_build.report()[Build.GOOD]
+        good = report_of(report)[Build.GOOD]
         created_images.extend(good["tags"])
         assert proc.returncode == 1, out
         assert "(try 1/3)" in out and good["publish"] == "publish-failed" and good["pushed"] == []
