@@ -21,6 +21,8 @@ import os
 import subprocess
 import sys
 import threading
+import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -29,9 +31,10 @@ import requests
 from imagefactory.engine import Engine
 from imagefactory.errors import DockerUnavailable
 from tests.integration.helpers import (  # noqa: F401 (re-exported for modules not yet moved to helpers)
-    BASE_REGISTRY, CACHE, FIXTURES, Background, HOST_CAS, LEFTOVERS, RUN_ID, RUN_LABEL, TEST_PASSWORD, TEST_REGISTRY, TEST_USER,
-    TORCH_CPU, Build, Registry, cuda_matrix_text, free_port, judged, matrix_text, registry_digest, registry_tags, remove_run_images,
-    run_cli, unavailable)
+    BASE_REGISTRY, CACHE, FIXTURES, INDEX_USER, PACKAGE, Background, BkBuild, HOST_CAS, Index, LEFTOVERS, RUN_ID, RUN_LABEL,
+    TEST_PASSWORD, TEST_REGISTRY, TEST_USER, TORCH_CPU, Build, Registry, buildkit_args, buildx_or_skip, cuda_matrix_text,
+    free_port, index_matrix, judged, make_wheel, matrix_text, registry_digest, registry_tags, remove_run_images, run_cli,
+    unavailable)
 
 
 @pytest.fixture(scope="session")
@@ -233,3 +236,59 @@ def cpu_auto_image(tmp_path_factory, engine, cpu_build, session_id, created_imag
     engine.client.images.build(path=str(ctx.path), tag=tag, rm=True, network_mode="host")
     created_images.append(tag)
     return ctx.cell, tag
+
+
+@pytest.fixture(scope="session")
+def auth_index(tmp_path_factory):
+    """pypiserver on loopback with basic auth for every download and listing."""
+    pytest.importorskip("pypiserver")
+    from passlib.apache import HtpasswdFile
+
+    root = tmp_path_factory.mktemp("auth-index")
+    (root / "packages").mkdir()
+    make_wheel(root / "packages")
+    password = f"nEtrc-{uuid.uuid4().hex}"
+    htpasswd = HtpasswdFile(str(root / "htpasswd"), new=True)
+    htpasswd.set_password(INDEX_USER, password)
+    htpasswd.save()
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "pypiserver", "run", "-p", str(port), "-i", "127.0.0.1",
+                             "-P", str(root / "htpasswd"), "-a", "download,list,update", str(root / "packages")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{port}/simple/"
+    for _ in range(100):
+        try:
+            if requests.get(url, timeout=1).status_code == 401:
+                break
+        except requests.RequestException:
+            pass
+        time.sleep(0.1)
+    else:
+        proc.kill()
+        raise RuntimeError("pypiserver did not start")
+    assert requests.get(url + PACKAGE + "/", auth=(INDEX_USER, password), timeout=5).status_code == 200
+    yield Index(url, password, proc)
+    proc.kill()
+    proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def bk_build(cpu_build, tmp_path_factory, engine, base_registry, wheelhouse, session_id, auth_index,
+             created_images) -> BkBuild:
+    """THE cold BuildKit build of the session: the shared pip CPU cell plus PACKAGE from the
+    password-protected index, its login given as a netrc. BuildKit does not share the classic
+    builder's layer cache, so this is the one cold build of its kind; test_buildkit inspects it,
+    and test_registry_cache's BuildKit builds take its venv stage from BuildKit's cache."""
+    buildx_or_skip()
+    root = tmp_path_factory.mktemp("bk-build")
+    matrix = index_matrix(root, wheelhouse, auth_index.url, session_id)
+    netrc = root / "netrc"
+    netrc.write_text(f"machine 127.0.0.1\n  login {INDEX_USER}\n  password {auth_index.password}\n")
+    netrc.chmod(0o600)
+    result = run_cli(*buildkit_args(root, matrix, "--netrc", str(netrc)), env={"HOME": str(root)}, timeout=1500)
+    build = BkBuild(root, matrix, netrc, result, root / "report.json", root / "work")
+    assert build.report_path.exists(), result.stdout[-2000:] + result.stderr[-3000:]
+    for cell in build.report().values():
+        if cell["candidate"]:
+            created_images.append(cell["candidate"])
+    return build

@@ -4,7 +4,9 @@ import from here, never from conftest.py or from each other."""
 
 from __future__ import annotations
 
+import base64
 import glob
+import hashlib
 import json
 import os
 import queue
@@ -17,7 +19,8 @@ import textwrap
 import threading
 import time
 import uuid
-from dataclasses import replace
+import zipfile
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable
 
@@ -440,3 +443,85 @@ class Run:
 
 def report_of(path: Path) -> dict:
     return {c["cell"]: c for c in json.loads(path.read_text())["cells"]}
+
+
+# --------------------------------------------------------------------------- BuildKit and a protected index
+
+PACKAGE = "imagefactory-netrc-probe"  # served only by the password-protected index
+INDEX_USER = "ci-index"
+
+
+def buildx_or_skip() -> None:
+    from imagefactory import buildkit
+
+    version, why = buildkit.buildx_version()
+    if version is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"{why} (CI must provide it: scripts/ci-setup.sh installs buildx)")
+        pytest.skip(f"{why}; run `sudo bash scripts/ci-setup.sh` first")
+
+
+def make_wheel(folder: Path) -> Path:
+    """A tiny pure-Python wheel, written by hand (no build backend needed)."""
+    name, version = PACKAGE.replace("-", "_"), "1.0"
+    dist = f"{name}-{version}.dist-info"
+    files = {f"{name}/__init__.py": b"VALUE = 42\n",
+             f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {PACKAGE}\nVersion: {version}\n".encode(),
+             f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: imagefactory-tests\nRoot-Is-Purelib: true\n"
+                              b"Tag: py3-none-any\n"}
+    record = [f"{k},sha256={base64.urlsafe_b64encode(hashlib.sha256(v).digest()).rstrip(b'=').decode()},{len(v)}"
+              for k, v in files.items()] + [f"{dist}/RECORD,,"]
+    files[f"{dist}/RECORD"] = ("\n".join(record) + "\n").encode()
+    path = folder / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        for k, v in files.items():
+            z.writestr(k, v)
+    return path
+
+
+@dataclass
+class Index:
+    """A password-protected package index on loopback (pypiserver; conftest's auth_index)."""
+
+    url: str
+    password: str
+    proc: subprocess.Popen
+
+
+def index_matrix(root: Path, wheelhouse: Path, index_url: str, session_id: str) -> Path:
+    """The shared pip CPU cell plus PACKAGE, which only the index at `index_url` serves."""
+    cells = f"""
+        matrix:
+          python: ["3.11"]
+          cuda: ["none"]
+          blas: [openblas]
+          installer: [pip]
+          include:
+            - {{blas: openblas, packages: [{PACKAGE}]}}
+    """
+    text = matrix_text(image=f"{TEST_REGISTRY}/it-{session_id}/buildkit", wheelhouse=wheelhouse, cells=cells)
+    text = text.replace("  torch_index_url: null\n", f"  torch_index_url: null\n  extra_index_urls: [\"{index_url}\"]\n")
+    path = root / "matrix.yaml"
+    path.write_text(text)
+    return path
+
+
+@dataclass
+class BkBuild:
+    """The session's cold BuildKit build (conftest's bk_build)."""
+
+    root: Path
+    matrix: Path
+    netrc: Path
+    result: subprocess.CompletedProcess
+    report_path: Path
+    work_dir: Path
+
+    def report(self) -> dict:
+        return report_of(self.report_path)
+
+
+def buildkit_args(root: Path, matrix: Path, *extra: str) -> list[str]:
+    """`imagefactory build --builder buildkit` of `matrix`, with its report and work dir under `root`."""
+    return ["build", "--builder", "buildkit", "--plain", "--gpus", "none", "--matrix", str(matrix),
+            "--report", str(root / "report.json"), "--work-dir", str(root / "work"), *extra]

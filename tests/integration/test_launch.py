@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import Build
+from tests.integration.helpers import Build
 
 pytestmark = [pytest.mark.docker]
 

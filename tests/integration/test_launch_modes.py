@@ -12,7 +12,7 @@ import pytest
 
 from imagefactory import checks, matrix, smoke
 from tests.conftest import REPO
-from tests.integration.conftest import Build, judged
+from tests.integration.helpers import Build, judged
 
 pytestmark = pytest.mark.docker
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from imagefactory import matrix, smoke
-from tests.integration.conftest import Build
+from tests.integration.helpers import Build
 from tests.unit.helpers import assert_torch_section
 
 pytestmark = pytest.mark.docker

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.conftest import TEST_PASSWORD, TEST_REGISTRY, TEST_USER, Build, registry_digest
+from tests.integration.helpers import TEST_PASSWORD, TEST_REGISTRY, TEST_USER, Build, registry_digest
 
 pytestmark = [pytest.mark.docker, pytest.mark.registry]
 

@@ -15,6 +15,7 @@ import re
 import subprocess
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -26,10 +27,10 @@ pytestmark = [pytest.mark.docker, pytest.mark.registry]
 CREDS = {"IMAGEFACTORY_REGISTRY_USER": TEST_USER, "IMAGEFACTORY_REGISTRY_PASSWORD": TEST_PASSWORD}
 
 
-def unique_matrix(cpu_build, root, image: str, token: str):
-    """The shared build's good cell under `image`, made unique by an env value (its heavy layers
-    are the shared build's), judged without the torch.compile child."""
-    text = cpu_build.matrix.read_text().replace(f"image: {cpu_build.image}\n", f"image: {image}\n")
+def unique_matrix(source: Path, root: Path, image: str, token: str) -> Path:
+    """The good cell of the matrix at `source` under `image`, made unique by an env value (its heavy
+    layers are the source build's), judged without the torch.compile child."""
+    text = re.sub(r"(?m)^image: .*$", f"image: {image}", source.read_text())
     path = root / "matrix.yaml"
     path.write_text(text + f"compiler: false\nenv: {{IMAGEFACTORY_TEST_RUN: \"{token}\"}}\n")
     return path
@@ -55,7 +56,7 @@ def forget_locally(engine, cell: dict) -> None:
 def test_a_pushed_content_tag_is_pulled_on_a_fresh_runner_not_built(cpu_build, test_registry, engine, tmp_path,
                                                                      session_id, created_images):
     image = f"{TEST_REGISTRY}/regcache-{session_id}/train"
-    matrix = unique_matrix(cpu_build, tmp_path, image, uuid.uuid4().hex)
+    matrix = unique_matrix(cpu_build.matrix, tmp_path, image, uuid.uuid4().hex)
     result, first, log, _ = run(matrix, tmp_path, "first")
     created_images.extend(first["tags"])
     assert first["status"] == "passed" and first["publish"] == "published", result.stdout + result.stderr
@@ -118,39 +119,46 @@ def steps(log: str) -> dict[str, bool]:
     return found
 
 
-def test_a_changed_cell_reuses_the_registrys_inline_cache_on_a_fresh_runner(cpu_build, engine, tmp_path,
+def test_a_changed_cell_reuses_the_registrys_inline_cache_on_a_fresh_runner(bk_build, engine, tmp_path,
                                                                             created_images):
     """BuildKit: the first runner pushes the cell with inline cache metadata; a fresh runner builds
     the cell changed (threads) and reuses the unchanged steps of the final stage from the
-    registry's image."""
+    registry's image.
+
+    The cell is bk_build's (same venv stage: that stage comes from BuildKit's cache in both builds,
+    so this test makes no cold build) with a uid and an env value of its own: its final stage's
+    layers from the user's on exist nowhere else. Between the runners the first runner's image and
+    every BuildKit cache record made since this test started are removed, so those layers can
+    only come from the registry. (Inline cache holds the final stage's layers only: a fresh runner
+    without bk_build's records would build the venv stage again.)"""
     (tmp_path / "registry").mkdir()
     registry = Registry(tmp_path / "registry")  # no auth: buildx reads only `docker login` credentials
+    netrc = ("--netrc", str(bk_build.netrc))
     try:
         image = f"{registry.address}/regcache/train"
         started = time.time() - 1
-        # a uid of its own: the user's layer and every one after it (the venv copy, the bytecode)
-        # exist nowhere but in what this test builds
-        matrix = unique_matrix(cpu_build, tmp_path, image, uuid.uuid4().hex)
+        matrix = unique_matrix(bk_build.matrix, tmp_path, image, uuid.uuid4().hex)
         matrix.write_text(matrix.read_text() + f"user: {{uid: {random.randint(20000, 60000)}}}\n")
-        result, first, log, _ = run(matrix, tmp_path, "first", "--builder", "buildkit")
+        result, first, log, _ = run(matrix, tmp_path, "first", "--builder", "buildkit", *netrc)
         created_images.extend(first["tags"])
         assert first["status"] == "passed" and first["publish"] == "published", result.stdout + result.stderr
         assert first["builder"] == "buildkit"
+        assert any("[venv " in s for s, cached in steps(log).items() if cached), log  # bk_build's venv stage
         forget_locally(engine, first)
         assert prune_build_cache_since(started) > 0
 
         changed = tmp_path / "changed.yaml"
         changed.write_text(matrix.read_text().replace("threads: 2", "threads: 1"))
-        result, again, log, _ = run(changed, tmp_path, "fresh", "--builder", "buildkit")
+        result, again, log, _ = run(changed, tmp_path, "fresh", "--builder", "buildkit", *netrc)
         created_images.extend(again["tags"])
         assert again["status"] == "passed" and not again["pulled"], result.stdout + result.stderr
         assert again["content_hash"] != first["content_hash"]
         built = steps(log)
         reused = [s for s, cached in built.items() if cached]
         # the user's layer exists only in the registry now (its uid is this test's): reused from the
-        # pushed image's inline cache. (Inline cache holds the final stage's layers only: the venv
-        # stage is built again, and what follows it is reused only when it comes out the same.)
+        # pushed image's inline cache, and the venv copy after it too
         assert any("useradd" in s for s in reused), built
+        assert any("COPY --from=venv" in s for s in reused), built
         assert not all(built.values()), built  # the changed steps did run
         assert f"registry cache: cache from {image}:2.13.0-py3.11-cpu-openblas-pip" in log
     finally:
