@@ -17,13 +17,15 @@ ENV SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \
 COPY wheelhouse/ /tmp/wheelhouse/
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
+# torch first, in a step of its own: cells that differ only in their other packages (BLAS, NumPy,
+# `packages`) share this layer, and a change to those packages does not install torch again.
+RUN python3.11 -m venv /opt/venv \
+ && /opt/venv/bin/pip install --no-cache-dir --index-url https://pypi-mirror.example.com/simple --find-links /tmp/wheelhouse torch==2.13.0+cpu
 # torch's wheel carries PyTorch's own C++ test programs and their data (torch/test/, and in
 # torch/bin/ test_api, test_jit, *Test, protoc, *.pt[l] ...): about 135 MB that run only inside
-# PyTorch's build tree. They go here, so they never reach a layer of the image; torch_shm_manager
-# (DataLoader's shared memory) stays. pip still uninstalls torch (it skips files already gone).
-RUN python3.11 -m venv /opt/venv \
- && /opt/venv/bin/pip install --no-cache-dir --index-url https://pypi-mirror.example.com/simple --find-links /tmp/wheelhouse torch==2.13.0+cpu \
- && /opt/venv/bin/pip install --no-cache-dir --index-url https://pypi-mirror.example.com/simple --find-links /tmp/wheelhouse numpy 'threadpoolctl>=3.1' 'scipy>=1.11' \
+# PyTorch's build tree. They go after the last install, so they never reach the final image (it
+# copies /opt/venv as this stage leaves it); torch_shm_manager (DataLoader's shared memory) stays.
+RUN /opt/venv/bin/pip install --no-cache-dir --index-url https://pypi-mirror.example.com/simple --find-links /tmp/wheelhouse numpy 'threadpoolctl>=3.1' 'scipy>=1.11' \
  && torch=/opt/venv/lib/python3.11/site-packages/torch \
  && rm -rf "$torch/test" "$torch"/bin/test_* "$torch"/bin/*Test "$torch"/bin/*_test "$torch"/bin/protoc \
       "$torch"/bin/protoc-* "$torch"/bin/*.pt "$torch"/bin/*.ptl "$torch/bin/upgrader_models"
@@ -101,7 +103,7 @@ LABEL com.example.team="ml-platform" \
       io.imagefactory.blas="openblas" \
       io.imagefactory.cell="py3.11-cpu-openblas-pip" \
       io.imagefactory.compiler="true" \
-      io.imagefactory.content-hash="1c6be3bd21b5958d79d699ee49ca98e7072afa0fb6cbacbd435db2fafaaea0d5" \
+      io.imagefactory.content-hash="9f69fb65c02a96ee6d0933aed753572797df96205f68e6784db56466297ad6e8" \
       io.imagefactory.cuda="none" \
       io.imagefactory.installer="pip" \
       io.imagefactory.python="3.11" \

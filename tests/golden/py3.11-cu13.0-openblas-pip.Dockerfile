@@ -17,13 +17,15 @@ ENV SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \
 COPY wheelhouse/ /tmp/wheelhouse/
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
+# torch first, in a step of its own: cells that differ only in their other packages (BLAS, NumPy,
+# `packages`) share this layer, and a change to those packages does not install torch again.
+RUN python3.11 -m venv /opt/venv \
+ && /opt/venv/bin/pip install --no-cache-dir --index-url https://pypi-mirror.example.com/simple --find-links /tmp/wheelhouse torch==2.13.0
 # torch's wheel carries PyTorch's own C++ test programs and their data (torch/test/, and in
 # torch/bin/ test_api, test_jit, *Test, protoc, *.pt[l] ...): about 135 MB that run only inside
-# PyTorch's build tree. They go here, so they never reach a layer of the image; torch_shm_manager
-# (DataLoader's shared memory) stays. pip still uninstalls torch (it skips files already gone).
-RUN python3.11 -m venv /opt/venv \
- && /opt/venv/bin/pip install --no-cache-dir --index-url https://pypi-mirror.example.com/simple --find-links /tmp/wheelhouse torch==2.13.0 \
- && /opt/venv/bin/pip install --no-cache-dir --index-url https://pypi-mirror.example.com/simple --find-links /tmp/wheelhouse numpy 'threadpoolctl>=3.1' 'scipy>=1.11' \
+# PyTorch's build tree. They go after the last install, so they never reach the final image (it
+# copies /opt/venv as this stage leaves it); torch_shm_manager (DataLoader's shared memory) stays.
+RUN /opt/venv/bin/pip install --no-cache-dir --index-url https://pypi-mirror.example.com/simple --find-links /tmp/wheelhouse numpy 'threadpoolctl>=3.1' 'scipy>=1.11' \
  && torch=/opt/venv/lib/python3.11/site-packages/torch \
  && rm -rf "$torch/test" "$torch"/bin/test_* "$torch"/bin/*Test "$torch"/bin/*_test "$torch"/bin/protoc \
       "$torch"/bin/protoc-* "$torch"/bin/*.pt "$torch"/bin/*.ptl "$torch/bin/upgrader_models"
@@ -103,7 +105,7 @@ LABEL com.example.team="ml-platform" \
       io.imagefactory.blas="openblas" \
       io.imagefactory.cell="py3.11-cu13.0-openblas-pip" \
       io.imagefactory.compiler="true" \
-      io.imagefactory.content-hash="57f147db37e7a848bd5b75599c41fcec0a34af9bf350156939279a0f16ab8c60" \
+      io.imagefactory.content-hash="1e8e130fbf65f53c1064d4a3905e1e39751c18a4d272bc8992a9d909c3a60e18" \
       io.imagefactory.cuda="13.0" \
       io.imagefactory.installer="pip" \
       io.imagefactory.python="3.11" \

@@ -89,7 +89,7 @@ def test_key_settings_in_rendered_text(golden_contexts):
     assert "CONDA_OVERRIDE_CUDA=12.9" in cuda and "cuda-version=12.9" in cuda and "nomkl" in cuda
     assert 'NVIDIA_VISIBLE_DEVICES="all"' in cuda and "MKL_THREADING_LAYER" not in cuda
     pip = golden_contexts["py3.11-cu13.0-openblas-pip"].dockerfile.read_text()
-    assert "torch==2.13.0 " in pip and "+cu" not in pip  # PyPI's default CUDA build
+    assert "torch==2.13.0\n" in pip and "+cu" not in pip  # PyPI's default CUDA build
     assert "FROM mirror.example.com/hub/library/python:3.11-slim-bookworm AS venv" in pip
     assert "USER 4242" in pip
 
@@ -267,16 +267,36 @@ def test_toolchain_layer_is_slim(golden_contexts, cell_id):
 
 @pytest.mark.parametrize("cell_id", ["py3.11-cpu-openblas-pip", "py3.11-cu13.0-openblas-pip"])
 def test_torch_test_programs_are_removed_in_the_venv_stage(golden_contexts, cell_id):
-    """torch's C++ test programs go in the RUN that installs torch, in stage 0 (the venv stage),
-    so they never reach a layer of the image; torch_shm_manager stays."""
+    """torch's C++ test programs go in the venv stage's last install RUN (stage 0), so they never
+    reach the final image, which copies /opt/venv as that stage leaves it; torch_shm_manager stays."""
     runs = _runs(golden_contexts[cell_id].dockerfile.read_text())
     (run,) = [r for r in runs if "rm -rf \"$torch/test\"" in r]
     assert run.startswith("0: ") and "pip install" in run
     assert run.index("pip install") < run.index("rm -rf \"$torch/test\"")
+    assert run == [r for r in runs if r.startswith("0: ") and "pip install" in r][-1]
     assert "torch=/opt/venv/lib/python3.11/site-packages/torch" in run
     for pattern in ('"$torch"/bin/test_*', '"$torch"/bin/*Test', '"$torch"/bin/protoc'):
         assert pattern in run
     assert "torch_shm_manager" not in run
+
+
+@pytest.mark.parametrize("buildkit", [False, True], ids=["classic", "buildkit"])
+def test_cells_that_differ_in_blas_and_packages_share_the_torch_step(tmp_path, buildkit):
+    """torch is installed by a RUN of its own, the same text for an MKL and an OpenBLAS cell with
+    other packages: the builder takes that layer from its cache for the second cell."""
+    path = tmp_path / "matrix.yaml"
+    path.write_text("image: registry.example.com/ml/train\nmatrix:\n  python: [\"3.11\"]\n  cuda: [\"none\"]\n"
+                    "  blas: [mkl, openblas]\n  installer: [pip]\n  include:\n    - {blas: mkl, packages: [einops]}\n"
+                    "torch: \"2.13.0\"\npip: {torch_index_url: \"https://download.pytorch.org/whl/cpu\", "
+                    "numpy_index_url: \"https://mkl.example.com/simple\"}\n")
+    m = matrix.load(path)
+    texts = [render.dockerfile_text(m, cell, None, [], locked=False, buildkit=buildkit) for cell in m.cells]
+    # from the first FROM to the end of the line that installs torch: the same text in both cells
+    upto = [t[t.index("\nFROM "):t.index("\n", t.index("torch==2.13.0"))] for t in texts]
+    assert upto[0] == upto[1]
+    (torch_step,) = [r for r in _runs(upto[0] + "\n") if "torch==2.13.0" in r]
+    assert torch_step.startswith("0: ") and "numpy" not in torch_step and "einops" not in torch_step
+    assert texts[0] != texts[1] and any("einops" in r for r in _runs(texts[0]))
 
 
 def test_locked_pip_render_removes_torch_test_programs_too(tmp_path):
