@@ -51,6 +51,11 @@ def unavailable(reason: str):
     pytest.skip(f"{reason}; run `sudo bash scripts/ci-setup.sh` first")
 
 
+# A test of one check runs the probe in one launch mode, not the build's three (three containers
+# that import torch at once); test_launch_modes.py proves the modes themselves.
+ONE_MODE = ("docker",)
+
+
 def judged(cell):
     """A cell as tests about other checks judge it: without the torch.compile child (about
     10 s per probe here). test_train_fast's torch.compile tests judge cells as built."""

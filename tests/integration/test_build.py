@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from imagefactory import matrix, smoke
-from tests.integration.helpers import REPO, RUN_ID, Build, Leftovers, judged
+from tests.integration.helpers import ONE_MODE, REPO, RUN_ID, Build, Leftovers, judged
 
 pytestmark = pytest.mark.docker
 
@@ -85,7 +85,7 @@ def test_test_command_retests_built_images_and_names_unbuilt_ones(cpu_build):
 
 def test_mkl_expected_but_openblas_loaded_is_caught(engine, cpu_build):
     cell = replace(judged(good_cell(cpu_build)), blas="mkl")
-    result = smoke.test_image(engine, cell, good_image(cpu_build), gpus=False)
+    result = smoke.test_image(engine, cell, good_image(cpu_build), gpus=False, modes=ONE_MODE)
     by = {c.name: c for c in result.checks}
     assert by["numpy.blas"].verdict == "fail" and by["numpy.blas"].actual == "openblas"
     assert by["mkl.threading_layer"].verdict == "fail"  # libgomp loaded, MKL left on its intel default
@@ -95,7 +95,7 @@ def test_mkl_expected_but_openblas_loaded_is_caught(engine, cpu_build):
 
 def test_cuda_cell_whose_torch_is_cpu_only_is_caught(engine, cpu_build):
     cell = replace(judged(good_cell(cpu_build)), cuda="13.0")
-    result = smoke.test_image(engine, cell, good_image(cpu_build), gpus=False)
+    result = smoke.test_image(engine, cell, good_image(cpu_build), gpus=False, modes=ONE_MODE)
     by = {c.name: c for c in result.checks}
     assert by["torch.cuda_build"].verdict == "fail"
     assert by["torch.cuda_build"].expected.startswith("13.0")
@@ -104,7 +104,7 @@ def test_cuda_cell_whose_torch_is_cpu_only_is_caught(engine, cpu_build):
 
 def test_gpu_required_but_absent_is_caught(engine, cpu_build):
     cell = replace(judged(good_cell(cpu_build)), cuda="13.0")
-    result = smoke.test_image(engine, cell, good_image(cpu_build), gpus=False)
+    result = smoke.test_image(engine, cell, good_image(cpu_build), gpus=False, modes=ONE_MODE)
     assert verdicts(result.checks)["torch.gpu_available"] == "skip"
     # --gpus all on a host without GPUs: the engine refuses the device request, the cell fails.
     result = smoke.test_image(engine, cell, good_image(cpu_build), gpus=True)
@@ -131,7 +131,7 @@ def derived(cpu_build, derive):
 ])
 def test_thread_variable_missing_or_wrong_is_caught(engine, cpu_build, derived, variable, value, failing):
     image = derived(f"{variable.lower()}-{value or 'empty'}", **{"SET_" + variable: value})
-    result = smoke.test_image(engine, judged(good_cell(cpu_build)), image, gpus=False)
+    result = smoke.test_image(engine, judged(good_cell(cpu_build)), image, gpus=False, modes=ONE_MODE)
     failed = {c.name for c in result.checks if c.verdict == "fail"}
     assert failing <= failed, result.checks
     # MKL and OpenBLAS cap their pools at the CPU count, so on a small machine the runtime
@@ -152,7 +152,7 @@ def test_an_empty_thread_variable_is_repaired_by_the_launch_hook(engine, cpu_bui
 
 def test_root_user_is_caught(engine, cpu_build, derived):
     image = derived("root", SET_USER="0")
-    result = smoke.test_image(engine, judged(good_cell(cpu_build)), image, gpus=False)
+    result = smoke.test_image(engine, judged(good_cell(cpu_build)), image, gpus=False, modes=ONE_MODE)
     assert {c.name for c in result.checks if c.verdict == "fail"} == {"user.non_root"}
 
 

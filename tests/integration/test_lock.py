@@ -1,8 +1,8 @@
 """Locks on the pip route, for real: resolved through PyPI, built by the real engine, probed.
 
-One module-scoped build from a lock (the examples-like cell) serves most tests. Its venv stage
-(installing from the lock) is its own; its final stage up to the COPY of the venv is the shared
-cpu_build's (same base, same toolchain layer). The tampered lock fails within seconds of its
+One module-scoped build from a lock (the examples-like cell, `compiler: false`: packages are what
+this module is about, and the torch.compile child would add ~10 s to each probe) serves most tests.
+Its venv stage (installing from the lock) is its own. The tampered lock fails within seconds of its
 first download; only the rebuild with the layer cache off is a second cold build (marked slow),
 of the venv stage alone: that stage is where packages are installed.
 """
@@ -46,7 +46,7 @@ class Locked:
     def __init__(self, root: Path, image: str, wheelhouse: Path):
         self.root = root
         self.matrix = root / "matrix.yaml"
-        self.matrix.write_text(matrix_text(image=image, wheelhouse=wheelhouse))
+        self.matrix.write_text(matrix_text(image=image, wheelhouse=wheelhouse, extra="compiler: false\n"))
         self.lock = root / "locks" / f"{CELL}.txt"
 
     def build(self, tag: str = "build"):

@@ -18,7 +18,8 @@ import docker
 import pytest
 
 from imagefactory import checks, matrix, smoke
-from tests.integration.helpers import FIXTURES, RUN_ID, TEST_REGISTRY, Build, judged, matrix_text, run_cli
+from tests.integration.helpers import (FIXTURES, ONE_MODE, RUN_ID, TEST_REGISTRY, Build, judged, matrix_text,
+                                       run_cli)
 
 pytestmark = pytest.mark.docker
 
@@ -74,7 +75,7 @@ def test_torch_compile_runs_and_matches_eager_in_a_built_image(cpu_build):
 
 def test_torch_compile_fails_where_the_compiler_was_removed(engine, cpu_build, derive):
     cell, image = good(cpu_build)
-    result = smoke.test_image(engine, cell, derive("no-compiler", image), gpus=False)
+    result = smoke.test_image(engine, cell, derive("no-compiler", image), gpus=False, modes=ONE_MODE)
     assert set(failing(result)) == {"torch.compile"}, failing(result)
     assert "compiler" in failing(result)["torch.compile"].lower()
 
@@ -86,7 +87,7 @@ def test_compiler_false_image_fails_the_check_when_judged_as_a_compiler_cell(eng
     assert "compiler: false" in own["torch.compile"]["expected"]
     cell, _ = good(cpu_build)
     assert declared == replace(cell, compiler=False, tags=declared.tags)
-    result = smoke.test_image(engine, cell, report["candidate"], gpus=False)
+    result = smoke.test_image(engine, cell, report["candidate"], gpus=False, modes=ONE_MODE)
     assert set(failing(result)) == {"torch.compile"}, failing(result)
 
 
@@ -174,7 +175,7 @@ def test_activation_scripts_take_effect_without_conda_activate(engine, cpu_build
 def test_missing_activation_variable_is_caught_and_named(engine, cpu_build, derive):
     cell, image = good(cpu_build)
     bare = derive("no-entrypoint", derive("activation", image))
-    result = smoke.test_image(engine, judged(cell), bare, gpus=False)
+    result = smoke.test_image(engine, judged(cell), bare, gpus=False, modes=ONE_MODE)
     assert set(failing(result)) == {"env.activation"}, failing(result)
     text = failing(result)["env.activation"]
     assert "MKL_INTERFACE_LAYER" in text and "IMAGEFACTORY_TEST_ACTIVATED" in text
@@ -211,10 +212,10 @@ def test_wrong_mkl_layer_beside_libgomp_is_caught(engine, cpu_build, mkl_numpy, 
     cell, _ = good(cpu_build)
     mkl_cell = replace(cell, blas="mkl")
     base = mkl_numpy
-    right = smoke.test_image(engine, mkl_cell, base, gpus=False)
+    right = smoke.test_image(engine, mkl_cell, base, gpus=False, modes=ONE_MODE)
     layer = by_name(right)["mkl.threading_layer"]
     assert layer.verdict == "pass" and layer.actual.startswith("gnu (threadpoolctl)"), layer
-    wrong = smoke.test_image(engine, mkl_cell, derive("mkl-layer", base, LAYER="SEQUENTIAL"), gpus=False)
+    wrong = smoke.test_image(engine, mkl_cell, derive("mkl-layer", base, LAYER="SEQUENTIAL"), gpus=False, modes=ONE_MODE)
     layer = by_name(wrong)["mkl.threading_layer"]
     assert layer.verdict == "fail" and "sequential" in layer.actual and "libgomp" in layer.detail, layer
     assert "MKL_THREADING_LAYER=GNU" in layer.detail
@@ -222,7 +223,7 @@ def test_wrong_mkl_layer_beside_libgomp_is_caught(engine, cpu_build, mkl_numpy, 
 
 def test_pip_image_judged_as_mkl_cell_fails_the_layer_check(engine, cpu_build):
     cell, image = good(cpu_build)  # PyPI torch runs libgomp; nothing asks MKL for GNU's layer here
-    result = smoke.test_image(engine, replace(judged(cell), blas="mkl"), image, gpus=False)
+    result = smoke.test_image(engine, replace(judged(cell), blas="mkl"), image, gpus=False, modes=ONE_MODE)
     assert by_name(result)["mkl.threading_layer"].verdict == "fail"
 
 
