@@ -31,7 +31,7 @@ import requests
 from imagefactory.engine import Engine
 from imagefactory.errors import DockerUnavailable
 from tests.integration.helpers import (  # noqa: F401 (re-exported for modules not yet moved to helpers)
-    BASE_REGISTRY, CACHE, FIXTURES, INDEX_USER, PACKAGE, Background, BkBuild, HOST_CAS, Index, LEFTOVERS, RUN_ID, RUN_LABEL,
+    BASE_REGISTRY, CACHE, FIXTURES, INDEX_USER, PACKAGE, Background, BkBuild, DyingPush, HOST_CAS, Index, LEFTOVERS, RUN_ID, RUN_LABEL,
     TEST_PASSWORD, TEST_REGISTRY, TEST_USER, TORCH_CPU, Build, Registry, buildkit_args, buildx_or_skip, cuda_matrix_text,
     free_port, index_matrix, judged, make_wheel, matrix_text, registry_digest, registry_tags, remove_run_images, run_cli,
     unavailable)
@@ -101,6 +101,8 @@ def created_images(engine):
     yield refs
     if _Started.build is not None:  # a session that ends before the CUDA test waited for its build
         _Started.build.stop()
+    if _Started.dying_push is not None:
+        _Started.dying_push.stop()
     if os.environ.get("IMAGEFACTORY_TEST_KEEP_IMAGES") == "1":
         return
     # No engine-wide prune: another run on the same engine may be mid-build, and a classic
@@ -167,6 +169,8 @@ def cpu_build(request, tmp_path_factory, engine, base_registry, wheelhouse, sess
     build.result = build.run("build")
     assert build.report_path.exists(), build.result.stdout[-2000:] + build.result.stderr[-2000:]
     build.first_report = build.report()
+    # later runs in the same work dir rewrite the logs: keep this build's
+    build.first_logs = {cell: Path(c["log"]).read_text() for cell, c in build.first_report.items() if c.get("log")}
     for cell in build.first_report.values():
         if cell["candidate"]:
             created_images.append(cell["candidate"])
@@ -193,6 +197,7 @@ def derive(engine, created_images):
 
 
 CUDA_TEST = "test_pip_cuda_cell_builds_and_its_cuda_build_is_verified"
+DYING_PUSH_TEST = "test_registry_dying_during_a_push_is_retried_and_nothing_is_reported_published"
 
 
 def pytest_collection_modifyitems(items):
@@ -204,6 +209,19 @@ class _Started:
     """The background CUDA build of this session, once started."""
 
     build: Background | None = None
+    dying_push: DyingPush | None = None
+
+
+def _start_dying_push(tmp_path_factory, build: Build) -> DyingPush:
+    if _Started.dying_push is None:
+        _Started.dying_push = DyingPush(tmp_path_factory.mktemp("dying-push"), build)
+    return _Started.dying_push
+
+
+@pytest.fixture(scope="session")
+def dying_push(cpu_build, tmp_path_factory) -> DyingPush:
+    """The push to a registry that dies mid-upload, started by bk_build (or now)."""
+    return _start_dying_push(tmp_path_factory, cpu_build)
 
 
 def _start_cuda(tmp_path_factory, wheels: Path) -> Background:
@@ -273,13 +291,17 @@ def auth_index(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def bk_build(cpu_build, tmp_path_factory, engine, base_registry, wheelhouse, session_id, auth_index,
+def bk_build(request, cpu_build, tmp_path_factory, engine, base_registry, wheelhouse, session_id, auth_index,
              created_images) -> BkBuild:
     """THE cold BuildKit build of the session: the shared pip CPU cell plus PACKAGE from the
     password-protected index, its login given as a netrc. BuildKit does not share the classic
     builder's layer cache, so this is the one cold build of its kind; test_buildkit inspects it,
     and test_registry_cache's BuildKit builds take its venv stage from BuildKit's cache."""
     buildx_or_skip()
+    if any(item.name == DYING_PUSH_TEST for item in request.session.items):
+        # its ~50 s of engine-side retries pass beside this build and the BuildKit tests, which
+        # push nothing (test_build's would race it: one untags the shared image for a while)
+        _start_dying_push(tmp_path_factory, cpu_build)
     root = tmp_path_factory.mktemp("bk-build")
     matrix = index_matrix(root, wheelhouse, auth_index.url, session_id)
     netrc = root / "netrc"

@@ -255,6 +255,49 @@ class Background:
         return json.loads(self.report_path.read_text())["cells"]
 
 
+class DyingPush:
+    """`imagefactory push` of the shared build's good cell to a throwaway registry that is stopped
+    once the upload has begun. The engine then retries each layer on its own (about 50 s of
+    waiting, holding its upload slots), so it is started where no other push runs (conftest) and
+    judged later by test_publish. Its own work dir and report."""
+
+    def __init__(self, root: Path, build: "Build"):
+        root.mkdir(parents=True, exist_ok=True)
+        self.registry = Registry(root)
+        self.report_path = root / "report.json"
+        self.repo = "midpush/train"
+        args = [sys.executable, "-m", "imagefactory", "push", "--only", Build.GOOD, "--plain",
+                "--matrix", str(build.with_image(f"{self.registry.address}/{self.repo}")),
+                "--report", str(self.report_path), "--work-dir", str(root / "work"),
+                "--push-tries", "3", "--retry-delay", "0.5"]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("IMAGEFACTORY_REGISTRY_")}
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        self.reached = False
+        try:
+            deadline = time.monotonic() + 120
+            while not self.registry.receiving() and self.proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            self.reached = self.registry.receiving()
+        finally:
+            self.registry.stop()  # mid-upload
+        self._out: str | None = None
+
+    def wait(self, timeout: float = 600) -> str:
+        """The push's output, once it has ended."""
+        if self._out is None:
+            try:
+                self._out, _ = self.proc.communicate(timeout=timeout)
+            finally:
+                self.stop()
+        return self._out
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.communicate()
+        self.registry.stop()
+
+
 def cuda_matrix_text(wheelhouse: Path) -> str:
     """The pip CUDA cell: torch 2.14.1 (CUDA 13.0, with its nvidia-* wheels) from PyPI."""
     cells = """

@@ -5,6 +5,7 @@ wrong, or judged against a cell it does not match."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -47,7 +48,7 @@ def test_failing_build_shows_step_error_and_log_tail_and_others_go_on(cpu_build)
     assert result.returncode == 1, result.stderr
     bad = cpu_build.first_report[Build.BAD]
     assert bad["status"] == "build-failed"
-    assert bad["failed_step"].startswith("step ") and "RUN python3.11 -m venv" in bad["failed_step"]
+    assert bad["failed_step"].startswith("step ") and "RUN /opt/venv/bin/pip install" in bad["failed_step"]
     assert any(Build.MISSING_PACKAGE in line for line in bad["log_tail"])
     assert 5 <= len(bad["log_tail"]) <= 30
     out = result.stdout + result.stderr
@@ -58,6 +59,18 @@ def test_failing_build_shows_step_error_and_log_tail_and_others_go_on(cpu_build)
     assert Path(bad["log"]).read_text().count("\n") > len(bad["log_tail"])
     summary = cpu_build.report_path.with_suffix(".md").read_text()
     assert f"`{Build.BAD}`: build-failed" in summary
+
+
+def test_the_two_cells_share_the_torch_step(cpu_build):
+    """The MKL cell (built first) installed torch in a step of its own; the OpenBLAS cell, whose
+    other packages differ, took that step from the layer cache."""
+    bad, good = cpu_build.first_logs[Build.BAD], cpu_build.first_logs[Build.GOOD]
+    torch_step = r"^Step \d+/\d+ : RUN python3\.11 -m venv /opt/venv .*torch==2\.13\.0\+cpu\s*\n(.*)$"
+    assert re.search(torch_step, bad, re.M), bad[:3000]
+    then = re.search(torch_step, good, re.M)
+    assert then and then[1].strip() == "---> Using cache", good[:3000]
+    # and the step after it, the cell's own packages, ran for each
+    assert "Successfully installed" in good.split(then[0], 1)[1] and Build.MISSING_PACKAGE in bad
 
 
 def test_plain_progress_lines_are_prefixed_with_the_cell(cpu_build):

@@ -6,10 +6,6 @@ throwaway ones a test starts and stops itself."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import time
 
 import pytest
 
@@ -26,37 +22,8 @@ def repo_of(image: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def dying_push(cpu_build, tmp_path_factory):
-    """A push of the shared build's good cell to a throwaway registry that is stopped once the upload
-    has begun, started before the module's other pushes: the engine then retries each layer on its
-    own (about 50 s of waiting), and those waits overlap the rest of the module. Its own work dir
-    and report; its test judges the outcome. Yields (registry, process, report path)."""
-    root = tmp_path_factory.mktemp("dying-push")
-    registry = Registry(root)
-    report = root / "report.json"
-    args = [sys.executable, "-m", "imagefactory", "push", "--only", Build.GOOD, "--plain",
-            "--matrix", str(cpu_build.with_image(f"{registry.address}/midpush/train")), "--report", str(report),
-            "--work-dir", str(root / "work"), "--push-tries", "3", "--retry-delay", "0.5"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("IMAGEFACTORY_REGISTRY_")}
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    try:
-        deadline = time.monotonic() + 120
-        while not registry.receiving() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert registry.receiving(), "the push never reached the registry"
-        registry.stop()  # mid-upload
-        yield registry, proc, report
-    finally:
-        registry.stop()
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-
-
-@pytest.fixture(scope="module")
-def pushed(cpu_build, test_registry, created_images, dying_push):
-    """`imagefactory push` of the shared build, with credentials: one cell passed, one never built.
-    (After dying_push has started: see there.)"""
+def pushed(cpu_build, test_registry, created_images):
+    """`imagefactory push` of the shared build, with credentials: one cell passed, one never built."""
     result = cpu_build.run("push", env=CREDS)
     report = cpu_build.report()
     for cell in report.values():
@@ -159,14 +126,15 @@ def test_build_with_push_publishes_in_one_command(cpu_build, pushed, created_ima
 
 
 def test_registry_dying_during_a_push_is_retried_and_nothing_is_reported_published(dying_push, created_images):
-    registry, proc, report = dying_push
+    """The push started by conftest (helpers.DyingPush): its registry was stopped mid-upload."""
+    assert dying_push.reached, "the push never reached the registry"
+    out = dying_push.wait()
+    good = report_of(dying_push.report_path)[Build.GOOD]
+    created_images.extend(good["tags"])
+    assert dying_push.proc.returncode == 1, out
+    assert "(try 1/3)" in out and good["publish"] == "publish-failed" and good["pushed"] == []
+    dying_push.registry.start()  # same storage: whatever arrived before the crash is still there
     try:
-        out, _ = proc.communicate(timeout=600)
-        good = report_of(report)[Build.GOOD]
-        created_images.extend(good["tags"])
-        assert proc.returncode == 1, out
-        assert "(try 1/3)" in out and good["publish"] == "publish-failed" and good["pushed"] == []
-        registry.start()  # same storage: whatever arrived before the crash is still there
-        assert registry_tags(registry.address, "midpush/train", auth=None) == []
+        assert registry_tags(dying_push.registry.address, dying_push.repo, auth=None) == []
     finally:
-        registry.stop()
+        dying_push.registry.stop()
