@@ -30,10 +30,10 @@ import requests
 
 from imagefactory.engine import Engine
 from imagefactory.errors import DockerUnavailable
-from tests.integration.helpers import (  # noqa: F401 (re-exported for modules not yet moved to helpers)
-    BASE_REGISTRY, CACHE, FIXTURES, INDEX_USER, PACKAGE, Background, BkBuild, DyingPush, HOST_CAS, Index, LEFTOVERS, RUN_ID, RUN_LABEL,
-    TEST_PASSWORD, TEST_REGISTRY, TEST_USER, TORCH_CPU, Build, Registry, buildkit_args, buildx_or_skip, cuda_matrix_text,
-    free_port, index_matrix, judged, make_wheel, matrix_text, registry_digest, registry_tags, remove_run_images, run_cli,
+from tests.integration.helpers import (
+    BASE_REGISTRY, CACHE, FIXTURES, INDEX_USER, PACKAGE, Background, BkBuild, DyingPush, Index, LEFTOVERS, RUN_ID, RUN_LABEL,
+    TEST_REGISTRY, TORCH_CPU, Build, buildkit_args, buildx_or_skip, cuda_matrix_text,
+    free_port, index_matrix, make_wheel, remove_run_images, run_cli,
     unavailable)
 
 
