@@ -195,14 +195,16 @@ def _work_dir(args: tuple[str, ...]) -> Path | None:
     return None
 
 
+def cli_env(env: dict | None = None) -> dict[str, str]:
+    """The environment of an `imagefactory` run: this process's, without any registry login
+    (IMAGEFACTORY_REGISTRY_*: a test passes the ones it means), plus `env`."""
+    return {**{k: v for k, v in os.environ.items() if not k.startswith("IMAGEFACTORY_REGISTRY_")}, **(env or {})}
+
+
 def run_cli(*args: str, env: dict | None = None, timeout: float = 1800) -> subprocess.CompletedProcess:
-    full_env = {**os.environ, **(env or {})}
-    for key in ("IMAGEFACTORY_REGISTRY_USER", "IMAGEFACTORY_REGISTRY_PASSWORD"):
-        if env is None or key not in env:
-            full_env.pop(key, None)
     try:
         return subprocess.run([sys.executable, "-m", "imagefactory", *args], capture_output=True, text=True,
-                              env=full_env, timeout=timeout)
+                              env=cli_env(env), timeout=timeout)
     finally:
         work = _work_dir(args)
         if work is not None:
@@ -210,21 +212,19 @@ def run_cli(*args: str, env: dict | None = None, timeout: float = 1800) -> subpr
 
 
 class Background:
-    """An `imagefactory build` started now, in the background, and judged later: a cold build
-    that mostly waits on the network and the disk (the CUDA cell downloads ~3 GB) overlaps
-    the CPU-bound tests instead of adding its whole time to the run."""
+    """An `imagefactory build` (or `command`) started now, in the background, and judged later:
+    a cold build that mostly waits on the network and the disk (the CUDA cell downloads ~3 GB)
+    overlaps the CPU-bound tests instead of adding its whole time to the run."""
 
-    def __init__(self, root: Path, text: str, *args: str):
+    def __init__(self, root: Path, text: str, *args: str, command: str = "build"):
         root.mkdir(parents=True, exist_ok=True)
         self.root, self.matrix, self.report_path = root, root / "matrix.yaml", root / "report.json"
         self.matrix.write_text(text)
-        self.args = ("build", "--matrix", str(self.matrix), "--plain", "--report", str(self.report_path),
+        self.args = (command, "--matrix", str(self.matrix), "--plain", "--report", str(self.report_path),
                      "--work-dir", str(root / "work"), *args)
-        env = {k: v for k, v in os.environ.items()
-               if k not in ("IMAGEFACTORY_REGISTRY_USER", "IMAGEFACTORY_REGISTRY_PASSWORD")}
         self.started = time.monotonic()
         self.proc = subprocess.Popen([sys.executable, "-m", "imagefactory", *self.args], stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, env=env)
+                                     stderr=subprocess.PIPE, text=True, env=cli_env())
         self._done: subprocess.CompletedProcess | None = None
 
     def wait(self, timeout: float = 1800) -> subprocess.CompletedProcess:
@@ -256,45 +256,29 @@ class Background:
 
 
 class DyingPush:
-    """`imagefactory push` of the shared build's good cell to a throwaway registry that is stopped
-    once the upload has begun. The engine then retries each layer on its own (about 50 s of
-    waiting, holding its upload slots), so it is started where no other push runs (conftest) and
-    judged later by test_publish. Its own work dir and report."""
+    """`imagefactory push` of the shared build's good cell (in the Background) to a throwaway
+    registry that is stopped once the upload has begun. The engine then retries each layer on its
+    own (about 50 s of waiting, holding its upload slots), so it is started where no other push
+    runs (conftest) and judged later by test_publish."""
+
+    repo = "midpush/train"
 
     def __init__(self, root: Path, build: "Build"):
         root.mkdir(parents=True, exist_ok=True)
         self.registry = Registry(root)
-        self.report_path = root / "report.json"
-        self.repo = "midpush/train"
-        args = [sys.executable, "-m", "imagefactory", "push", "--only", Build.GOOD, "--plain",
-                "--matrix", str(build.with_image(f"{self.registry.address}/{self.repo}")),
-                "--report", str(self.report_path), "--work-dir", str(root / "work"),
-                "--push-tries", "3", "--retry-delay", "0.5"]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("IMAGEFACTORY_REGISTRY_")}
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-        self.reached = False
+        text = build.with_image(f"{self.registry.address}/{self.repo}").read_text()
+        self.push = Background(root / "push", text, "--only", Build.GOOD, "--push-tries", "3",
+                               "--retry-delay", "0.5", command="push")
         try:
             deadline = time.monotonic() + 120
-            while not self.registry.receiving() and self.proc.poll() is None and time.monotonic() < deadline:
+            while not self.registry.receiving() and self.push.proc.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.05)
             self.reached = self.registry.receiving()
         finally:
             self.registry.stop()  # mid-upload
-        self._out: str | None = None
-
-    def wait(self, timeout: float = 600) -> str:
-        """The push's output, once it has ended."""
-        if self._out is None:
-            try:
-                self._out, _ = self.proc.communicate(timeout=timeout)
-            finally:
-                self.stop()
-        return self._out
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.communicate()
+        self.push.stop()
         self.registry.stop()
 
 
@@ -434,11 +418,8 @@ class Run:
     """`python -m imagefactory ARGS` in the background, its output read line by line."""
 
     def __init__(self, *args: str, env: dict | None = None):
-        full_env = {k: v for k, v in os.environ.items()
-                    if k not in ("IMAGEFACTORY_REGISTRY_USER", "IMAGEFACTORY_REGISTRY_PASSWORD")}
-        full_env.update(env or {})
         self.proc = subprocess.Popen([sys.executable, "-m", "imagefactory", *args], stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True, env=full_env)
+                                     stderr=subprocess.STDOUT, text=True, env=cli_env(env))
         self.lines: list[str] = []
         self.work = next((Path(v) for k, v in zip(args, args[1:]) if k == "--work-dir"), None)
         self._queue: queue.Queue[str] = queue.Queue()

@@ -128,10 +128,11 @@ def test_build_with_push_publishes_in_one_command(cpu_build, pushed, created_ima
 def test_registry_dying_during_a_push_is_retried_and_nothing_is_reported_published(dying_push, created_images):
     """The push started by conftest (helpers.DyingPush): its registry was stopped mid-upload."""
     assert dying_push.reached, "the push never reached the registry"
-    out = dying_push.wait()
-    good = report_of(dying_push.report_path)[Build.GOOD]
+    done = dying_push.push.wait(timeout=600)
+    out = done.stdout + done.stderr
+    good = report_of(dying_push.push.report_path)[Build.GOOD]
     created_images.extend(good["tags"])
-    assert dying_push.proc.returncode == 1, out
+    assert done.returncode == 1, out
     assert "(try 1/3)" in out and good["publish"] == "publish-failed" and good["pushed"] == []
     dying_push.registry.start()  # same storage: whatever arrived before the crash is still there
     try:
