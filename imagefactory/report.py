@@ -53,6 +53,7 @@ class CellReport:
 
 
 def write(reports: list[CellReport], path: Path, *, gpus: bool) -> tuple[Path, Path]:
+    """report.json, and the Markdown summary beside it (.md, also appended to GITHUB_STEP_SUMMARY)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     doc = {
@@ -72,45 +73,117 @@ def write(reports: list[CellReport], path: Path, *, gpus: bool) -> tuple[Path, P
 
 
 def _cell(text: str) -> str:
-    """Text safe inside a Markdown table cell."""
-    return str(text).replace("|", "\\|").replace("\n", " ")
+    """Text safe inside a Markdown table cell: no `|` ends the cell, no newline ends the row, and
+    no `<` opens HTML (GitHub renders raw HTML in a step summary)."""
+    return (str(text).replace("\\", "\\\\").replace("|", "\\|").replace("<", "&lt;")
+            .replace("\r", " ").replace("\n", " "))
 
 
-_ICON = {"pass": "✅", "fail": "❌", "skip": "➖"}
+def _code(text: str) -> str:
+    """Text as one code span in a table cell (a backtick inside cannot close it early)."""
+    body = str(text).replace("\r", " ").replace("\n", " ").replace("|", "\\|")
+    fence = "``" if "`" in body else "`"
+    return f"{fence} {body} {fence}" if fence == "``" else f"`{body}`"
 
 
-def _named(c: Check) -> str:
-    """A check as the summary names it: with its launch mode (`hpc: torch.compile`)."""
-    return f"{c.mode}: {c.name}" if c.mode else c.name
+_ICON = {"pass": "✅", "fail": "❌", "skip": "➖", "info": "ℹ️"}
+_ORDER = {"fail": 0, "pass": 1, "skip": 1, "info": 2}  # failing checks first, information last
+_ALONE = "all"  # the column of checks judged alone, not per launch mode
+_LEGEND = ("✅ pass · ❌ fail · ➖ skipped · ℹ️ information, per launch mode. A check's value is shown "
+           "once; a mode shows its own value only where it saw another.")
+
+
+def _modes(reports: list[CellReport]) -> list[str]:
+    """Every launch mode the checks name, in the order first seen (the report's columns)."""
+    seen: dict[str, None] = {}
+    for r in reports:
+        for c in r.checks:
+            seen.setdefault(c.mode or _ALONE, None)
+    return list(seen)
+
+
+def _rows(checks: list[Check]) -> list[dict[str, Check]]:
+    """The checks grouped by name ({mode: check} per name), failing first, information last."""
+    groups: dict[str, dict[str, Check]] = {}
+    for c in checks:
+        groups.setdefault(c.name, {})[c.mode or _ALONE] = c
+    worst = {name: min(_ORDER.get(c.verdict, 1) for c in g.values()) for name, g in groups.items()}
+    return sorted(groups.values(), key=lambda g: worst[next(iter(g.values())).name])
+
+
+def _failing(r: CellReport) -> str:
+    """`torch.compile (hpc)`: each failing check once, with the modes it failed in."""
+    failed: dict[str, list[str]] = {}
+    for c in r.checks:
+        if c.verdict == "fail":
+            failed.setdefault(c.name, []).append(c.mode)
+    return ", ".join(f"`{name}`" + (f" ({', '.join(m for m in modes if m)})" if any(modes) else "")
+                     for name, modes in failed.items())
+
+
+def _status(r: CellReport) -> str:
+    return r.status + (" (cached)" if r.cached and not r.pulled else "") + (
+        " (pulled, not built)" if r.pulled else "") + (
+        f" (verdicts cached from {_cell(r.verdicts_at)})" if r.verdicts == CACHED else "")
+
+
+def _overview(reports: list[CellReport], modes: list[str]) -> list[str]:
+    """One row per cell: its status, a verdict per launch mode, publish, the failing checks."""
+    lines = ["| cell | status | " + " | ".join(modes + ["publish", "failing checks"]) + " |",
+             "|---" * (len(modes) + 4) + "|"]
+    for r in reports:
+        launched = r.launches
+        verdicts = [_ICON.get(launched.get(m, ""), "—") for m in modes]
+        lines.append(f"| {_code(r.cell)} | {_status(r)} | " + " | ".join(verdicts) +
+                     f" | {_cell(r.publish or '—')} | {_cell(_failing(r)) or ('—' if r.checks else '')} |")
+    return lines
+
+
+def _check_row(group: dict[str, Check], modes: list[str]) -> str:
+    """One check: an icon per mode, the row's value once (the value most modes saw), a mode's own
+    value only where it differs, and for a failure what was expected and the fix it names."""
+    values = [group[m].actual for m in modes if m in group]
+    common = max(values, key=values.count) if values else ""
+    cells = []
+    for m in modes:
+        c = group.get(m)
+        cells.append("—" if c is None else _ICON.get(c.verdict, _cell(c.verdict)) +
+                     ("" if c.actual == common or not c.actual else " " + _cell(c.actual)))
+    failed = [c for c in group.values() if c.verdict == "fail"]
+    fixes = list(dict.fromkeys(c.detail for c in failed if c.detail))
+    fix = (f"expected {_cell(failed[0].expected)}" + "".join(f"; {_cell(d)}" for d in fixes)) if failed else ""
+    name = next(iter(group.values())).name
+    return f"| {_cell(name)} | " + " | ".join(cells) + f" | {_cell(common)} | {fix} |"
+
+
+def _checks_table(r: CellReport) -> list[str]:
+    modes = _modes([r])
+    lines = ["| check | " + " | ".join(modes) + " | value | fix |", "|---" * (len(modes) + 3) + "|"]
+    return lines + [_check_row(g, modes) for g in _rows(r.checks)]
+
+
+def _section(r: CellReport) -> list[str]:
+    """A cell's details: builder, error and log tail, one row per check, what was pushed."""
+    lines = [f"## {_code(r.cell)}: {r.status}", ""]
+    if r.builder:
+        lines += [f"builder: {_cell(r.builder)}", ""]
+    if r.error:
+        lines += [f"**{_cell(r.failed_step or 'error')}**: {_cell(r.error)}", ""]
+        if r.log_tail:
+            fence = "````" if any("```" in line for line in r.log_tail) else "```"
+            lines += [fence, *(line.replace("\r", " ") for line in r.log_tail), fence, ""]
+    if r.checks:
+        lines += [*_checks_table(r), ""]
+    for p in r.pushed:
+        lines.append(f"- pushed {_code(p['ref'])} → {_code(p['digest'])}"
+                     + ("" if p.get("layers_pushed") else " (registry had every layer)"))
+    return lines
 
 
 def summary(reports: list[CellReport]) -> str:
-    lines = ["# imagefactory report", "", "| cell | status | launches | publish | failed checks |",
-             "|---|---|---|---|---|"]
+    """The Markdown summary (GitHub-flavoured, for a step summary): one overview row per cell,
+    then per cell one row per check with a column per launch mode."""
+    lines = ["# imagefactory report", "", _LEGEND, "", *_overview(reports, _modes(reports))]
     for r in reports:
-        failed = ", ".join(_named(c) for c in r.checks if c.verdict == "fail") or ("—" if r.checks else "")
-        status = r.status + (" (cached)" if r.cached and not r.pulled else "") + (
-            " (pulled, not built)" if r.pulled else "") + (
-            f" (verdicts cached from {r.verdicts_at})" if r.verdicts == CACHED else "")
-        modes = " ".join(f"{m} {_ICON.get(v, v)}" for m, v in r.launches.items()) or "—"
-        lines.append(f"| `{r.cell}` | {status} | {modes} | {r.publish or '—'} | {failed} |")
-    for r in reports:
-        lines += ["", f"## `{r.cell}`: {r.status}", ""]
-        if r.builder:
-            lines += [f"builder: {r.builder}", ""]
-        if r.error:
-            lines += [f"**{r.failed_step or 'error'}**: {r.error}", ""]
-            if r.log_tail:
-                lines += ["```", *r.log_tail, "```", ""]
-        if r.launches:
-            lines += ["Launch modes: " + ", ".join(f"{m} {_ICON.get(v, v)} {v}" for m, v in r.launches.items()), ""]
-        if r.checks:
-            lines += ["| mode | check | expected | actual | verdict |", "|---|---|---|---|---|"]
-            for c in r.checks:
-                actual = c.actual + (f" — {c.detail}" if c.detail else "")
-                lines.append(f"| {c.mode or '—'} | {c.name} | {_cell(c.expected)} | {_cell(actual)} | "
-                             f"{_ICON.get(c.verdict, c.verdict)} {c.verdict} |")
-        for p in r.pushed:
-            lines.append(f"- pushed `{p['ref']}` → `{p['digest']}`"
-                         + ("" if p.get("layers_pushed") else " (registry had every layer)"))
-    return "\n".join(lines) + "\n"
+        lines += ([""] if lines[-1] else []) + _section(r)
+    return "\n".join(lines).rstrip("\n") + "\n"

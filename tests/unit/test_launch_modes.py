@@ -186,9 +186,13 @@ def test_report_gives_each_cell_its_launches_and_names_failing_modes(tmp_path):
     assert cells[1]["launches"] == {}
     assert {c["mode"] for c in cells[0]["checks"]} == {"docker", "bare", "hpc"}
     text = md.read_text()
-    assert "| launches |" in text and "docker ✅ bare ✅ hpc ❌" in text
-    assert "hpc: torch.distributed.gloo" in text
-    assert "| hpc | torch.distributed.gloo |" in text
+    # a column per launch mode, the failing check named with its mode, and in the cell's table
+    # one row for the check, failing in hpc alone, listed first
+    assert "| cell | status | docker | bare | hpc | publish | failing checks |" in text
+    assert "| `py3.11-cpu-openblas-pip` | check-failed | ✅ | ✅ | ❌ | — | `torch.distributed.gloo` (hpc) |" in text
+    table = text.split("## `py3.11-cpu-openblas-pip`: check-failed", 1)[1]
+    first_row = [line for line in table.splitlines() if line.startswith("| ")][1]
+    assert first_row.startswith("| torch.distributed.gloo | ✅ | ✅ | ❌") and table.count("| torch.distributed.gloo |") == 1
 
 
 def test_good_probes_of_every_mode_pass_for_every_cell_shape():
