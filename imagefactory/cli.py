@@ -489,6 +489,27 @@ def schema() -> None:
     print(json.dumps(matrix_mod.schema(), indent=2))
 
 
+@app.command("report")
+def report_cmd(
+    html: bool = typer.Option(False, "--html", help="Write the image catalogue (report.html) beside the report."),
+    report: Path = typer.Option(Path("build/report.json"), "--report", help="The report.json of an earlier "
+                                                                           "build, test or push."),
+) -> None:
+    """Read an existing report.json: print its Markdown summary, or with --html write the image
+    catalogue (one self-contained page: the matrix grid, pull commands, launch lines) beside it.
+
+    Example: imagefactory report --html --report build/report.json
+
+    Exit codes: 0 written; 2 the file is not a readable report."""
+    from imagefactory import catalog
+
+    reports = catalog.read_report(report)
+    if html:
+        print(f"catalogue: {catalog.write(reports, report)}", file=sys.stderr)
+    else:
+        print(report_mod.summary(reports), end="")
+
+
 def _error(text: str) -> None:
     """An error line on stderr, every control character escaped: messages carry paths, URLs and
     engine answers, and none of them may drive the terminal."""

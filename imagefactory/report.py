@@ -1,5 +1,5 @@
 """Step 6: the report. One JSON document for tools, one Markdown summary for people
-(ready for a GitHub step summary)."""
+(ready for a GitHub step summary), and the image catalogue page (catalog.py)."""
 
 from __future__ import annotations
 
@@ -53,7 +53,10 @@ class CellReport:
 
 
 def write(reports: list[CellReport], path: Path, *, gpus: bool) -> tuple[Path, Path]:
-    """report.json, and the Markdown summary beside it (.md, also appended to GITHUB_STEP_SUMMARY)."""
+    """report.json, the Markdown summary beside it (.md, also appended to GITHUB_STEP_SUMMARY),
+    and the image catalogue beside both (.html, catalog.py)."""
+    from imagefactory import catalog  # catalog reads CellReport from here
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     doc = {
@@ -69,6 +72,7 @@ def write(reports: list[CellReport], path: Path, *, gpus: bool) -> tuple[Path, P
     if step_summary:
         with open(step_summary, "a") as f:
             f.write(text)
+    catalog.write(reports, path)
     return path, md
 
 

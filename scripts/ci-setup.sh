@@ -72,8 +72,9 @@ trap on_exit EXIT
 # --------------------------------------------------------------------------
 install_packages() {
     # charliecloud (ch-convert, ch-run): an HPC runtime that skips ENTRYPOINT and image ENV,
-    # for tests/integration/test_launch.py.
-    local pkgs=(docker.io debootstrap docker-registry apache2-utils curl iproute2 charliecloud)
+    # for tests/integration/test_launch.py. chromium (headless) and a font render report.html
+    # for tests/integration/test_catalog.py.
+    local pkgs=(docker.io debootstrap docker-registry apache2-utils curl iproute2 charliecloud chromium fonts-dejavu-core)
     local missing=() p
     for p in "${pkgs[@]}"; do
         # (dpkg -s, but also rejecting removed-but-not-purged packages)
