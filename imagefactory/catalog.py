@@ -39,6 +39,9 @@ _INSIDE = (("Python", "python.version"), ("torch", "torch.version"), ("CUDA", "t
 
 # --------------------------------------------------------------------------- reading a report
 
+_KINDS: dict[str, type] = {"str": str, "float": float, "bool": bool, "int": int, "list": list, "dict": dict}
+
+
 def _typed(value: Any, kind: type, where: str) -> Any:
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise ConfigError(f"{where}: expected {kind.__name__}, got {type(value).__name__}")
@@ -58,12 +61,13 @@ def _cell(raw: Any, where: str) -> CellReport:
     for f in fields(CellReport):
         if f.name in ("cell", "checks", "pushed") or f.name not in raw:
             continue
-        kind = {"float": float, "bool": bool, "list[str]": list}.get(str(f.type), str)
+        annotation = str(f.type)  # a string (postponed annotations): "str", "list[str]", ...
+        kind = None if "|" in annotation or "Optional" in annotation else _KINDS.get(annotation.split("[", 1)[0])
         value = raw[f.name]
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
-        setattr(r, f.name, _typed(value, kind, f"{where}.{f.name}"))
-        if kind is list:
+        setattr(r, f.name, value if kind is None else _typed(value, kind, f"{where}.{f.name}"))
+        if annotation == "list[str]":
             for i, item in enumerate(value):
                 _typed(item, str, f"{where}.{f.name}[{i}]")
     r.checks = [_check(c, f"{where}.checks[{i}]") for i, c in enumerate(_typed(raw.get("checks", []), list, where))]

@@ -96,3 +96,25 @@ def test_every_run_writes_the_catalogue_beside_the_report(reports, tmp_path, mon
     report.write(reports, tmp_path / "report.json", gpus=False)
     page = (tmp_path / "report.html").read_text()
     assert page.startswith("<!DOCTYPE html>") and 'data-verdict="fail"' in page and "×5.31" in page
+
+
+def test_a_field_a_newer_cell_report_declares_is_read_by_its_declared_kind(tmp_path, monkeypatch):
+    """A field another change adds to CellReport (a list of dicts, an optional value) is read
+    without being forced to a string; a known field of the wrong kind is still refused."""
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Newer(report.CellReport):
+        signatures: list[dict] = dataclasses.field(default_factory=list)
+        note: "str | None" = None
+
+    monkeypatch.setattr(catalog, "CellReport", Newer)
+    doc = json.loads((FIXTURE / "report.json").read_text())
+    doc["cells"][0].update(signatures=[{"ref": "x", "verified": True}], note=None)
+    (tmp_path / "report.json").write_text(json.dumps(doc))
+    (first, _) = catalog.read_report(tmp_path / "report.json")
+    assert first.signatures == [{"ref": "x", "verified": True}] and first.note is None
+    doc["cells"][0]["signatures"] = "not a list"
+    (tmp_path / "report.json").write_text(json.dumps(doc))
+    with pytest.raises(ConfigError, match=r"cells\[0\]\.signatures: expected list"):
+        catalog.read_report(tmp_path / "report.json")
