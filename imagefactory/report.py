@@ -138,8 +138,8 @@ def _overview(reports: list[CellReport], modes: list[str]) -> list[str]:
     for r in reports:
         launched = r.launches
         verdicts = [_ICON.get(launched.get(m, ""), "—") for m in modes]
-        lines.append(f"| {_code(r.cell)} | {_status(r)} | " + " | ".join(verdicts) +
-                     f" | {_cell(r.publish or '—')} | {_cell(_failing(r)) or ('—' if r.checks else '')} |")
+        row = [_code(r.cell), _status(r), *verdicts, _cell(r.publish or "—"), _cell(_failing(r)) or ("—" if r.checks else "")]
+        lines.append("| " + " | ".join(row) + " |")
     return lines
 
 

@@ -104,3 +104,14 @@ def test_write_gives_json_and_markdown_and_keeps_the_json_as_it_was(reports, tmp
     # report.json is what it was: the fixture's cells come back field for field
     fixture = json.loads((FIXTURE / "report.json").read_text())
     assert doc["cells"] == fixture["cells"]
+
+
+def test_a_failed_build_shows_its_step_error_and_log_tail_in_a_fence_it_cannot_close():
+    r = report.CellReport("py3.11-cpu-mkl-pip", status=report.BUILD_FAILED, failed_step="step 9/31: RUN pip install",
+                          error="exit | 1", log_tail=["ERROR: no such package", "```", "# not a heading"])
+    md = report.summary([r])
+    # no cell was probed: no mode columns, and the row has as many cells as the header
+    assert "| cell | status | publish | failing checks |" in md and "| `py3.11-cpu-mkl-pip` | build-failed | — |  |" in md
+    body = section(md, "py3.11-cpu-mkl-pip")
+    assert "**step 9/31: RUN pip install**: exit \\| 1" in body
+    assert "````\nERROR: no such package\n```\n# not a heading\n````" in body
