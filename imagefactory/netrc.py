@@ -1,9 +1,12 @@
 """Index and channel logins: a netrc file, mounted into BuildKit builds as a secret.
 
 `build --netrc PATH` (default: $NETRC, then ~/.netrc when it exists) names the file. It is read
-once, through the bounded reader (inputs.read_regular), and only to learn which hosts it has
-logins for: a link, anything but a regular file, an unreadable or oversized file is exit 2.
-Its contents never enter a message, a log or the report; only its path and host names do.
+once, through the bounded reader (inputs.read_real), and only to learn which hosts it has
+logins for, with netrc(5)'s grammar (tokens across lines, quoted words; a password is never a
+keyword). Links are followed (a Kubernetes secret volume, a dotfile manager's ~/.netrc); what they
+lead to must be a regular file outside /proc, /sys and /dev, readable, within MAX_BYTES, UTF-8
+without NUL bytes, or it is exit 2. The file itself (not the link) is what is mounted. Its
+contents never enter a message, a log or the report; only its path and host names do.
 
 The file reaches a build only as `docker buildx build --secret id=netrc,src=PATH`, mounted by
 `RUN --mount=type=secret,id=netrc,target=SECRET_PATH` around the install steps, with

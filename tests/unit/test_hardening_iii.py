@@ -65,7 +65,7 @@ def test_proc_self_environ_is_not_a_netrc_directly_or_through_a_linked_folder(tm
 def test_an_environment_value_saying_default_never_makes_a_default_entry(tmp_path, monkeypatch):
     monkeypatch.setenv("IMAGEFACTORY_PROBE", "x default y")
     os.symlink("/proc", tmp_path / "p")
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match="pseudo file system"):
         netrc.load(tmp_path / "p" / str(os.getpid()) / "environ")
 
 
@@ -690,3 +690,33 @@ def test_a_signal_caught_just_before_the_scope_ends_is_not_lost(monkeypatch):
         with interrupt.signals():
             signal.raise_signal(signal.SIGTERM)
         assert interrupt.is_set() and interrupt.signum == signal.SIGTERM and ran == ["stopped"]
+
+
+@pytest.mark.parametrize("files, limit", [
+    ({"cpu.max": "fifo", "cpu/cpu.cfs_quota_us": b"100000\n", "cpu/cpu.cfs_period_us": b"100000\n"}, (100000, 100000)),
+    ({"cpu/cpu.cfs_quota_us": "fifo", "cpu/cpu.cfs_period_us": b"100000\n"}, None),
+])
+def test_every_copy_reads_a_fifo_as_it_reads_a_folder_without_waiting(tmp_path, files, limit):
+    """A FIFO is not a regular file: each Python copy (hook, probe, workload) treats it as a file that
+    cannot be read, as the shell's `[ -f ]` does, and never waits on it (a thread with a timeout, so
+    a copy that blocks fails here instead of hanging the suite)."""
+    import importlib.util
+
+    root = tmp_path / "cgroup"
+    for rel, data in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        os.mkfifo(root / rel) if data == "fifo" else (root / rel).write_bytes(data)
+    resources = Path(inputs.__file__).parent / "resources"
+    for name in ("launch.py", "probe.py", "workload.py"):
+        spec = importlib.util.spec_from_file_location(f"iii_{name[:-3]}", resources / name)
+        assert spec and spec.loader
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        got: list = []
+        try:
+            assert _finishes(lambda: got.append(mod.cgroup_limit(str(root)))), name
+        finally:
+            for rel, data in files.items():
+                if data == "fifo":
+                    os.close(os.open(root / rel, os.O_RDWR | os.O_NONBLOCK))
+        assert got == [limit], name

@@ -78,10 +78,6 @@ CASES = [
     ("v2-nul-inside", {"cpu.max": b"15\x000000 100000\n"}, 1),
     ("v2-nul-only-field", {"cpu.max": b"\x00 100000\n"}, None),
     ("v1-nul", {"cpu/cpu.cfs_quota_us": b"100\x00000\n", "cpu/cpu.cfs_period_us": b"100000\x00\n"}, 1),
-    # item 21: a FIFO is not a regular file: it cannot be read (never waited on), as a folder
-    ("v2-fifo-falls-to-v1", {"cpu.max": "fifo", "cpu/cpu.cfs_quota_us": b"100000\n",
-                             "cpu/cpu.cfs_period_us": b"100000\n"}, 1),
-    ("v1-fifo", {"cpu/cpu.cfs_quota_us": "fifo", "cpu/cpu.cfs_period_us": b"100000\n"}, None),
     ("no-cgroup-files", {}, None),
     ("no-sys-at-all", "missing", None),
 ]
@@ -97,8 +93,6 @@ def _tree(tmp_path: Path, files) -> str:
         path.parent.mkdir(parents=True, exist_ok=True)
         if data is None:
             path.mkdir()
-        elif data == "fifo":
-            os.mkfifo(path)
         else:
             path.write_bytes(data)
     return str(root)
