@@ -714,7 +714,7 @@ def test_every_copy_reads_a_fifo_as_it_reads_a_folder_without_waiting(tmp_path, 
         spec.loader.exec_module(mod)
         got: list = []
         try:
-            assert _finishes(lambda: got.append(mod.cgroup_limit(str(root)))), name
+            assert _finishes(lambda got=got, mod=mod: got.append(mod.cgroup_limit(str(root)))), name
         finally:
             for rel, data in files.items():
                 if data == "fifo":
