@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from imagefactory import freshness, publish, regcache, render, schedule, smoke, tags, verdicts
+from imagefactory import freshness, fsutil, publish, regcache, render, schedule, smoke, tags, verdicts
 from imagefactory import netrc as netrc_mod
 from imagefactory.context import UI, Gpus, Network, Options, Pull, RunContext
 from imagefactory.engine_api import BuildProgress, ContainerEngine
@@ -363,7 +363,7 @@ def exclusive(lock_path: Path, what: str, *, own_file: bool = True,
     pid written in it); else an existing file (the matrix) is locked as it is, read-only."""
     if own_file:
         lock_path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT if own_file else os.O_RDONLY, 0o644)
+    fd = fsutil.open_lock(lock_path, what) if own_file else os.open(lock_path, os.O_RDONLY)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

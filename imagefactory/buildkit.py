@@ -36,7 +36,7 @@ from collections import deque
 from pathlib import Path
 from typing import IO, Callable, Mapping
 
-from imagefactory import fsutil
+from imagefactory import fsutil, inputs
 from imagefactory.context import Builder
 from imagefactory.engine import Engine
 from imagefactory.engine_api import BuildProgress
@@ -78,12 +78,14 @@ def _stat_key(path: Path) -> str:
 def _answer_key(cli: str) -> str | None:
     """What `docker buildx version` depends on, as one digest; None when it cannot be pinned down
     (a config.json that names extra plugin directories, or one that cannot be read)."""
-    config_dir = Path(os.environ.get("DOCKER_CONFIG") or Path.home() / ".docker")
+    config_dir = inputs.docker_config_dir()
+    if config_dir is None:
+        return None
     config = config_dir / "config.json"
     try:
-        if config.is_file() and "cliPluginsExtraDirs" in config.read_text(encoding="utf-8", errors="replace")[:1_000_000]:
+        if os.path.lexists(config) and b"cliPluginsExtraDirs" in inputs.read_real(config, inputs.DOCKER_CONFIG_MAX_BYTES)[1]:
             return None
-    except OSError:
+    except inputs.InputError:
         return None
     paths = [Path(cli), config, config_dir / "cli-plugins" / "docker-buildx",
              *(Path(d) / "docker-buildx" for d in SYSTEM_PLUGIN_DIRS)]
@@ -103,7 +105,7 @@ def buildx_version(timeout: float = 20.0) -> tuple[tuple[int, int, int] | None, 
     key = _answer_key(cli)
     if key is not None:
         try:
-            kept = json.loads(_cache_file().read_text(encoding="utf-8")[:4096])
+            kept = json.loads(inputs.read_regular(_cache_file(), 4096))  # bounded: a FIFO or 4 GiB is no answer
             if kept.get("key") == key and VERSION_RE.fullmatch(str(kept.get("answer", ""))[:200]):
                 return _parsed(str(kept["answer"]))
         except (OSError, ValueError, AttributeError):

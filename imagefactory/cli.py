@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import inspect
 import json
+import math
 import os
 import signal
 import sys
@@ -120,6 +121,17 @@ FLAGS: dict[str, tuple[Any, Any]] = {
                                                 "secret, never into a layer; refused under the classic builder. A "
                                                 "netrc without a host the cells install from is not mounted.")),
 }
+def _finite(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> Any:
+    """Every float flag: nan and inf pass a range check (nan < 1 is False), so refuse them here."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{param.opts[0]} {value}: not a finite number")
+    return value
+
+
+for _name, (_kind, _option) in FLAGS.items():
+    if _kind is float:
+        _option.callback = _finite
+
 # flag name -> the context.Options field it sets (the same name where not listed)
 FIELD = {"keep_going": "fail_fast", "push_tries": "attempts", "retry_delay": "backoff"}
 NOT_OPTIONS = ("matrix", "only", "live")
@@ -169,10 +181,11 @@ def _invocation(command: str, values: dict[str, Any], fixed: dict[str, Any]) -> 
     if "fail_fast" in settings:
         settings["fail_fast"] = not settings["fail_fast"]
     if "cache_from" in settings:
-        settings["cache_from"] = tuple(settings["cache_from"] or ())
+        settings["cache_from"] = _cache_from(settings["cache_from"] or ())
     if "probe_shm" in settings:
         settings["probe_shm"] = smoke.check_shm(settings["probe_shm"])
     settings.update(fixed)
+    _outputs(m, settings)
     if "builder" in settings:
         settings.update(_builder(m, cells, settings))
     if settings.get("atomic") and not settings.get("push"):
@@ -181,6 +194,30 @@ def _invocation(command: str, values: dict[str, Any], fixed: dict[str, Any]) -> 
     if options.push:
         options = _publishing(m, cells, options)
     return Invocation(command, m, cells, options, values.get("live"), tuple(settings))
+
+
+def _outputs(m: matrix_mod.Matrix, settings: dict[str, Any]) -> None:
+    """--work-dir and --report (and the report's .md) can be written, and none is the matrix file:
+    exit 2 naming the flag before anything is built."""
+    keep = (m.path,)
+    if "work_dir" in settings:
+        inputs.check_output(Path(settings["work_dir"]), "--work-dir", folder=True, keep=keep)
+    if "report" in settings:
+        report = Path(settings["report"])
+        for path in (report, report.with_suffix(".md")):
+            inputs.check_output(path, "--report", folder=False, keep=keep)
+
+
+def _cache_from(values: list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """Each --cache-from is an image reference (refs.parse, the whole string): it becomes a word of
+    buildx's command line, so a newline, an option word or an empty string never passes."""
+    from imagefactory import refs
+
+    bad = [v for v in values if refs.parse(v) is None]
+    if bad:
+        raise ConfigError([f"--cache-from {inputs.show(v)}: not an image reference (e.g. "
+                           f"registry.example.com/ml/train:2.13.0-py3.11-cpu-openblas)" for v in bad])
+    return tuple(values)
 
 
 def _builder(m: matrix_mod.Matrix, cells: list[Cell], settings: dict[str, Any]) -> dict[str, Any]:
@@ -195,8 +232,11 @@ def _builder(m: matrix_mod.Matrix, cells: list[Cell], settings: dict[str, Any]) 
         print(line, file=sys.stderr)
 
     builder = buildkit.select(settings["builder"], say)
-    out: dict[str, Any] = {"builder": builder,
-                           "buildx_builder": buildkit.check_builder_name(settings.get("buildx_builder"))}
+    name = buildkit.check_builder_name(settings.get("buildx_builder"))
+    if name is not None and builder is not Builder.buildkit:
+        raise ConfigError(f"--buildx-builder {name}: names a buildx builder, but this run builds with the classic "
+                          f"builder, which would ignore it; build with --builder buildkit")
+    out: dict[str, Any] = {"builder": builder, "buildx_builder": name}
     if "netrc" in settings:
         explicit = settings["netrc"] is not None
         path = settings["netrc"] if explicit else netrc_mod.default_path()
@@ -219,9 +259,11 @@ def select(m: matrix_mod.Matrix, only: Optional[List[str]]) -> list[Cell]:
     if not only:
         return list(m.cells)
     ids = [c.id for c in m.cells]
-    unknown = [o for o in only if o not in ids]
+    unknown = list(dict.fromkeys(o for o in only if o not in ids))
     if unknown:
-        raise ConfigError([f"--only {u}: no such cell (allowed: {', '.join(ids)})" for u in unknown])
+        allowed = inputs.listing(ids)
+        raise ConfigError(inputs.capped([f"--only {inputs.short(u, 80)}: no such cell (allowed: {allowed}; "
+                                         f"`imagefactory list` shows them all)" for u in unknown]))
     return [c for c in m.cells if c.id in only]
 
 
@@ -268,6 +310,7 @@ def render(
     """Write one build context per cell to OUT/<cell-id>/ (Dockerfile and every file it copies).
 
     Same matrix in, same bytes out; nothing is written unless every cell renders."""
+    inputs.check_output(out, "--out", folder=True, keep=(inv.matrix.path,))
     interrupt = Interrupt()
     try:
         with interrupt.signals():
@@ -295,12 +338,24 @@ def _finish(outcome: build_mod.Outcome, report_path: Path, interrupt: Interrupt)
         raise CellFailure(f"{len(failed)} of {len(reports)} cell(s) failed: " + ", ".join(r.cell for r in failed))
 
 
+def _engine_environment() -> None:
+    """What the Docker SDK reads from the environment, checked before it does (exit 2 naming it,
+    never the SDK's traceback or hang): $DOCKER_HOST well formed, the Docker config.json a
+    bounded regular file, and a cache folder (HOME or IMAGEFACTORY_CACHE_DIR)."""
+    from imagefactory import fsutil
+
+    inputs.docker_host()
+    inputs.check_docker_config()
+    fsutil.cache_root()
+
+
 @contextmanager
 def _run(inv: Invocation, output: Path) -> Iterator[RunContext]:
     """The run context of an engine-driving command: the work dir and `output` locked (a second
     run on either stops at once), the engine reached, the settings printed, SIGINT/SIGTERM
     turned into the run's cancellation while the block runs."""
     interrupt = Interrupt()
+    _engine_environment()
     with build_mod.locked(inv.options.work_dir, output):
         factory = engine_api.docker_factory(interrupt, buildkit=inv.options.builder is Builder.buildkit,
                                             buildx_builder=inv.options.buildx_builder)
@@ -395,6 +450,8 @@ def doctor(
 
     path = doctor_mod.default_matrix(matrix)
     m = matrix_mod.load(path) if path is not None else None
+    inputs.docker_host()
+    inputs.check_docker_config()
     report = doctor_mod.diagnose(m)
     if format is DoctorFormat.json:
         print(json.dumps(report.to_json(), indent=2))
@@ -407,7 +464,7 @@ def doctor(
 @shared("matrix", "only", "gpus", "work_dir", "live")
 def bench_cmd(
     inv: Invocation,
-    budget: float = typer.Option(context.DEFAULT_BENCH_BUDGET, "--budget", min=10.0, max=3600.0,
+    budget: float = typer.Option(context.DEFAULT_BENCH_BUDGET, "--budget", min=10.0, max=3600.0, callback=_finite,
                                  help="Seconds of workload per image (both containers together)."),
     out: Path = typer.Option(Path("build/bench.json"), "--out", help="The JSON results; the Markdown table is "
                                                                       "written next to it (.md)."),
@@ -421,6 +478,8 @@ def bench_cmd(
     130 / 143 interrupted (the results measured so far are still written)."""
     from imagefactory import bench as bench_mod
 
+    for path in (out, out.with_suffix(".md")):
+        inputs.check_output(path, "--out", folder=False, keep=(inv.matrix.path,))
     inv = dataclasses.replace(inv, options=dataclasses.replace(inv.options, budget=budget),
                               fields=(*inv.fields, "budget"))
     with _run(inv, out) as run:
@@ -530,7 +589,25 @@ def _error(text: str) -> None:
     print(inputs.escaped(text), file=sys.stderr)
 
 
+@contextmanager
+def _escaped_output() -> Iterator[None]:
+    """Every line the CLI prints, whoever prints it (a command, a warning, the plain progress
+    lines), goes through inputs.EscapingStream: paths, URLs, DOCKER_HOST and engine answers can
+    hold terminal escapes, and none of them may reach the terminal raw."""
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = inputs.EscapingStream(saved[0]), inputs.EscapingStream(saved[1])
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = saved
+
+
 def main() -> None:
+    with _escaped_output():
+        _main()
+
+
+def _main() -> None:
     try:
         app()
     except Interrupted as e:
@@ -539,7 +616,7 @@ def main() -> None:
         sys.stderr.flush()
         os._exit(e.exit_code)  # do not wait for a worker still stuck in the engine
     except ConfigError as e:
-        for line in e.problems:
+        for line in inputs.capped(e.problems):  # thousands of problems are 20 lines and a count
             _error(f"error: {line}")
         sys.exit(e.exit_code)
     except ImageFactoryError as e:

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import tempfile
 from pathlib import Path
+
+from imagefactory.errors import ConfigError
+
+LOCK_MAX_BYTES = 32  # what a lock file holds: a pid and a newline
 
 
 def cache_root() -> Path:
@@ -15,7 +20,15 @@ def cache_root() -> Path:
     if explicit:
         return Path(explicit)
     xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "imagefactory"
+    if xdg:
+        return Path(xdg) / "imagefactory"
+    from imagefactory import inputs
+
+    home = inputs.home()
+    if home is None:
+        raise ConfigError(f"$HOME is not set and UID {os.getuid()} has no passwd entry, so imagefactory has no cache "
+                          f"folder: set HOME, XDG_CACHE_HOME or IMAGEFACTORY_CACHE_DIR")
+    return home / ".cache" / "imagefactory"
 
 
 def sha256_file(path: Path) -> str:
@@ -43,3 +56,29 @@ def atomic_write(path: Path, data: str | bytes, *, durable: bool = False) -> Non
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def open_lock(path: Path, what: str) -> int:
+    """A file descriptor of the lock file `path`, opened read-write without following a link, and
+    created (0644) when missing. An existing one must be what a run leaves there: a regular file of
+    this user, with no other name (hard link), holding at most a pid. Anything else (a link planted
+    in a repository CI builds, someone's file) is ConfigError naming `what`: the caller truncates
+    the file to write its pid, and must never truncate what no run created."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as e:
+        opened = "is a symbolic link" if os.path.islink(path) else f"cannot be opened: {e.strerror}"
+        raise ConfigError(f"{what}: its lock file {path} {opened}; remove it (imagefactory makes its own)") from None
+    st = os.fstat(fd)
+    why: str | None = None
+    if not stat.S_ISREG(st.st_mode):
+        why = "is not a regular file"
+    elif st.st_nlink != 1 or st.st_uid != os.geteuid():
+        why = "has another name (a hard link) or another owner"
+    elif st.st_size > LOCK_MAX_BYTES or (st.st_size and not os.pread(fd, LOCK_MAX_BYTES, 0).strip().isdigit()):
+        why = "holds something other than a pid"
+    if why is not None:
+        os.close(fd)
+        raise ConfigError(f"{what}: its lock file {path} {why}, so it is not one imagefactory made; remove it")
+    return fd

@@ -118,6 +118,23 @@ def pem_blocks(data: bytes) -> list[tuple[str, bytes, int]]:
     return blocks
 
 
+def in_pseudo_fs(path: Path) -> bool:
+    """Whether a resolved path is in /proc, /sys or /dev: the state of a process or a device."""
+    return any(path == root or path.is_relative_to(root) for root in REFUSED_ROOTS)
+
+
+def read_real(path: Path, limit: int) -> tuple[Path, bytes]:
+    """(the file `path` leads to, its bytes): links are followed (a Kubernetes secret volume and a
+    dotfile manager's ~/.netrc are links), and what they lead to must be a regular file of at most
+    `limit` bytes outside /proc, /sys and /dev. InputError (a message without the file's content)
+    for anything else. The returned path is what later steps use, so a link swapped after this
+    check changes nothing."""
+    real = resolved(path)
+    if in_pseudo_fs(real):
+        raise InputError(f"leads to {short(real)}, in a pseudo file system (/proc, /sys, /dev), not a file")
+    return real, read_regular(real, limit)
+
+
 def certificates(path: Path) -> bytes:
     """The X.509 certificates of a PEM file, re-encoded, one after another. Every CERTIFICATE
     block must parse as a certificate (a key or anything else labelled CERTIFICATE is refused);
@@ -125,15 +142,8 @@ def certificates(path: Path) -> bytes:
     from cryptography import x509  # 30 ms to import: only for matrices with CA files
     from cryptography.hazmat.primitives import serialization
 
-    shown = short(path)
     try:
-        path = resolved(path)
-    except InputError as e:
-        raise InputError(f"{shown}: {e}") from None
-    if any(path == root or path.is_relative_to(root) for root in REFUSED_ROOTS):
-        raise InputError(f"{short(path)} is in a pseudo file system, not a certificate file")
-    try:
-        data = read_regular(path, CERT_MAX_BYTES)
+        path, data = read_real(path, CERT_MAX_BYTES)
     except InputError as e:
         raise InputError(f"{short(path)}: {e}") from None
     if b"PRIVATE KEY-----" in data:  # whole or cut short, a key never enters an image
@@ -334,6 +344,11 @@ def structure(root: yaml.Node) -> tuple[list[Problem], int]:
     def walk(node: yaml.Node, path: str) -> int:
         if id(node) in sizes:
             return sizes[id(node)]
+        if id(node) in visited:  # entered, not finished: an alias inside the node it names
+            problems.append(Problem(node.start_mark.line + 1, path or "(top level)",
+                                    "a recursive alias (an alias inside the value it refers to) would make the "
+                                    "value contain itself forever; write the value out"))
+            return 1
         size = 1
         if id(node) not in visited:
             visited.add(id(node))
@@ -513,3 +528,143 @@ def read_within(path: Path, root: Path, limit: int) -> bytes | None:
         if not target.exists():
             raise InputError("is a broken symbolic link")
     return read_regular(target, limit)
+
+
+# -- what the CLI prints -------------------------------------------------------------------------
+
+MAX_LISTED = 8  # names one message lists before "and N more"
+
+
+def listing(items: list[str] | tuple[str, ...] | set[str] | frozenset[str], limit: int = MAX_LISTED,
+            empty: str = "none") -> str:
+    """Names joined with commas for a message, at most `limit` of them and how many more. A
+    collection, never a bare string (whose characters would be listed one by one)."""
+    if isinstance(items, str):
+        raise TypeError("listing() takes a collection of names, not one string")
+    names = list(items)
+    if not names:
+        return empty
+    shown = ", ".join(names[:limit])
+    return shown if len(names) <= limit else f"{shown} and {len(names) - limit} more"
+
+
+def printable_text(text: str) -> str:
+    """`text` with every character that could drive a terminal written out (\\x1b, \\u202e), its
+    newlines and tabs kept: what the CLI's output streams let through."""
+    if text.isascii() and (text.replace("\n", "").replace("\t", "").isprintable()):
+        return text
+    return "".join(c if c.isprintable() or c in "\n\t" else repr(c)[1:-1] for c in text)
+
+
+class EscapingStream:
+    """A text stream that escapes whatever is written to it (printable_text), then passes it on:
+    the CLI puts its stdout and stderr behind one, so no line it prints, whoever wrote it, can
+    carry a terminal escape. `raw` is the stream underneath (for the live display's own codes)."""
+
+    def __init__(self, raw: Any):
+        self.raw = raw
+
+    def write(self, text: str) -> int:
+        self.raw.write(printable_text(text))
+        return len(text)
+
+    def __getattr__(self, name: str) -> Any:  # flush, isatty, fileno, encoding, ...
+        return getattr(self.raw, name)
+
+
+# -- values from the environment -----------------------------------------------------------------
+
+DOCKER_CONFIG_MAX_BYTES = 1 << 20  # a config.json with dozens of logins is a few KB
+_HOST = r"(?:[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?|\[[0-9A-Fa-f:.]{2,45}\])"
+DOCKER_HOST_RE = re.compile(
+    rf"unix://(?P<path>/[^\s\x00]{{1,4000}})|(?:tcp|http|https)://{_HOST}(?::(?P<port>[0-9]{{1,5}}))?/?"
+    rf"|ssh://(?:[A-Za-z0-9._-]{{1,64}}@)?{_HOST}(?::(?P<sshport>[0-9]{{1,5}}))?/?|fd://[0-9]{{0,9}}", re.ASCII)
+
+
+def docker_host(environ: Any = None) -> str | None:
+    """$DOCKER_HOST when it is set and well formed (unix:///PATH, tcp://HOST[:PORT], ssh://[USER@]HOST[:PORT]),
+    None when unset; ConfigError naming it otherwise (the SDK would raise a traceback)."""
+    env = os.environ if environ is None else environ
+    value = env.get("DOCKER_HOST")
+    if not value:
+        return None
+    m = DOCKER_HOST_RE.fullmatch(value)
+    port = m and (m["port"] or m["sshport"])
+    if m is None or (port and not 0 < int(port) <= 65535):
+        raise ConfigError(printable(f"$DOCKER_HOST {show(value)}: not an engine address (unix:///var/run/docker.sock, "
+                                    f"tcp://HOST:PORT with a port from 1 to 65535, ssh://USER@HOST)"))
+    return value
+
+
+def home(environ: Any = None) -> Path | None:
+    """The user's home folder: $HOME, else the passwd entry's; None for a UID with neither (a
+    container started as --user 4242 with HOME unset)."""
+    env = os.environ if environ is None else environ
+    if env.get("HOME"):
+        return Path(env["HOME"])
+    try:
+        import pwd
+
+        return Path(pwd.getpwuid(os.getuid()).pw_dir)
+    except (KeyError, ImportError, OSError):
+        return None
+
+
+def docker_config_dir(environ: Any = None) -> Path | None:
+    """$DOCKER_CONFIG, else ~/.docker; None without a home."""
+    env = os.environ if environ is None else environ
+    if env.get("DOCKER_CONFIG"):
+        return Path(env["DOCKER_CONFIG"])
+    where = home(env)
+    return where / ".docker" if where is not None else None
+
+
+def check_docker_config(environ: Any = None) -> bytes | None:
+    """The bytes of the Docker CLI's config.json (what the SDK reads for logins), read bounded;
+    None when there is none. ConfigError for a FIFO, a device, a huge file: the SDK would hang on
+    it or run out of memory."""
+    env = os.environ if environ is None else environ
+    folder = docker_config_dir(env)
+    if folder is None:
+        return None
+    path = folder / "config.json"
+    if not os.path.lexists(path):
+        return None
+    try:
+        return read_real(path, DOCKER_CONFIG_MAX_BYTES)[1]
+    except InputError as e:
+        raise ConfigError(printable(f"{'$DOCKER_CONFIG' if env.get('DOCKER_CONFIG') else '~/.docker'}"
+                                    f"/config.json {short(path)}: {e}")) from None
+
+
+# -- paths the CLI writes ------------------------------------------------------------------------
+
+def check_output(path: Path, flag: str, *, folder: bool, keep: tuple[Path, ...] = ()) -> None:
+    """Whether `path` can be written: a folder (folder=True) or a file, in a place that exists as a
+    folder or can be made one, outside /proc, /sys and /dev, and never one of `keep` (the matrix
+    file). ConfigError naming the flag otherwise, before anything is written: the OS's own message
+    would come mid-run, with exit 1."""
+    def refuse(why: str) -> ConfigError:
+        return ConfigError(printable(f"{flag} {short(path)}: {why}"))
+
+    try:
+        real = resolved(path)
+    except InputError as e:
+        raise refuse(str(e)) from None
+    if in_pseudo_fs(real):
+        raise refuse("is in a pseudo file system (/proc, /sys, /dev)")
+    if any(real == resolved(k) for k in keep):
+        raise refuse("is the matrix file, which is never overwritten")
+    if os.path.lexists(real):
+        mode = os.lstat(real).st_mode
+        if folder and not stat.S_ISDIR(mode):
+            raise refuse(f"is {kind(mode)}, not a folder")
+        if not folder and not stat.S_ISREG(mode):
+            raise refuse(f"is {kind(mode)}, not a regular file")
+    parent = real if folder else real.parent
+    while not os.path.lexists(parent):
+        parent = parent.parent
+    if not os.path.isdir(parent):
+        raise refuse(f"{short(parent)} is a file where a folder should be")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise refuse(f"{short(parent)} cannot be written")

@@ -246,6 +246,9 @@ def _build(path: Path, data: dict[str, Any], loc: _Located, problems: list[Probl
                         f"matches no cell, and a new cell needs {', '.join(missing)}")
                 continue
             new = {**DEFAULT_NEW_CELL, **inc}
+            if new["variant"] not in axes["variant"]:
+                problem(("matrix", "include", i, "variant"), _new_variant(new["variant"], axes["variant"]))
+                continue
             combos.append(new)
             original.append({k: new[k] for k in AXES})
 
@@ -326,6 +329,8 @@ def _build(path: Path, data: dict[str, Any], loc: _Located, problems: list[Probl
     hash_template = tags_cfg.get("hash_template", Matrix.hash_tag_template)
 
     allowed = tagging.registries(image, tuple(tags_cfg.get("registries", [])))
+    for why in tagging.credential_clashes(allowed):
+        problem(("tags", "registries"), why)
     resolved = _resolve_tags(cells, image, tag_template, hash_template, tags_cfg.get("extra", []), allowed,
                              problem)
     if problems:
@@ -512,9 +517,51 @@ def _check_packages(cell: Cell, combo: dict[str, Any], where: tuple[Any, ...], p
             except InvalidRequirement:
                 problem(keypath, f"cell {cell.id}: {spec!r} is not a pip requirement (PEP 508: a name, then "
                                  f"==, !=, >=, <=, >, <, ~= or === and a version), e.g. scipy>=1.11")
+                return
         elif not CONDA_SPEC_RE.fullmatch(spec):
             problem(keypath, f"cell {cell.id}: {spec!r} is not a conda package spec "
                              f"(name, then =, ==, >=, <=, !=, ~=, > or < and a version), e.g. scipy>=1.11")
+            return
+    else:  # every spec parses: one package pinned twice cannot install
+        why = _pins_conflict(list(dict.fromkeys(cell.packages)), cell.installer)
+        if why:
+            problem(where + ("packages",) if own else ("packages",), f"cell {cell.id}: {why}; keep one")
+
+
+def _new_variant(variant: str, listed: list[str]) -> str:
+    """Why an include entry that adds a cell may not bring its own variant: variants are named once,
+    under matrix.variant, so a misspelt one is a mistake, not a new cell."""
+    names = [v for v in listed if v]
+    near = difflib.get_close_matches(variant, names, n=1)
+    return (f"{variant!r} is not in matrix.variant ({inputs.listing(names, empty='not set')}), so this entry would "
+            f"add a cell of its own" + (f"; did you mean {near[0]!r}?" if near else "; list the variant there first"))
+
+
+def _pins_conflict(specs: list[str], installer: str) -> str | None:
+    """Why two specs of one package in a cell cannot both hold (scipy==1.11.0 and scipy==1.13.0,
+    or scipy==1.11.0 and scipy>=1.13), or None. A pin is a version the install must be; it must meet
+    every other spec of its package. Ranges alone are left to the installer."""
+    by_name: dict[str, list[str]] = {}
+    for spec in specs:
+        name = (Requirement(spec).name if installer == "pip" else re.split(r"[=<>!~]", spec, maxsplit=1)[0])
+        by_name.setdefault(re.sub(r"[-_.]+", "-", name).lower(), []).append(spec)
+    for name, given in by_name.items():
+        if len(given) > 1 and not _pins_meet(given, installer):
+            return f"{given[0]!r} and {given[1]!r} pin {name} to versions no install can satisfy at once"
+    return None
+
+
+def _pins_meet(specs: list[str], installer: str) -> bool:
+    if installer == "pip":
+        sets = [Requirement(s).specifier for s in specs]
+        pins = [sp.version for ss in sets for sp in ss if sp.operator in ("==", "===") and "*" not in sp.version]
+        return all(ss.contains(pin, prereleases=True) for pin in pins for ss in sets)
+    exact = {m for s in specs for m in re.findall(r"(?:^|,)[A-Za-z0-9._-]*==([^,]+)", s)}
+    fuzzy = {m for s in specs for m in re.findall(r"(?:^|[,A-Za-z0-9_-])=([^=,][^,]*)", s)}
+    if len(exact) > 1:
+        return False
+    return all(v == f or v.startswith(f + ".") for v in exact for f in fuzzy) and all(
+        a.startswith(b + ".") or b.startswith(a + ".") or a == b for a in fuzzy for b in fuzzy)
 
 
 def _pip_settings(cfg: dict[str, Any], base_dir: Path, problem) -> PipSettings:

@@ -1,9 +1,12 @@
 """Index and channel logins: a netrc file, mounted into BuildKit builds as a secret.
 
 `build --netrc PATH` (default: $NETRC, then ~/.netrc when it exists) names the file. It is read
-once, through the bounded reader (inputs.read_regular), and only to learn which hosts it has
-logins for: a link, anything but a regular file, an unreadable or oversized file is exit 2.
-Its contents never enter a message, a log or the report; only its path and host names do.
+once, through the bounded reader (inputs.read_real), and only to learn which hosts it has
+logins for, with netrc(5)'s grammar (tokens across lines, quoted words; a password is never a
+keyword). Links are followed (a Kubernetes secret volume, a dotfile manager's ~/.netrc); what they
+lead to must be a regular file outside /proc, /sys and /dev, readable, within MAX_BYTES, UTF-8
+without NUL bytes, or it is exit 2. The file itself (not the link) is what is mounted. Its
+contents never enter a message, a log or the report; only its path and host names do.
 
 The file reaches a build only as `docker buildx build --secret id=netrc,src=PATH`, mounted by
 `RUN --mount=type=secret,id=netrc,target=SECRET_PATH` around the install steps, with
@@ -16,7 +19,6 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
@@ -44,67 +46,95 @@ class Netrc:
 
 
 def default_path(environ: Mapping[str, str] | None = None) -> Path | None:
-    """$NETRC, else ~/.netrc when it exists, else None (nothing to mount)."""
+    """$NETRC, else ~/.netrc when it exists, else None (nothing to mount, also without a home)."""
     env = os.environ if environ is None else environ
     if env.get("NETRC"):
         return Path(env["NETRC"])
-    home = Path(env.get("HOME") or Path.home())
-    candidate = home / ".netrc"
-    return candidate if os.path.lexists(candidate) else None
+    home = inputs.home(env)
+    candidate = home / ".netrc" if home is not None else None
+    return candidate if candidate is not None and os.path.lexists(candidate) else None
 
 
 def load(path: Path, flag: str = "--netrc") -> Netrc:
-    """The hosts a netrc file has logins for. ConfigError (exit 2) for a link, anything but a
-    regular file, a file that cannot be read or is larger than MAX_BYTES."""
+    """The hosts a netrc file has logins for. Links are followed (a Kubernetes secret volume, a
+    dotfile manager's ~/.netrc), and what they lead to must be a regular UTF-8 file of at most
+    MAX_BYTES outside /proc, /sys and /dev (inputs.read_real); ConfigError (exit 2) otherwise.
+    The path kept (and mounted) is the file itself, not the link."""
     where = f"{flag} {inputs.short(path)}"
     try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        raise ConfigError(f"{where}: file not found") from None
-    except OSError as e:
-        raise ConfigError(f"{where}: cannot be read: {e.strerror}") from None
-    if stat.S_ISLNK(mode):
-        raise ConfigError(f"{where}: is a symbolic link; name the file itself (a link could be swapped "
-                          "between this check and the build)")
-    try:
-        data = inputs.read_regular(path, MAX_BYTES)
+        real, data = inputs.read_real(path, MAX_BYTES)
     except inputs.InputError as e:
         raise ConfigError(f"{where}: {e}") from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise ConfigError(f"{where}: not UTF-8 text") from None
-    return Netrc(Path(os.path.abspath(path)), frozenset(hosts(text)))
+    if "\0" in text:
+        raise ConfigError(f"{where}: holds NUL bytes, so it is not a netrc file")
+    try:
+        found = hosts(text)
+    except ValueError as e:
+        raise ConfigError(f"{where}: {e}") from None
+    return Netrc(real, frozenset(found))
+
+
+MAX_TOKENS = 20_000  # a netrc of MAX_BYTES holds far fewer
+_VALUE_KEYWORDS = ("login", "user", "password", "account")  # each takes the next token as its value
+
+
+class _Lexer:
+    """netrc's tokens, as netrc(5) and Python's netrc read them: words separated by white space,
+    newlines included; a "quoted word" (a backslash escapes the next character); at most MAX_TOKENS."""
+
+    def __init__(self, text: str):
+        self.text, self.i, self.count = text, 0, 0
+
+    def word(self) -> str | None:
+        text, n = self.text, len(self.text)
+        while self.i < n and text[self.i].isspace():
+            self.i += 1
+        if self.i >= n:
+            return None
+        self.count += 1
+        if self.count > MAX_TOKENS:
+            raise ValueError(f"more than {MAX_TOKENS} words")
+        quoted = text[self.i] == '"'
+        self.i += quoted
+        out: list[str] = []
+        while self.i < n and (text[self.i] != '"' if quoted else not text[self.i].isspace()):
+            if text[self.i] == "\\" and self.i + 1 < n:
+                self.i += 1
+            out.append(text[self.i])
+            self.i += 1
+        self.i += quoted  # the closing quote
+        return "".join(out)
+
+    def skip_past(self, mark: str) -> None:
+        """To just after the next `mark` (the end of a comment line, a macro's empty line)."""
+        end = self.text.find(mark, self.i)
+        self.i = len(self.text) if end < 0 else end + len(mark)
 
 
 def hosts(text: str) -> set[str]:
-    """The machine names of a netrc text (ANY_HOST for `default`); macdef bodies are skipped.
-    Never returns or reports a login, password or account."""
+    """The machine names of a netrc text (ANY_HOST for `default`). The value after login, password
+    and account is never a keyword, whatever it says; a `#` word where a keyword goes starts a
+    comment; macdef bodies are skipped. Never returns or reports a login, password or account."""
     found: set[str] = set()
-    lines = text.splitlines()
-    i = 0
-    while i < len(lines):
-        tokens = lines[i].split()
-        i += 1
-        j = 0
-        while j < len(tokens):
-            word = tokens[j]
-            if word == "machine" and j + 1 < len(tokens):
-                name = tokens[j + 1].lower()
-                if HOST_RE.fullmatch(name):
-                    found.add(name)
-                j += 2
-            elif word == "default":
-                found.add(ANY_HOST)
-                j += 1
-            elif word == "macdef":  # a macro: its body runs to the next empty line
-                while i < len(lines) and lines[i].strip():
-                    i += 1
-                break
-            elif word in ("login", "password", "account"):
-                j += 2  # the value is never looked at
-            else:
-                j += 1
+    lexer = _Lexer(text)
+    while (word := lexer.word()) is not None:
+        if word == "machine":
+            name = (lexer.word() or "").lower()
+            if HOST_RE.fullmatch(name):
+                found.add(name)
+        elif word == "default":
+            found.add(ANY_HOST)
+        elif word in _VALUE_KEYWORDS:
+            lexer.word()  # the value is never looked at
+        elif word == "macdef":
+            lexer.word()  # the macro's name; its body runs to the next empty line
+            lexer.skip_past("\n\n")
+        elif word.startswith("#"):
+            lexer.skip_past("\n")
     return found
 
 
@@ -130,6 +160,12 @@ def cell_hosts(matrix: Matrix, cell: Cell) -> set[str]:
     return {h for h in (_host(u) for u in cell_urls(matrix, cell)) if h}
 
 
+def _login_hosts(netrc: Netrc, matrix: Matrix, cell: Cell) -> list[str]:
+    """The hosts a cell installs from that the netrc has a login for (all of them for `default`)."""
+    used = cell_hosts(matrix, cell)
+    return sorted(used if ANY_HOST in netrc.hosts else used & netrc.hosts)
+
+
 def needs(netrc: Netrc | None, matrix: Matrix, cell: Cell) -> bool:
     """Whether the netrc has a login for a host the cell installs from."""
     if netrc is None:
@@ -150,11 +186,11 @@ def resolve(path: Path | None, explicit: bool, matrix: Matrix, cells: Iterable[C
     if not needing:
         used = sorted({h for c in cells for h in cell_hosts(matrix, c)})
         warn(f"warning: netrc {netrc.path}: names no host the selected cells install from "
-             f"({', '.join(used) or 'no index or channel URL set'}); nothing is mounted")
+             f"({inputs.listing(used, empty='no index or channel URL set')}); nothing is mounted")
         return None
     if not buildkit:
         raise ConfigError([
-            f"cell {c.id}: installs from {', '.join(sorted(cell_hosts(matrix, c) & netrc.hosts) or 'its indexes')}, "
+            f"cell {c.id}: installs from {inputs.listing(_login_hosts(netrc, matrix, c))}, "
             f"whose login is in {netrc.path}; the classic builder has no build secrets, so the login could only "
             "reach the build through a layer: build with --builder buildkit (docker buildx; "
             "scripts/ci-setup.sh installs it)" for c in needing])

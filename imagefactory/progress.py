@@ -9,6 +9,7 @@ import time
 from typing import TYPE_CHECKING, TextIO
 
 from imagefactory.engine_api import BuildProgress
+from imagefactory.inputs import printable_text
 from imagefactory.report import BUILD_FAILED, BUILT, CACHED, PASSED, CellReport
 
 if TYPE_CHECKING:  # rich is imported only for the live display: start-up counts on CI
@@ -60,7 +61,8 @@ class Live:
         from rich.console import Console
         from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-        self.console = console or Console(stderr=True)
+        # the display's own codes go to the terminal itself, under the CLI's escaping stream
+        self.console = console or Console(file=getattr(sys.stderr, "raw", sys.stderr))
         self.progress = Progress(
             SpinnerColumn(), TextColumn("[bold]{task.description}"), TextColumn("{task.fields[state]}"),
             TimeElapsedColumn(), console=self.console, transient=False,
@@ -100,7 +102,7 @@ class Live:
                              total=1, completed=1)
         self.progress.stop_task(task)
         with self.lock:
-            self.progress.console.print(_failure_text(r), markup=False, highlight=False, end="")
+            self.progress.console.print(printable_text(_failure_text(r)), markup=False, highlight=False, end="")
 
 
 def failure_block(r: CellReport, stream, lock) -> None:

@@ -50,9 +50,7 @@ def credentials() -> Auth | None:
     return _pair(USER_ENV, PASSWORD_ENV)
 
 
-def env_suffix(registry: str) -> str:
-    """'ghcr.io' -> 'GHCR_IO', 'reg.example.com:5000' -> 'REG_EXAMPLE_COM_5000'."""
-    return re.sub(r"[^A-Z0-9]", "_", registry.upper())
+env_suffix = tagging.env_suffix  # one mapping: the matrix refuses registries it would confuse
 
 
 def registry_credentials(matrix: Matrix) -> dict[str, Auth | None]:

@@ -35,7 +35,8 @@ from imagefactory.model import Cell
 
 DEFAULT_TIMEOUT = DEFAULT_PROBE_TIMEOUT  # defined once, in context.py
 DEFAULT_SHM = DEFAULT_PROBE_SHM
-SHM_RE = re.compile(r"host|default|[1-9][0-9]{0,5}[kmg]")
+# a size as Docker's --shm-size takes it (1g, 1G, 1gb, 512m): normalised to "1g", "512m"
+SHM_RE = re.compile(r"host|default|(?P<n>[1-9][0-9]{0,5})(?P<unit>[kmgKMG])[bB]?")
 HPC_UID = 4242
 
 
@@ -96,9 +97,10 @@ DEFAULT_MODES = tuple(MODES)
 
 
 def check_shm(value: str, *, where: str = "--probe-shm") -> str:
-    if not isinstance(value, str) or not SHM_RE.fullmatch(value):
+    m = SHM_RE.fullmatch(value) if isinstance(value, str) else None
+    if m is None:
         raise ConfigError(f"{where}: {value!r} is not host, default or a size such as 1g, 512m")
-    return value
+    return f"{m['n']}{m['unit'].lower()}" if m["n"] else value
 
 
 def shm_options(shm: str) -> dict[str, Any]:

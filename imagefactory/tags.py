@@ -6,6 +6,7 @@ Release tags are applied (publish.py) only to cells whose build and checks passe
 from __future__ import annotations
 
 import datetime as _dt
+import re
 import string
 
 from imagefactory import refs
@@ -74,6 +75,27 @@ def registries(image: str, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
     """The registries tags may point at: `image`'s first, then those the matrix names (normalised)."""
     own = refs.registry(image) or refs.DOCKER_HUB
     return tuple(dict.fromkeys([own] + [refs.normal_registry(r) for r in extra]))
+
+
+def env_suffix(registry: str) -> str:
+    """The <HOST> of a registry's credential variables (IMAGEFACTORY_REGISTRY_USER_<HOST>):
+    'ghcr.io' -> 'GHCR_IO', 'reg.example.com:5000' -> 'REG_EXAMPLE_COM_5000'."""
+    return re.sub(r"[^A-Z0-9]", "_", registry.upper())
+
+
+def credential_clashes(allowed: tuple[str, ...]) -> list[str]:
+    """Registries under tags.registries whose names map to one credential variable (they differ
+    only in '.', '-' or ':'): one would be sent the other's login, so the matrix is refused."""
+    seen: dict[str, str] = {}
+    out = []
+    for registry in allowed[1:]:  # allowed[0], image's registry, uses the variables without a suffix
+        suffix = env_suffix(registry)
+        if suffix in seen:
+            out.append(f"registries {seen[suffix]} and {registry} would share the credential variables "
+                       f"IMAGEFACTORY_REGISTRY_USER_{suffix}/PASSWORD_{suffix}, so one would get the other's "
+                       f"login; publish to one of them from this matrix")
+        seen.setdefault(suffix, registry)
+    return out
 
 
 def allowed_registries(matrix: Matrix) -> tuple[str, ...]:

@@ -36,6 +36,7 @@ MAX_DIGITS = 18  # a quota or period longer than this is garbage (and would over
 CONF_DIR = os.path.join("etc", "imagefactory")
 LAUNCH_CONF = "launch.conf"
 ACTIVATION_CONF = "activation.conf"
+MAX_CONF_BYTES = 1 << 20  # a settings file is a few hundred bytes
 DIRECTIVES = ("threads",)  # launch.conf keys that are settings of the hook, not variables
 
 # What this process got from the hook: variable -> value, and where compiled code can go.
@@ -47,7 +48,8 @@ state: dict[str, object] = {"applied": {}, "budget": None, "exec_place": None, "
 # file can be read (its first line, exactly two fields: "max 100000" is no quota), else the first
 # cgroup v1 folder (cpu, cpu,cpuacct) whose cpu.cfs_quota_us and cpu.cfs_period_us can both be read.
 # Quota and period are positive integers of at most 18 ASCII digits, without a leading zero;
-# anything else (-1, max, garbage) is no quota.
+# anything else (-1, max, garbage) is no quota. Only regular files count (a FIFO, a folder: cannot be
+# read), and NUL bytes in a line are dropped, as a shell's `read` drops them.
 
 def _count(text: bytes) -> "int | None":
     """A positive integer written the one way the rule accepts, or None."""
@@ -56,9 +58,33 @@ def _count(text: bytes) -> "int | None":
     return int(text)
 
 
+_IFMT, _IFREG, _IFDIR = 0o170000, 0o100000, 0o040000  # stat's S_IFMT bits (stat is not imported)
+
+
+def _read(path: str, limit: int) -> bytes:
+    """At most `limit` bytes of a REGULAR file, opened without blocking: a FIFO (or a device, a
+    folder) where a cgroup or settings file should be is OSError, never waited on, so no file can
+    stop an interpreter from starting."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if os.fstat(fd).st_mode & _IFMT != _IFREG:
+            raise OSError("not a regular file: %s" % path)
+        chunks: "list[bytes]" = []
+        size = 0
+        while size < limit:
+            chunk = os.read(fd, limit - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 def _first_line(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read(4096).split(b"\n", 1)[0]
+    """The first line, NUL bytes dropped: what a shell's `read` sees (dash and bash drop them)."""
+    return _read(path, 4096).split(b"\n", 1)[0].replace(b"\0", b"")
 
 
 def _fields(line: bytes) -> list[bytes]:
@@ -113,8 +139,7 @@ def thread_counts(environ: "dict[str, str] | os._Environ[str]", root: str = CGRO
 def read_conf(path: str) -> list[tuple[str, str]]:
     """KEY=VALUE lines (# comments). A key is a variable name, or one of DIRECTIVES."""
     try:
-        with open(path, "rb") as f:
-            text = f.read().decode("utf-8", "replace")
+        text = _read(path, MAX_CONF_BYTES).decode("utf-8", "replace")
     except OSError:
         return []
     out = []
@@ -196,16 +221,38 @@ def exec_place(environ=None) -> "str | None":
     return None
 
 
-def _write_place(environ) -> "str | None":
-    for d in _temp_dirs(environ) + ["/dev/shm"]:
-        if _usable(d, need_exec=False, exists=True):
-            return d
+def _own_folder(path: str) -> bool:
+    """Whether `path` is a folder of this UID that no one else can write: made now (0700) when
+    missing. A sticky, shared TMPDIR (Apptainer binds the host's /tmp) may hold one another UID
+    made first, or a link planted there: those are never used."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        return False
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return st.st_mode & _IFMT == _IFDIR and st.st_uid == os.getuid() and not st.st_mode & 0o022
+
+
+def _fallback(environ, need_exec: bool, leaf: str) -> "str | None":
+    """PLACE/leaf in the first usable place (exec_place's order for compiled code, else the temp
+    dirs and /dev/shm) where that folder is this UID's own."""
+    home = environ.get("HOME") or ""
+    places = _temp_dirs(environ) + ["/dev/shm"] + ([home] if need_exec else [])
+    for d in places:
+        if _usable(d, need_exec=need_exec, exists=True) and _own_folder(os.path.join(d, leaf)):
+            return os.path.join(d, leaf)
     return None
 
 
 def cache_dirs(environ, have_matplotlib: bool) -> dict[str, str]:
     """Cache variables to set: each one the user left unset whose default place is not usable,
-    pointed at a usable place (none where there is none: the probe's compile check says so)."""
+    pointed at a folder of this UID's own in a usable place (none where there is none: the probe's
+    compile check says so)."""
     uid = os.getuid()
     home = environ.get("HOME") or ""
     temp = next((d for d in _temp_dirs(environ) if _usable(d, need_exec=False, exists=True)), "")
@@ -220,15 +267,12 @@ def cache_dirs(environ, have_matplotlib: bool) -> dict[str, str]:
         wanted.append(("MPLCONFIGDIR", xdg_config and os.path.join(xdg_config, "matplotlib"), False,
                        "matplotlib_uid%d" % uid))
     out = {}
-    places: "dict[bool, str | None]" = {}
     for name, default, need_exec, leaf in wanted:
         if environ.get(name) or _usable(default, need_exec):
             continue
-        if need_exec not in places:
-            places[need_exec] = exec_place(environ) if need_exec else _write_place(environ)
-        place = places[need_exec]
+        place = _fallback(environ, need_exec, leaf)
         if place:
-            out[name] = os.path.join(place, leaf)
+            out[name] = place
     return out
 
 

@@ -30,6 +30,7 @@ import math
 import os
 import platform
 import re
+import stat
 import subprocess
 import sys
 import time
@@ -85,8 +86,15 @@ def _count(text):
 
 
 def _first_line(path):
-    with open(path, "rb") as f:
-        return f.read(4096).split(b"\n", 1)[0]
+    """The first line of a regular file, NUL bytes dropped: the launch hook's rule (a FIFO or a
+    folder cannot be read; a shell's `read` drops NULs)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError("not a regular file: %s" % path)
+        return os.read(fd, 4096).split(b"\n", 1)[0].replace(b"\0", b"")
+    finally:
+        os.close(fd)
 
 
 def cgroup_limit(root="/sys/fs/cgroup"):

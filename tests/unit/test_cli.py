@@ -66,8 +66,8 @@ def test_unwritable_output_is_one_line_not_a_traceback(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
     r = cli("render", "--out", str(blocker / "sub"))
-    assert r.returncode == 1 and "Traceback" not in r.stderr
-    assert r.stderr.startswith("error: ") and str(blocker) in r.stderr
+    assert r.returncode == 2 and "Traceback" not in r.stderr  # issue 25, item 6: bad input, exit 2
+    assert r.stderr.startswith("error: --out ") and str(blocker) in r.stderr
 
 
 def test_every_error_line_reaches_the_terminal_escaped(tmp_path, monkeypatch, capsys):

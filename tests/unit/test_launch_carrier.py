@@ -74,6 +74,10 @@ CASES = [
     ("v1-garbage-decides", {"cpu/cpu.cfs_quota_us": b"lots\n", "cpu/cpu.cfs_period_us": b"100000\n",
                             "cpu,cpuacct/cpu.cfs_quota_us": b"100000\n",
                             "cpu,cpuacct/cpu.cfs_period_us": b"100000\n"}, None),
+    # issue 25, item 20: NUL bytes are dropped by every copy, as a shell's `read` drops them
+    ("v2-nul-inside", {"cpu.max": b"15\x000000 100000\n"}, 1),
+    ("v2-nul-only-field", {"cpu.max": b"\x00 100000\n"}, None),
+    ("v1-nul", {"cpu/cpu.cfs_quota_us": b"100\x00000\n", "cpu/cpu.cfs_period_us": b"100000\x00\n"}, 1),
     ("no-cgroup-files", {}, None),
     ("no-sys-at-all", "missing", None),
 ]

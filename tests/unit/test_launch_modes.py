@@ -37,7 +37,7 @@ def test_modes_ask_the_engine_for_what_gpu_nodes_do():
     assert smoke.shm_options("host") == {"ipc_mode": "host"} and smoke.shm_options("default") == {}
 
 
-@pytest.mark.parametrize("bad", ["", "1", "0g", "1gb", "host ", "1g;rm", "-1g", "1234567g", "HOST"])
+@pytest.mark.parametrize("bad", ["", "1", "0g", "host ", "1g;rm", "-1g", "1234567g", "HOST"])
 def test_shm_values_are_checked_whole(bad):
     with pytest.raises(ConfigError, match="--probe-shm"):
         smoke.check_shm(bad)

@@ -59,8 +59,7 @@ def test_needs_compares_hosts_without_ports(m, tmp_path):
 
 
 @pytest.mark.parametrize("make, words", [
-    (lambda d: ((d / "target").write_text("machine x login a password b\n"), os.symlink(d / "target", d / "netrc")),
-     "is a symbolic link"),
+    (lambda d: os.symlink("/proc/self/environ", d / "netrc"), "pseudo file system"),  # issue 25, item 1
     (lambda d: (d / "netrc").mkdir(), "is a directory"),
     (lambda d: os.mkfifo(d / "netrc"), "is a FIFO"),
     (lambda d: None, "file not found"),
