@@ -188,7 +188,7 @@ class _Cell:
         if hit is not None:
             r.checks, r.status, r.verdicts, r.verdicts_at = hit.checks, PASSED, CACHED, hit.at
             self.log(f"verdicts cached: image {vkey.image_id[:19]} passed probe {vkey.probe_version} at {hit.at}")
-            supply.record(self.matrix, cell, r, hit.probe, self.options.report)
+            self.log(supply.record(self.matrix, cell, r, hit.probe, self.options.report), show=False)
             return True
         self.ui.status(cell.id, "testing")
         result = smoke.test_image(self.engine, cell, image, gpus=self.gpus, timeout=self.options.probe_timeout,
@@ -205,7 +205,7 @@ class _Cell:
         r.checks = result.checks
         r.status = PASSED if result.passed else CHECK_FAILED
         if result.passed:
-            supply.record(self.matrix, cell, r, result.probe, self.options.report)  # SBOM and provenance
+            self.log(supply.record(self.matrix, cell, r, result.probe, self.options.report), show=False)
         if result.probe is None:  # it never judged the image: say why (an engine error, a crash, the timeout)
             r.error = "the probe did not run: " + next((c.detail or c.actual for c in result.checks
                                                         if c.name == "probe.ran"), "no probe JSON")

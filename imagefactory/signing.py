@@ -114,7 +114,7 @@ def check_version(exe: str) -> str:
     m = SEMVER_RE.fullmatch(version)
     if m:
         if int(m[1]) != MAJOR:
-            raise ConfigError(f"cosign {inputs.show(version)} at {exe}: imagefactory drives cosign {MAJOR}.x (cosign 3 "
+            raise ConfigError(f"cosign {version} at {exe}: imagefactory drives cosign {MAJOR}.x (cosign 3 "
                               f"changed the signing flags and defaults); install cosign {MAJOR}.x")
         return version
     flags = _plain(exe, ["sign", "--help"])

@@ -25,11 +25,14 @@ from imagefactory.report import PASSED, PUBLISH_FAILED, PUBLISHED, CellReport
 SIGNED, SIGN_FAILED, NOT_SIGNED = "signed", "sign-failed", "not-signed"
 
 
-def record(matrix: Matrix, cell: Cell, report: CellReport, probes: dict | None, report_path: Path) -> None:
-    """Write the SBOM and the provenance of a cell that passed; their paths go into `report`."""
+def record(matrix: Matrix, cell: Cell, report: CellReport, probes: dict | None, report_path: Path) -> str:
+    """Write the SBOM and the provenance of a cell that passed; their paths go into `report`.
+    Returns what the cell's log says. An image without the probe's inventory (a probe from before
+    it) or without an image id gets none, and cannot be signed; an SBOM that does not validate
+    is an error."""
     probe = sbom.probe_for_sbom(probes or {})
-    if probe is None:
-        raise sbom.SbomError(f"cell {cell.id}: the probe gave no inventory for an SBOM")
+    if probe is None or not sbom.IMAGE_ID_RE.fullmatch(report.image_id):
+        return "sbom: none (the probe gave no inventory, or the image has no id)"
     lock = lockfile.load(matrix, cell)
     subject = sbom.Subject(image=matrix.image, cell=cell.id, content_hash=report.content_hash,
                            image_id=report.image_id, base_image=cell.base_image)
@@ -43,6 +46,7 @@ def record(matrix: Matrix, cell: Cell, report: CellReport, probes: dict | None, 
     prov_path.parent.mkdir(parents=True, exist_ok=True)
     fsutil.atomic_write(prov_path, provenance.text(provenance.statement(matrix.image, report.image_id, pred)))
     report.sbom, report.provenance = str(sbom_path), str(prov_path)
+    return f"sbom: {sbom_path} ({len(json.loads(text).get('components') or ())} components); provenance: {prov_path}"
 
 
 def _targets(r: CellReport) -> list[str]:
