@@ -248,7 +248,7 @@ def validate(text: str) -> dict:
 
     error = JsonStrictValidator(SchemaVersion.V1_6).validate_str(text)
     if error is not None:
-        raise SbomError(f"not a valid CycloneDX {SPEC} document: {str(error)[:300]}")
+        raise SbomError(f"not a valid CycloneDX {SPEC} document: {' '.join(str(error).split())[:300]}")
     doc = json.loads(text)
     if doc.get("specVersion") != SPEC:
         raise SbomError(f"CycloneDX {str(doc.get('specVersion'))[:20]}, not {SPEC}")

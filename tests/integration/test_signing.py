@@ -14,7 +14,6 @@ import base64
 import hashlib
 import json
 import os
-import stat
 import subprocess
 import uuid
 from pathlib import Path
@@ -56,6 +55,8 @@ class Signed:
         self.result = build.run("push", "--only", Build.GOOD, "--sign", str(keys["key"]), matrix=self.matrix, env=env)
         self.report_path = build.report_path
         self.cell = build.report()[Build.GOOD]
+        failed = [f"{c['mode']}: {c['name']}: {c['actual']}" for c in self.cell["checks"] if c["verdict"] == "fail"]
+        assert self.cell["pushed"], (self.cell["status"], self.cell["error"], failed, self.result.stderr[-2000:])
         self.release = next(p["ref"] for p in self.cell["pushed"] if ":sha-" not in p["ref"])
         self.digest = self.cell["pushed"][0]["digest"]
         self.repo = self.image.split("/", 1)[1]
@@ -107,6 +108,15 @@ def test_push_sign_records_signature_and_attestations_and_verify_passes(signed, 
     result = signed.verify(keys["pub"])
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"{signed.release}: verified {signed.digest}" in result.stdout, result.stdout
+
+
+def test_doctor_verify_checks_the_cells_it_judges(signed, keys):
+    result = run_cli("doctor", "--matrix", str(signed.matrix), "--verify", str(keys["pub"]), env=CREDS)
+    out = result.stdout
+    assert f"verify:   {signed.release}: verified {signed.digest}" in out, out + result.stderr
+    bad = next(line for line in out.splitlines() if line.startswith("verify:") and "mkl" in line)
+    assert "FAILED: the registry does not serve it" in bad  # the failed cell was never pushed
+    assert result.returncode == 1
 
 
 def test_verify_with_another_key_fails_naming_the_key(signed, keys):
@@ -213,8 +223,10 @@ def test_no_secret_reaches_cosign_arguments_reports_sboms_logs_or_signatures(sig
     assert configs and all(mode == "700" for _, mode, _ in configs), configs  # a 0700 temporary Docker config
     assert not any(Path(path).exists() for _, _, path in configs)  # removed after
     places = {"cosign arguments": calls, "console": signed.result.stdout + signed.result.stderr}
-    for f in sorted(p for p in cpu_build.report_path.parent.rglob("*") if p.is_file() and stat.S_ISREG(p.stat().st_mode)):
-        places[str(f)] = f.read_text(errors="replace")  # reports, SBOMs, provenance, logs, contexts
+    for f in sorted(p for p in cpu_build.report_path.parent.rglob("*") if p.is_file() and not p.is_symlink()):
+        if f.stat().st_size < 16 << 20:  # reports, SBOMs, provenance, logs, contexts (not the wheels they link)
+            places[str(f)] = f.read_text(errors="replace")
+    assert any(name.endswith(".cdx.json") for name in places) and any("intoto" in n for n in places), sorted(places)
     hexdigest = signed.digest.split(":", 1)[1]
     for tag in ("sig", "att"):
         manifest = _get_manifest(signed.repo, f"sha256-{hexdigest}.{tag}")

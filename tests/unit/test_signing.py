@@ -378,3 +378,55 @@ def test_ci_setup_refuses_a_cosign_that_is_not_2(tmp_path, answer, deb, ok):
     assert (r.returncode == 0) == ok, r.stderr
     if "v3" in answer or deb.startswith("3"):
         assert "is cosign 3.x" in r.stderr and "cosign 3 changed the signing flags" in r.stderr
+
+
+# --------------------------------------------------------------------------- verify's judgement
+
+def _statements(sbom_text: str, content: str) -> dict[str, list[dict]]:
+    digest = {"sha256": "a" * 64}
+    pred = provenance.predicate(matrix_path=REPO / "pyproject.toml", cell="c", content_hash=content, builder="classic",
+                                base_image=BASE, lock_path=None, sbom_sha256=None, git=None)
+    return {"cyclonedx": [{"subject": [{"name": "r", "digest": digest}], "predicate": json.loads(sbom_text)}],
+            "slsaprovenance1": [{"subject": [{"name": "r", "digest": digest}], "predicate": pred}]}
+
+
+@pytest.mark.parametrize("case, expect", [
+    ("ok", "verified"), ("other-content", "FAILED: SBOM for another image"),
+    ("other-config", "FAILED: SBOM for another image"), ("no-label", "FAILED: the image has no"),
+    ("provenance", "FAILED: provenance for another image"), ("subject", "attestation for another digest"),
+    ("invalid", "FAILED: SBOM attestation: not a valid CycloneDX")])
+def test_verify_refuses_attestations_that_do_not_describe_the_image(monkeypatch, case, expect):
+    from imagefactory import verify
+
+    content, config = "a" * 64, "sha256:" + "b" * 64
+    statements = _statements(sbom.document(SUBJECT, inventory_probe(), None), content)
+    labels = {} if case == "no-label" else {"io.imagefactory.content-hash": content}
+    if case in ("other-content", "other-config"):
+        other = sbom.Subject(SUBJECT.image, SUBJECT.cell, "e" * 64 if case == "other-content" else content,
+                             "sha256:" + "f" * 64 if case == "other-config" else config, BASE)
+        statements["cyclonedx"].append({"subject": statements["cyclonedx"][0]["subject"],
+                                        "predicate": json.loads(sbom.document(other, inventory_probe(), None))})
+    if case == "provenance":
+        statements["slsaprovenance1"][0]["predicate"]["buildDefinition"]["internalParameters"]["contentHash"] = "9" * 64
+    if case == "subject":
+        statements["slsaprovenance1"][0]["subject"][0]["digest"]["sha256"] = "0" * 64
+    if case == "invalid":
+        statements["cyclonedx"][0]["predicate"]["components"][0]["type"] = "rootkit"
+    monkeypatch.setattr(verify, "manifest_digest", lambda ref, auth: "sha256:" + "a" * 64)
+    monkeypatch.setattr(verify, "image_config", lambda pinned, auth: (config, labels))
+    monkeypatch.setattr(signing, "verify_signature", lambda key, pinned, auth: None)
+    monkeypatch.setattr(signing, "verified_statements", lambda key, pinned, kind, auth: statements[kind])
+    v = verify.verify_ref("127.0.0.1:5001/ml/train:1", signing.Key("/k.pub", False), None)
+    assert expect in v.line and v.ok == (case == "ok"), v.line
+    assert "\n" not in v.line
+
+
+def test_doctor_verify_fails_the_exit_code_and_prints_each_line():
+    from imagefactory import doctor
+
+    report = doctor.Report(engine=doctor.EngineFacts(reachable=True), driver=doctor.Driver(), matrix="m.yaml",
+                           cells=[], recommended=None)
+    assert report.exit_code == 0
+    report.verification = [{"ok": False, "line": "r:1: FAILED: no signature"}]
+    assert report.exit_code == 1 and "verify:   r:1: FAILED: no signature" in doctor.text(report)
+    assert report.to_json()["verification"] == report.verification
