@@ -228,6 +228,10 @@ def test_no_secret_reaches_cosign_arguments_reports_sboms_logs_or_signatures(sig
             places[str(f)] = f.read_text(errors="replace")
     assert any(name.endswith(".cdx.json") for name in places) and any("intoto" in n for n in places), sorted(places)
     hexdigest = signed.digest.split(":", 1)[1]
+    places["docker history"] = subprocess.run(["docker", "history", "--no-trunc", signed.cell["image_id"]],
+                                              capture_output=True, text=True, check=True).stdout
+    image = _get_manifest(signed.repo, signed.digest)  # the image as the registry serves it: config and layers
+    places["registry config"] = json.dumps(image) + _blob(signed.repo, image["config"]["digest"]).decode()
     for tag in ("sig", "att"):
         manifest = _get_manifest(signed.repo, f"sha256-{hexdigest}.{tag}")
         places[f".{tag}"] = json.dumps(manifest) + "".join(_blob(signed.repo, x["digest"]).decode(errors="replace")
