@@ -53,7 +53,7 @@ class Verdict:
 # -- the registry: digests and labels ------------------------------------------------------------
 
 def _scheme(registry: str) -> str:
-    host = registry.rsplit(":", 1)[0] if not registry.startswith("[") else registry
+    host = registry.split("]", 1)[0] + "]" if registry.startswith("[") else registry.rsplit(":", 1)[0]
     return "http" if host in ("localhost", "[::1]") or re.fullmatch(r"127(?:\.[0-9]{1,3}){3}", host) else "https"
 
 

@@ -430,3 +430,12 @@ def test_doctor_verify_fails_the_exit_code_and_prints_each_line():
     report.verification = [{"ok": False, "line": "r:1: FAILED: no signature"}]
     assert report.exit_code == 1 and "verify:   r:1: FAILED: no signature" in doctor.text(report)
     assert report.to_json()["verification"] == report.verification
+
+
+@pytest.mark.parametrize("registry, scheme", [("127.0.0.1:5001", "http"), ("localhost:5000", "http"),
+                                              ("[::1]:5000", "http"), ("ghcr.io", "https"),
+                                              ("127.0.0.1.evil.example:5000", "https"), ("localhost.evil", "https")])
+def test_verify_reads_plain_http_only_from_loopback_registries(registry, scheme):
+    from imagefactory import verify
+
+    assert verify._scheme(registry) == scheme
