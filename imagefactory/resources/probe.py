@@ -721,13 +721,14 @@ def probe_sbom():
     """What an SBOM lists besides the Python distributions (packages.python): Debian packages,
     conda records with their build and channel, and the native libraries mapped right now."""
     out = {"dpkg": None, "conda": None, "libraries": None, "versions": None, "error": None}
-    try:
-        out["dpkg"] = dpkg_packages()
-        out["conda"] = conda_records()
-        out["libraries"] = mapped_libraries()
-        out["versions"] = native_versions()
-    except Exception as exc:
-        out["error"] = _err(exc)
+    errors = []
+    for key, fn in (("dpkg", dpkg_packages), ("conda", conda_records), ("libraries", mapped_libraries),
+                    ("versions", native_versions)):  # one unreadable source must not hide the others
+        try:
+            out[key] = fn()
+        except Exception as exc:  # e.g. conda-meta records only their owner may read
+            errors.append("%s: %s" % (key, _err(exc)))
+    out["error"] = "; ".join(errors) or None
     return out
 
 

@@ -439,3 +439,29 @@ def test_verify_reads_plain_http_only_from_loopback_registries(registry, scheme)
     from imagefactory import verify
 
     assert verify._scheme(registry) == scheme
+
+
+def test_the_probes_inventory_survives_an_unreadable_conda_meta(tmp_path, monkeypatch):
+    """rattler writes conda-meta records 0600: an image user that cannot read them still gets the
+    Debian packages and the libraries in its SBOM, and the error says what was missing."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("probe_under_test", REPO / "imagefactory/resources/probe.py")
+    assert spec is not None and spec.loader is not None
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    meta = tmp_path / "conda-meta"
+    meta.mkdir()
+    (meta / "x.json").write_text("{not json")  # stands for a record it may not read
+    monkeypatch.setattr(sys, "prefix", str(tmp_path))
+    got = probe.probe_sbom()
+    assert got["conda"] is None and got["error"].startswith("conda: ")
+    assert isinstance(got["libraries"], dict) and isinstance(got["versions"], dict)
+    status = tmp_path / "status"
+    status.write_text("Package: libc6\nStatus: install ok installed\nArchitecture: amd64\nVersion: 2.36-9\n"
+                      "Description: the C library\n with a continuation: line\n\n"
+                      "Package: gone\nStatus: deinstall ok config-files\nVersion: 1\n")
+    assert probe.dpkg_packages(str(status)) == [{"name": "libc6", "version": "2.36-9", "arch": "amd64",
+                                                 "source": None}]
+    assert probe.dpkg_packages(str(tmp_path / "none")) is None
