@@ -465,3 +465,34 @@ def test_the_probes_inventory_survives_an_unreadable_conda_meta(tmp_path, monkey
     assert probe.dpkg_packages(str(status)) == [{"name": "libc6", "version": "2.36-9", "arch": "amd64",
                                                  "source": None}]
     assert probe.dpkg_packages(str(tmp_path / "none")) is None
+
+
+# --------------------------------------------------------------------------- the command line
+
+def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "imagefactory", *args], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "DOCKER_HOST": "unix:///nonexistent.sock", **(env or {})})
+
+
+def test_sign_needs_a_push_and_a_cosign_2_before_anything_is_built(write_matrix, keys, fake_cosign):
+    path = str(write_matrix(TWO_PIP_CELLS))
+    r = _cli("build", "--matrix", path, "--sign", str(keys[0]), env={"COSIGN_PASSWORD": ""})
+    assert r.returncode == 2 and "error: --sign: only meaningful with --push" in r.stderr, r.stderr
+    fake_cosign(version="v3.0.1")
+    r = _cli("push", "--matrix", path, "--sign", str(keys[0]), env={"COSIGN_PASSWORD": ""})
+    assert r.returncode == 2 and "cosign v3.0.1" in r.stderr and "install cosign 2.x" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1  # one line, before any engine was asked (none is reachable)
+    fake_cosign()
+    r = _cli("push", "--matrix", path, "--sign", str(keys[0]), env={"COSIGN_PASSWORD": ""})
+    assert r.returncode == 3, r.stderr  # everything checked: only now the missing engine stops it
+
+
+def test_verify_needs_a_public_key(write_matrix, keys, fake_cosign):
+    fake_cosign()
+    path = str(write_matrix(TWO_PIP_CELLS))
+    r = _cli("verify", "--matrix", path, "--key", str(keys[0]))
+    assert r.returncode == 2 and "not a PEM public key" in r.stderr, r.stderr
+    r = _cli("verify", "--matrix", path)
+    assert r.returncode == 2 and "--key" in r.stderr
