@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from imagefactory import freshness, fsutil, publish, regcache, render, schedule, smoke, tags, verdicts
+from imagefactory import freshness, fsutil, publish, regcache, render, schedule, smoke, supply, tags, verdicts
 from imagefactory import netrc as netrc_mod
 from imagefactory.context import UI, Gpus, Network, Options, Pull, RunContext
 from imagefactory.engine_api import BuildProgress, ContainerEngine
@@ -188,6 +188,7 @@ class _Cell:
         if hit is not None:
             r.checks, r.status, r.verdicts, r.verdicts_at = hit.checks, PASSED, CACHED, hit.at
             self.log(f"verdicts cached: image {vkey.image_id[:19]} passed probe {vkey.probe_version} at {hit.at}")
+            self.log(supply.record(self.matrix, cell, r, hit.probe, self.options.report), show=False)
             return True
         self.ui.status(cell.id, "testing")
         result = smoke.test_image(self.engine, cell, image, gpus=self.gpus, timeout=self.options.probe_timeout,
@@ -203,6 +204,8 @@ class _Cell:
         self.log(result.stderr.rstrip(), show=False)
         r.checks = result.checks
         r.status = PASSED if result.passed else CHECK_FAILED
+        if result.passed:
+            self.log(supply.record(self.matrix, cell, r, result.probe, self.options.report), show=False)
         if result.probe is None:  # it never judged the image: say why (an engine error, a crash, the timeout)
             r.error = "the probe did not run: " + next((c.detail or c.actual for c in result.checks
                                                         if c.name == "probe.ran"), "no probe JSON")

@@ -115,6 +115,10 @@ FLAGS: dict[str, tuple[Any, Any]] = {
                                                    help="With BuildKit: the buildx builder to use (`docker buildx "
                                                         "build --builder NAME`), e.g. a remote buildkitd or BuildKit "
                                                         "on Kubernetes: the way to spread builds over machines.")),
+    "sign": (Optional[str], typer.Option(None, "--sign", metavar="KEY",
+                                         help="Sign each pushed digest with cosign (a key file, password from "
+                                              "COSIGN_PASSWORD, or a KMS URI) and attach the SBOM and the "
+                                              "provenance as attestations (docs/signing.md). Only with a push.")),
     "netrc": (Optional[Path], typer.Option(None, "--netrc", metavar="PATH",
                                            help="Logins for package indexes and conda channels (default: $NETRC, "
                                                 "then ~/.netrc). Mounted into BuildKit's install steps as a build "
@@ -190,6 +194,8 @@ def _invocation(command: str, values: dict[str, Any], fixed: dict[str, Any]) -> 
         settings.update(_builder(m, cells, settings))
     if settings.get("atomic") and not settings.get("push"):
         raise ConfigError("--atomic: only meaningful with --push")
+    if settings.get("sign"):
+        settings["sign"] = _signing_key(settings)
     options = context.Options(**settings)
     if options.push:
         options = _publishing(m, cells, options)
@@ -218,6 +224,15 @@ def _cache_from(values: list[str] | tuple[str, ...]) -> tuple[str, ...]:
         raise ConfigError([f"--cache-from {inputs.show(v)}: not an image reference (e.g. "
                            f"registry.example.com/ml/train:2.13.0-py3.11-cpu-openblas)" for v in bad])
     return tuple(values)
+
+
+def _signing_key(settings: dict[str, Any]) -> str:
+    """--sign checked before anything is built: a push asked for, cosign 2.x present, the key usable."""
+    from imagefactory import signing
+
+    if not settings.get("push"):
+        raise ConfigError("--sign: only meaningful with --push (what is signed is the pushed digest)")
+    return signing.ready(settings["sign"], private=True, flag="--sign").ref
 
 
 def _builder(m: matrix_mod.Matrix, cells: list[Cell], settings: dict[str, Any]) -> dict[str, Any]:
@@ -379,7 +394,7 @@ def _pipeline(inv: Invocation, steps: Callable[[RunContext], build_mod.Outcome])
 
 BUILD_FLAGS = ("matrix", "only", "jobs", "keep_going", "gpus", "network", "report", "work_dir", "probe_timeout",
                "live", "push", "atomic", "push_tries", "retry_delay", "cache_from", "registry_cache", "pull", "retest",
-               "probe_shm", "builder", "buildx_builder", "netrc")
+               "probe_shm", "builder", "buildx_builder", "netrc", "sign")
 
 
 @app.command()
@@ -402,7 +417,7 @@ def build(inv: Invocation) -> None:
 
 @app.command()
 @shared("matrix", "only", "atomic", "gpus", "report", "work_dir", "probe_timeout", "live", "push_tries",
-        "retry_delay", "builder", push=True)
+        "retry_delay", "builder", "sign", push=True)
 def push(inv: Invocation) -> None:
     """Smoke-test the built images again, then tag and push those that pass.
 
@@ -440,6 +455,9 @@ def doctor(
     matrix: Optional[Path] = typer.Option(None, "--matrix", "-m", help="The matrix file (default: matrix.yaml "
                                                                         "when it exists, else host facts only)."),
     format: DoctorFormat = typer.Option(DoctorFormat.text, "--format", "-f", help="text for people; json for scripts."),
+    verify_key: Optional[str] = typer.Option(None, "--verify", metavar="KEY",
+                                             help="Also verify each cell's release tags against this cosign public "
+                                                  "key (signature, SBOM, provenance; see `imagefactory verify`)."),
 ) -> None:
     """Can this host run the matrix's images? Engine, NVIDIA runtime or CDI, driver and GPUs, then
     for each cell: runs here, runs with limits (CUDA minor-version compatibility) or cannot run,
@@ -453,11 +471,56 @@ def doctor(
     inputs.docker_host()
     inputs.check_docker_config()
     report = doctor_mod.diagnose(m)
+    if verify_key is not None:
+        report.verification = _verified(m, verify_key, flag="--verify")
     if format is DoctorFormat.json:
         print(json.dumps(report.to_json(), indent=2))
     else:
         print(doctor_mod.text(report), end="")
     raise typer.Exit(report.exit_code)
+
+
+def _verified(m: matrix_mod.Matrix | None, key_ref: str, *, flag: str, only: Optional[List[str]] = None,
+              image: str | None = None) -> list[dict]:
+    """verify.py's verdicts for one image or the selected cells' release tags."""
+    from imagefactory import signing
+    from imagefactory import verify as verify_mod
+
+    key = signing.ready(key_ref, private=False, flag=flag)
+    if image is not None:
+        targets = verify_mod.one_target(image)
+    elif m is None:
+        raise ConfigError(f"{flag}: no matrix (give --matrix, or run where matrix.yaml is)")
+    else:
+        targets = verify_mod.matrix_targets(m, select(m, only))
+    return [v.as_dict() for v in verify_mod.verify_refs(targets, key)]
+
+
+@app.command("verify")
+def verify_cmd(
+    image: Optional[str] = typer.Argument(None, metavar="[IMAGE]", help="One image reference (default: the "
+                                                                          "matrix's release tags)."),
+    key: str = typer.Option(..., "--key", metavar="KEY", help="The cosign public key (a file or a KMS URI)."),
+    matrix: Path = typer.Option(Path("matrix.yaml"), "--matrix", "-m", help="The matrix file."),
+    only: Optional[List[str]] = typer.Option(None, "--only", help="Only this cell id (repeatable)."),
+) -> None:
+    """Check, offline, that each image carries a signature made with KEY, a CycloneDX SBOM and a SLSA
+    provenance attestation signed with it, and that both name the image's own content hash.
+
+    One line per image. Exit codes: 0 every image verified; 1 one failed (no signature, another
+    key, an SBOM for another image, a tampered attestation); 2 bad configuration."""
+    from imagefactory import verify as verify_mod
+
+    if image is not None and only:
+        raise ConfigError("--only: selects cells of the matrix; not with an IMAGE reference")
+    m = matrix_mod.load(matrix) if image is None else None
+    results = _verified(m, key, flag="--key", only=only, image=image)
+    for r in results:
+        print(inputs.escaped(r["line"]))
+    failed = [r for r in results if not r["ok"]]
+    if failed or not results:
+        raise verify_mod.VerifyFailed(f"{len(failed)} of {len(results)} image(s) failed verification"
+                                      if results else "no image to verify (the cells have no release tags)")
 
 
 @app.command("bench")

@@ -86,6 +86,7 @@ class Options:
     backoff: float = DEFAULT_RETRY_DELAY
     git_sha: str | None = None
     today: dt.date | None = None
+    sign: str | None = None  # --sign: a cosign key file (absolute) or KMS URI, checked (signing.ready)
     # bench
     budget: float = DEFAULT_BENCH_BUDGET
 

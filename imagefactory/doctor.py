@@ -369,6 +369,7 @@ class Report:
     cells: list[CellVerdict]
     recommended: str | None
     launch: LaunchFlags | None = None
+    verification: list[dict] = field(default_factory=list)  # `doctor --verify`: verify.Verdict.as_dict() per tag
     docker_host: str = field(default_factory=lambda: os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock"))
 
     @property
@@ -379,13 +380,15 @@ class Report:
     def exit_code(self) -> int:
         if not self.engine.reachable:
             return 3
-        return 1 if any(v.verdict == CANNOT for v in self.cells) else 0
+        unverified = any(not v.get("ok") for v in self.verification)
+        return 1 if unverified or any(v.verdict == CANNOT for v in self.cells) else 0
 
     def to_json(self) -> dict:
         return {"exit_code": self.exit_code, "engine": asdict(self.engine), "docker_host": self.docker_host,
                 "driver": asdict(self.driver), "gpu": self.gpu, "matrix": self.matrix,
                 "cells": [asdict(v) for v in self.cells], "recommended": self.recommended,
-                "launch": None if self.launch is None else {**asdict(self.launch), "line": self.launch.line}}
+                "launch": None if self.launch is None else {**asdict(self.launch), "line": self.launch.line},
+                "verification": self.verification}
 
 
 def diagnose(matrix: Matrix | None, *, engine_factory: EngineFactory | None = None,
@@ -431,6 +434,7 @@ def text(report: Report) -> str:
             lines.append(f"{'':<{width}}    fix: {v.fix}")
     lines += ["", f"pull:     {report.recommended}" if report.recommended else
               "pull:     nothing in this matrix runs here"]
+    lines += [f"verify:   {v['line']}" for v in report.verification]
     return "\n".join(lines) + "\n"
 
 

@@ -145,6 +145,10 @@ def publish(matrix: Matrix, reports: list[CellReport], run: RunContext) -> None:
             ui.status(r.cell, f"publish failed: {r.error}")
             continue
         r.publish = PUBLISHED
+    if options.sign and not interrupt.is_set():  # every push verified: sign what was published
+        from imagefactory import supply
+
+        supply.sign_published(matrix, reports, run, creds)
 
 
 def _publish_cell(engine: ContainerEngine, r: CellReport, order: list[str], creds: dict[str, Auth | None],

@@ -41,6 +41,10 @@ class CellReport:
     verdicts_at: str = ""  # when the verdicts were made (UTC)
     pulled: str = ""  # name:tag@sha256:... when the image was pulled from the registry instead of built (regcache.py)
     builder: str = ""  # what built the image: buildkit | classic ("" when none was built this run)
+    sbom: str = ""  # build/sbom/<cell>.cdx.json, written once the cell passed (supply.py)
+    provenance: str = ""  # build/provenance/<cell>.intoto.json
+    signing: str = ""  # signed | sign-failed | not-signed | "" (no --sign asked)
+    signatures: list[dict] = field(default_factory=list)  # per pushed digest: .sig/.att tags and digests
 
     @property
     def launches(self) -> dict[str, str]:

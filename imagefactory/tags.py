@@ -16,6 +16,8 @@ FIELDS = ("image", "torch", "python", "cuda", "accel", "blas", "installer", "ins
           "variant_suffix", "id")
 HASH_FIELDS = FIELDS + ("hash",)
 CANDIDATE_REPO = "imagefactory-candidate"
+# cosign's own tags (signing.cosign_tag): sha256-<hex>.sig / .att / .sbom next to each signed digest
+SIG_TAG_RE = re.compile(r"sha256-[0-9a-f]{64}\.(?:sig|att|sbom)")
 
 
 class TagTemplateError(ValueError):
@@ -111,6 +113,9 @@ def refusal(ref: str, allowed: tuple[str, ...]) -> str | None:
     if parsed.digest is not None:
         return (f"{ref!r} holds a digest (@{parsed.digest[:15]}...): a tag names what is pushed, a digest "
                 f"names what was already pushed; remove the @ part")
+    if parsed.tag and SIG_TAG_RE.fullmatch(parsed.tag):
+        return (f"{ref!r}: tag {parsed.tag} has the form of cosign's signature and attestation tags "
+                f"(sha256-<digest>.sig/.att/.sbom); a release tag may not take their place")
     if parsed.registry not in allowed:
         return (f"{ref!r} points at registry {parsed.registry}, not {allowed[0]} (the registry of image); "
                 f"list it under tags.registries to publish there (it then gets only its own credentials)")

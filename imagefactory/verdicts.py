@@ -77,6 +77,7 @@ def key(image_id: str, cell: Cell, *, gpus: bool, modes: tuple[str, ...] = DEFAU
 class Hit:
     checks: list[checks.Check]
     at: str  # when the earlier verdicts were made (UTC, ISO 8601)
+    probe: dict | None = None  # {mode: the stored probe JSON}: what the SBOM is made from (supply.py)
 
 
 def _path(directory: Path, image_id: str) -> Path | None:
@@ -112,7 +113,7 @@ def lookup(directory: Path, k: Key, cell: Cell) -> Hit | None:
             continue
         judged = smoke.judge(cell, {m: probe[m] for m in k.modes}, gpu_required=k.gpus)
         if checks.passed(judged):
-            return Hit(judged, at)
+            return Hit(judged, at, probe)
     return None
 
 

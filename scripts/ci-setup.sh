@@ -7,6 +7,7 @@
 #   * two base images made with debootstrap, standing in for Docker Hub's
 #       127.0.0.1:5000/library/debian:bookworm-slim
 #       127.0.0.1:5000/library/python:3.11-slim-bookworm
+#   * cosign 2.x (/usr/local/bin/cosign) for the signing tests;
 #   * two local registries (CNCF distribution 2.8):
 #       127.0.0.1:5000  no auth, holds the base images ("base_registry" mirror)
 #       127.0.0.1:5001  htpasswd auth (imagefactory / ci-password), deletes on,
@@ -129,6 +130,71 @@ install_buildx() {
     install -D -m 0755 "$work/root/usr/libexec/docker/cli-plugins/docker-buildx" "${BUILDX_PLUGIN_DIR}/docker-buildx"
     docker buildx version >/dev/null 2>&1 || die "docker buildx does not answer after install"
     log "buildx installed: $(docker buildx version | head -n1)"
+}
+
+# --------------------------------------------------------------------------
+# 1c. cosign (signing and verifying images, `--sign` / `imagefactory verify`):
+#     Debian 13's cosign 2.x, one Go binary (libc6 >= 2.34), fetched and
+#     unpacked the way buildx is. The .deb is kept under the cache, so a rerun
+#     on a machine that lost /usr/local/bin/cosign installs it offline.
+#     cosign 3 changes the signing flags and defaults (bundle format,
+#     --signing-config): an unknown major version is refused, not used.
+# --------------------------------------------------------------------------
+readonly COSIGN_BIN="/usr/local/bin/cosign"
+readonly COSIGN_STAMP="/usr/local/lib/imagefactory-cosign.version"
+readonly COSIGN_MAJOR="2"
+
+# cosign_major BINARY [VERSION] -> prints cosign's major version: from
+# `BINARY version` (GitVersion: v2.5.0 -> 2); Debian's build says "devel"
+# there, so then from VERSION (the .deb's Version field, 2.5.0-2+b5), else
+# from the stamp an earlier install wrote. Nothing when none of them says.
+cosign_major() {
+    local v
+    v="$("$1" version 2>/dev/null | tr -d '\r' | sed -n 's/^GitVersion:[[:space:]]*//p' | head -n1 || true)"
+    if ! [[ "$v" =~ ^v?[0-9]+\.[0-9]+\.[0-9]+ ]]; then
+        v="${2:-}"
+        [[ -n "$v" || ! -r "$COSIGN_STAMP" ]] || v="$(head -n1 "$COSIGN_STAMP")"
+    fi
+    [[ "$v" =~ ^v?([0-9]+)\.[0-9]+\.[0-9]+([-+~.][A-Za-z0-9.+~-]*)?$ ]] && printf '%s\n' "${BASH_REMATCH[1]}"
+    return 0
+}
+
+# check_cosign BINARY [VERSION]: refuse anything but cosign 2.x, with the reason.
+check_cosign() {
+    local major
+    major="$(cosign_major "$@")"
+    [[ -n "$major" ]] || die "$1: cannot tell cosign's version (\`$1 version\` gives no GitVersion x.y.z); install cosign ${COSIGN_MAJOR}.x from Debian trixie"
+    [[ "$major" == "$COSIGN_MAJOR" ]] ||
+        die "$1 is cosign ${major}.x; imagefactory drives cosign ${COSIGN_MAJOR}.x (cosign 3 changed the signing flags and defaults): install cosign ${COSIGN_MAJOR}.x"
+}
+
+install_cosign() {
+    if [[ -x "$COSIGN_BIN" ]]; then
+        check_cosign "$COSIGN_BIN"
+        log "cosign present: $COSIGN_BIN (cosign $(cosign_major "$COSIGN_BIN").x)"
+        return 0
+    fi
+    local apt_dir="${CACHE_DIR}/apt-trixie" work deb version
+    mkdir -p "${apt_dir}/lists/partial" "${apt_dir}/archives/partial" "${CACHE_DIR}/debs"
+    deb="$(find "${CACHE_DIR}/debs" -name 'cosign_*.deb' | sort | tail -n1)"
+    if [[ -z "$deb" ]]; then
+        printf 'deb %s trixie main\n' "$MIRROR" >"${apt_dir}/sources.list"
+        local opts=(-o "Dir::Etc::sourcelist=${apt_dir}/sources.list" -o "Dir::Etc::sourceparts=/nonexistent"
+                    -o "Dir::State::Lists=${apt_dir}/lists" -o "Dir::Cache::Archives=${apt_dir}/archives"
+                    -o "APT::Get::List-Cleanup=0")
+        log "fetching cosign from Debian trixie"
+        apt-get "${opts[@]}" update -qq || die "apt-get update against trixie failed"
+        (cd "${CACHE_DIR}/debs" && apt-get "${opts[@]}" download cosign) || die "apt-get download cosign failed"
+        deb="$(find "${CACHE_DIR}/debs" -name 'cosign_*.deb' | sort | tail -n1)"
+    fi
+    version="$(dpkg-deb -f "$deb" Version)" || die "$deb: not a readable .deb"
+    work="$(mktemp -d)"
+    CLEANUP_PATHS+=("$work")
+    dpkg-deb -x "$deb" "$work/root" || die "dpkg-deb -x $deb failed"
+    check_cosign "$work/root/usr/bin/cosign" "$version"
+    install -D -m 0755 "$work/root/usr/bin/cosign" "$COSIGN_BIN"
+    printf '%s\n' "$version" >"$COSIGN_STAMP"
+    log "cosign installed: $COSIGN_BIN ($version)"
 }
 
 # --------------------------------------------------------------------------
@@ -393,6 +459,7 @@ main() {
     install_packages
     start_docker
     install_buildx
+    install_cosign
     make_base_images
     start_registries
     push_base_images

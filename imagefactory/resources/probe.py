@@ -648,6 +648,98 @@ def probe_packages():
     return out
 
 
+# -- the SBOM's inventory (host side: sbom.py), gathered in this same container run ---------------
+DPKG_STATUS = "/var/lib/dpkg/status"
+DPKG_FIELDS = ("Package", "Version", "Architecture", "Source", "Status")
+# the native libraries an SBOM names when this process has them mapped (/proc/self/maps)
+NATIVE_LIBS = (
+    ("openblas", r"libopenblas[^/]*\.so[^/]*|libscipy_openblas[^/]*\.so[^/]*"),
+    ("mkl", r"libmkl_[a-z0-9_]+\.so[^/]*"), ("blas", r"libblas\.so[^/]*"), ("lapack", r"liblapack\.so[^/]*"),
+    ("openmp", r"libgomp[^/]*\.so[^/]*|libiomp5\.so[^/]*|libomp\.so[^/]*"),
+    ("cudart", r"libcudart\.so[^/]*"), ("cudnn", r"libcudnn[a-z_]*\.so[^/]*"), ("nccl", r"libnccl\.so[^/]*"),
+    ("cublas", r"libcublas(?:Lt)?\.so[^/]*"),
+)
+
+
+def dpkg_packages(path=DPKG_STATUS):
+    """[{name, version, arch, source}] of every installed package in dpkg's status file."""
+    out, entry = [], {}
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            lines = f.read().split("\n")
+    except OSError:
+        return None
+    for line in lines + [""]:
+        if not line.strip():
+            if entry.get("Package") and entry.get("Version") and entry.get("Status", "").endswith(" installed"):
+                out.append({"name": entry["Package"], "version": entry["Version"],
+                            "arch": entry.get("Architecture"), "source": entry.get("Source")})
+            entry = {}
+        elif not line[:1].isspace() and ":" in line:
+            key, _, value = line.partition(":")
+            if key in DPKG_FIELDS:
+                entry[key] = value.strip()
+    return sorted(out, key=lambda e: (e["name"], e.get("arch") or ""))
+
+
+def conda_records():
+    """[{name, version, build, channel, subdir, sha256}] of the environment's conda-meta records."""
+    out = []
+    for path in sorted(glob.glob(os.path.join(sys.prefix, "conda-meta", "*.json"))):
+        with open(path) as f:
+            r = json.load(f)
+        out.append({k: r.get(k) for k in ("name", "version", "build", "channel", "subdir", "sha256")})
+    return out or None
+
+
+def mapped_libraries():
+    """{kind: sorted real paths} of the shared libraries this process has mapped."""
+    paths = set()
+    with open("/proc/self/maps") as f:
+        for line in f:
+            part = line.split(None, 5)
+            if len(part) == 6 and part[5].startswith("/"):
+                paths.add(part[5].strip())
+    out = {}
+    for kind, pattern in NATIVE_LIBS:
+        found = sorted(p for p in paths if re.fullmatch(pattern, os.path.basename(p)))
+        if found:
+            out[kind] = found
+    return out
+
+
+def native_versions():
+    """Versions of the CUDA runtime, cuDNN and NCCL as the loaded torch reports them."""
+    torch = sys.modules.get("torch")
+    out = {"cuda": None, "cudnn": None, "nccl": None}
+    if torch is None:
+        return out
+    for key, fn in (("cuda", lambda: torch.version.cuda),
+                    ("cudnn", lambda: torch.backends.cudnn.version() if torch.version.cuda else None),
+                    ("nccl", lambda: ".".join(map(str, torch.cuda.nccl.version())) if torch.version.cuda else None)):
+        try:
+            value = _quiet(fn)
+            out[key] = None if value is None else str(value)
+        except Exception:
+            pass
+    return out
+
+
+def probe_sbom():
+    """What an SBOM lists besides the Python distributions (packages.python): Debian packages,
+    conda records with their build and channel, and the native libraries mapped right now."""
+    out = {"dpkg": None, "conda": None, "libraries": None, "versions": None, "error": None}
+    errors = []
+    for key, fn in (("dpkg", dpkg_packages), ("conda", conda_records), ("libraries", mapped_libraries),
+                    ("versions", native_versions)):  # one unreadable source must not hide the others
+        try:
+            out[key] = fn()
+        except Exception as exc:  # e.g. conda-meta records only their owner may read
+            errors.append("%s: %s" % (key, _err(exc)))
+    out["error"] = "; ".join(errors) or None
+    return out
+
+
 def probe_threadpools():
     """threadpool_info() with numpy and torch both imported: (openmp list, mkl list, full list, error).
     OpenMP libraries carry their real path: conda-forge's libgomp.so.1 and libiomp5.so are
@@ -792,7 +884,8 @@ def run(argv=()):
                        ("bytecode", probe_bytecode),  # after the imports it inspects
                        ("activation", probe_activation),
                        ("compiler", probe_compiler),
-                       ("packages", probe_packages)))
+                       ("packages", probe_packages),
+                       ("sbom", probe_sbom)))  # after every import: the libraries it maps are loaded
     if isinstance(result.get("torch"), dict) and result["torch"].get("cuda_available") is True:
         _start(children, result, Child.spawn, "nccl")  # CUDA is in use here now: fresh interpreters
     result["openmp"], result["mkl"], result["threadpool_info"], result["threadpool_error"] = probe_threadpools()

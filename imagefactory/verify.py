@@ -1,0 +1,216 @@
+"""`imagefactory verify`: may a node trust this image? Checked offline, one line per image.
+
+For each image (a matrix's release tags, or one reference) at the digest the registry serves now:
+1. a signature made with `--key` (cosign verify; no transparency log);
+2. a CycloneDX attestation and a SLSA provenance attestation, both verified with that key;
+3. the SBOM is valid CycloneDX 1.6, and every SBOM and provenance attached names the content
+   hash the image's own `io.imagefactory.content-hash` label carries, and the SBOM the image's
+   config digest: an SBOM made for another image is refused even when properly signed.
+
+The image's labels come from the registry (manifest and config blob), with the registry's
+credentials: IMAGEFACTORY_REGISTRY_USER/PASSWORD for the matrix's own registry (the _<HOST>
+pair for one under tags.registries), else the `auths` of the Docker config, else none.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from imagefactory import provenance, refs, sbom, signing
+from imagefactory.errors import ImageFactoryError
+from imagefactory.recipe import HASH_LABEL
+
+DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
+HASH_RE = re.compile(r"[0-9a-f]{64}")
+MANIFEST_TYPES = ("application/vnd.oci.image.manifest.v1+json", "application/vnd.docker.distribution.manifest.v2+json")
+INDEX_TYPES = ("application/vnd.oci.image.index.v1+json", "application/vnd.docker.distribution.manifest.list.v2+json")
+MAX_BYTES = 4 << 20
+Auth = dict[str, str]
+
+
+class VerifyFailed(ImageFactoryError):
+    """At least one image failed verification (exit 1)."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    ref: str
+    ok: bool
+    line: str  # what `verify` prints for this image
+    digest: str | None = None
+    kind: str = ""  # which check failed: registry, signature, key, attestation, sbom
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"ref": self.ref, "ok": self.ok, "digest": self.digest, "kind": self.kind, "line": self.line}
+
+
+# -- the registry: digests and labels ------------------------------------------------------------
+
+def _scheme(registry: str) -> str:
+    host = registry.split("]", 1)[0] + "]" if registry.startswith("[") else registry.rsplit(":", 1)[0]
+    return "http" if host in ("localhost", "[::1]") or re.fullmatch(r"127(?:\.[0-9]{1,3}){3}", host) else "https"
+
+
+def _api(registry: str) -> str:
+    host = "registry-1.docker.io" if registry == refs.DOCKER_HUB else registry
+    return f"{_scheme(registry)}://{host}/v2"
+
+
+def _get(url: str, auth: Auth | None, accept: str = "", method: str = "GET") -> Any:
+    """One registry request, answering a Basic or Bearer challenge once."""
+    import requests
+
+    headers = {"Accept": accept} if accept else {}
+    r = requests.request(method, url, headers=headers, timeout=30)
+    if r.status_code == 401:
+        challenge = r.headers.get("WWW-Authenticate", "")
+        basic = (auth["username"], auth["password"]) if auth else None
+        if challenge.lower().startswith("bearer"):
+            params = dict(re.findall(r'(\w+)="([^"]*)"', challenge))
+            token = requests.get(params.get("realm", ""), params={k: v for k, v in params.items() if k != "realm"},
+                                 auth=basic, timeout=30)
+            body = token.json() if token.ok else {}
+            headers["Authorization"] = f"Bearer {body.get('token') or body.get('access_token') or ''}"
+            r = requests.request(method, url, headers=headers, timeout=30)
+        elif basic:
+            r = requests.request(method, url, headers=headers, auth=basic, timeout=30)
+    return r
+
+
+def manifest_digest(ref: str, auth: Auth | None) -> str | None:
+    parsed = refs.parse(ref)
+    if parsed is None:
+        return None
+    if parsed.digest:
+        return parsed.digest
+    url = f"{_api(parsed.registry)}/{parsed.path}/manifests/{parsed.tag or 'latest'}"
+    r = _get(url, auth, ", ".join(MANIFEST_TYPES + INDEX_TYPES), method="HEAD")
+    digest = r.headers.get("Docker-Content-Digest", "") if r.status_code == 200 else ""
+    return digest if DIGEST_RE.fullmatch(digest) else None
+
+
+def image_config(pinned: str, auth: Auth | None) -> tuple[str, dict[str, str]]:
+    """(config digest, labels) of the image `pinned` names (an index: its linux/amd64 image)."""
+    parsed = refs.parse(pinned)
+    assert parsed is not None and parsed.digest is not None
+    api = f"{_api(parsed.registry)}/{parsed.path}"
+    r = _get(f"{api}/manifests/{parsed.digest}", auth, ", ".join(MANIFEST_TYPES + INDEX_TYPES))
+    doc = r.json() if r.status_code == 200 and len(r.content) <= MAX_BYTES else {}
+    if doc.get("manifests"):  # an index: the platform imagefactory builds
+        entry: dict = next((m for m in doc["manifests"] if (m.get("platform") or {}).get("architecture") == "amd64"), {})
+        digest = str(entry.get("digest", ""))
+        r = _get(f"{api}/manifests/{digest}", auth, ", ".join(MANIFEST_TYPES)) if DIGEST_RE.fullmatch(digest) else r
+        doc = r.json() if r.status_code == 200 and len(r.content) <= MAX_BYTES else {}
+    config = str((doc.get("config") or {}).get("digest", ""))
+    if not DIGEST_RE.fullmatch(config):
+        raise signing.Refused("registry", f"the registry gave no image manifest for {parsed.digest}")
+    blob = _get(f"{api}/blobs/{config}", auth)
+    if blob.status_code != 200 or len(blob.content) > MAX_BYTES:
+        raise signing.Refused("registry", f"the registry gave no image config {config}")
+    labels = (blob.json().get("config") or {}).get("Labels") or {}
+    return config, {str(k): str(v) for k, v in labels.items()}
+
+
+# -- credentials -------------------------------------------------------------------------------------
+
+def docker_config_auth(registry: str) -> Auth | None:
+    """The `auths` entry of the Docker config for `registry` (credential helpers are cosign's
+    business: it reads the config itself when imagefactory gives it none)."""
+    folder = Path(os.environ.get("DOCKER_CONFIG") or Path.home() / ".docker")
+    try:
+        auths = json.loads((folder / "config.json").read_text()).get("auths") or {}
+        token = (auths.get(signing.auth_key(registry)) or {}).get("auth", "")
+        user, _, password = base64.b64decode(token).decode().partition(":")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return {"username": user, "password": password} if user and password else None
+
+
+# -- the checks ------------------------------------------------------------------------------------
+
+def _attested(key: signing.Key, pinned: str, auth: Auth | None, content: str, config: str) -> int:
+    """Check both attestation kinds against the image; the number of SBOM components."""
+    digest = pinned.split("@", 1)[1]
+    components = 0
+    for kind in signing.TYPES:
+        for st in signing.verified_statements(key, pinned, kind, auth):
+            subjects = [s.get("digest", {}).get("sha256") for s in st.get("subject") or () if isinstance(s, dict)]
+            if f"sha256:{subjects[0] if subjects else ''}" != digest:
+                raise signing.Refused("sbom", f"{kind} attestation for another digest ({subjects[:1]})")
+            if kind == "cyclonedx":
+                components = max(components, _sbom_matches(st["predicate"], content, config))
+            elif provenance.content_hash_of(st["predicate"]) != content:
+                raise signing.Refused("sbom", f"provenance for another image (content hash "
+                                              f"{str(provenance.content_hash_of(st['predicate']))[:12]}, the image has "
+                                              f"{content[:12]})")
+    return components
+
+
+def _sbom_matches(predicate: dict, content: str, config: str) -> int:
+    try:
+        doc = sbom.validate(json.dumps(predicate))
+    except sbom.SbomError as e:
+        raise signing.Refused("sbom", f"SBOM attestation: {e.message}") from None
+    said = sbom.described(doc)
+    if said.get("content-hash") != content or said.get("image-id") != config:
+        raise signing.Refused("sbom", f"SBOM for another image (content hash {said.get('content-hash', '?')[:12]}, "
+                                      f"config {said.get('image-id', '?')[:19]}; the image has {content[:12]}, "
+                                      f"{config[:19]})")
+    return len(doc.get("components") or ())
+
+
+def verify_ref(ref: str, key: signing.Key, auth: Auth | None) -> Verdict:
+    """Every check on one image reference; never raises for a failed check."""
+    parsed = refs.parse(ref)
+    if parsed is None:
+        return Verdict(ref, False, f"{ref[:200]}: FAILED: not an image reference", kind="registry")
+    digest = None
+    try:
+        digest = manifest_digest(ref, auth)
+        if digest is None:
+            raise signing.Refused("registry", "the registry does not serve it")
+        pinned = f"{parsed.repository}@{digest}"
+        signing.verify_signature(key, pinned, auth)
+        config, labels = image_config(pinned, auth)
+        content = labels.get(HASH_LABEL, "")
+        if not HASH_RE.fullmatch(content):
+            raise signing.Refused("sbom", f"the image has no {HASH_LABEL} label")
+        n = _attested(key, pinned, auth, content, config)
+    except signing.Refused as e:
+        return Verdict(ref, False, f"{ref}: FAILED: {e.message}", digest, e.kind)
+    except ImageFactoryError as e:
+        return Verdict(ref, False, f"{ref}: FAILED: {e.message}", digest, "cosign")
+    except (OSError, ValueError) as e:  # requests' errors are OSErrors; a body that is not JSON
+        return Verdict(ref, False, f"{ref}: FAILED: registry unreachable ({type(e).__name__})", digest, "registry")
+    return Verdict(ref, True, f"{ref}: verified {digest}: signature, SBOM ({n} components) and provenance "
+                              f"for content {content[:12]}", digest)
+
+
+def verify_refs(targets: list[tuple[str, Auth | None]], key: signing.Key) -> list[Verdict]:
+    return [verify_ref(ref, key, auth) for ref, auth in targets]
+
+
+def matrix_targets(matrix: Any, cells: list[Any]) -> list[tuple[str, Auth | None]]:
+    """Each selected cell's release tags, with the credentials of the tag's registry."""
+    from imagefactory import publish
+
+    creds = publish.registry_credentials(matrix)
+    out = []
+    for cell in cells:
+        for tag in cell.tags:
+            registry = refs.registry(tag) or refs.DOCKER_HUB
+            out.append((tag, creds.get(registry) or docker_config_auth(registry)))
+    return out
+
+
+def one_target(ref: str) -> list[tuple[str, Auth | None]]:
+    from imagefactory import publish
+
+    registry = refs.registry(ref) or refs.DOCKER_HUB
+    return [(ref, publish.credentials() or docker_config_auth(registry))]
