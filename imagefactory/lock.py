@@ -5,7 +5,7 @@ The resolver is the route's own installer, asked for a plan instead of an instal
 * pip: `pip install --dry-run --report` for the cell's target (`--python-version`,
   `--platform`, `--only-binary :all:`), with no pip configuration but the matrix's indexes;
   every file gets its sha256 (from the index, or hashed here for wheelhouse files).
-* conda: `conda create --dry-run --json` for linux-64 with the cell's channels, BLAS pin,
+* conda: `conda create --dry-run --json` for the cell's conda subdir (linux-64) with the cell's channels, BLAS pin,
   cuda-version and CONDA_OVERRIDE_CUDA; every package gets its URL and sha256.
 
 `lock` writes missing and stale locks and leaves current ones alone; `--upgrade` resolves
@@ -35,8 +35,6 @@ from imagefactory.model import Cell, Matrix
 # pip settings that only say how to reach the network; every other PIP_* (and every pip
 # configuration file) is left out, so the host's pip setup cannot change what is locked.
 _PIP_ENV_KEEP = ("PIP_CERT", "PIP_CLIENT_CERT", "PIP_DEFAULT_TIMEOUT", "PIP_RETRIES", "PIP_PROXY")
-GLIBC_PLATFORMS = [f"manylinux_2_{minor}_x86_64" for minor in range(28, 16, -1)] + [
-    "manylinux2014_x86_64", "linux_x86_64"]
 UNCHANGED, WRITTEN, UPGRADED = "unchanged", "written", "upgraded"
 MISSING, STALE, CURRENT = "missing", "stale", "current"
 
@@ -80,7 +78,7 @@ def pip_command(matrix: Matrix, cell: Cell, report: Path, target: Path, constrai
            "--target", str(target), "--ignore-installed",
            "--python-version", cell.python, "--implementation", "cp",
            "--abi", "cp" + cell.python.replace(".", ""), "--only-binary", ":all:"]
-    for platform in GLIBC_PLATFORMS:
+    for platform in cell.platform.glibc_platforms:
         cmd += ["--platform", platform]
     cmd += ["--index-url", first or lockfile.PYPI]
     for url in extra:
@@ -174,7 +172,7 @@ def resolve_conda(matrix: Matrix, cell: Cell, held: dict[str, str]) -> tuple[str
         raise ResolveError(f"cell {cell.id}: `--upgrade PKG` is for pip cells; conda cells move with "
                            f"`lock --upgrade` (a whole new solve)")
     with tempfile.TemporaryDirectory(prefix="imagefactory-lock-") as tmp:
-        env = {**os.environ, "CONDA_SUBDIR": lockfile.CONDA_PLATFORM, "CONDA_PKGS_DIRS": str(Path(tmp) / "pkgs")}
+        env = {**os.environ, "CONDA_SUBDIR": cell.platform.conda_subdir, "CONDA_PKGS_DIRS": str(Path(tmp) / "pkgs")}
         if cell.cuda is not None:
             env["CONDA_OVERRIDE_CUDA"] = cell.cuda  # solve for the cell's CUDA on a GPU-less machine
         cmd = conda_command(matrix, cell, Path(tmp) / "env")
@@ -187,7 +185,7 @@ def resolve_conda(matrix: Matrix, cell: Cell, held: dict[str, str]) -> tuple[str
         why = data.get("error") if isinstance(data, dict) and data.get("error") else r.stderr.strip()[-400:]
         raise ResolveError(f"cell {cell.id}: conda could not solve: {' '.join(str(why).split())}")
     body = "@EXPLICIT\n" + "".join(f"{url}#{sha}\n" for url, sha in records_from_conda(data, cell.id))
-    return body, f"conda (create --dry-run --json, {lockfile.CONDA_PLATFORM})"
+    return body, f"conda (create --dry-run --json, {cell.platform.conda_subdir})"
 
 
 def resolve(matrix: Matrix, cell: Cell, held: dict[str, str]) -> tuple[str, str]:

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Union
 
+from imagefactory import platforms
+from imagefactory.platforms import Platform
 AUTO = "auto"
 Threads = Union[int, Literal["auto"]]  # a baked count, or computed by the entrypoint at start
 
@@ -36,11 +38,15 @@ class Cell:
     # the optional fifth axis (matrix.variant): cells alike in the four axes that differ in
     # packages, threads, env...; "" for none. It ends the id: py3.11-cpu-openblas-pip-vision
     variant: str = ""
+    # what the image is built for (platforms.py); a cell of any other than the default has its
+    # architecture in its id, before the variant: py3.11-cpu-openblas-pip-arm64
+    platform: Platform = platforms.DEFAULT
 
     @property
     def id(self) -> str:
         accel = "cpu" if self.cuda is None else f"cu{self.cuda}"
-        return f"py{self.python}-{accel}-{self.blas}-{self.installer}" + (f"-{self.variant}" if self.variant else "")
+        arch = "" if self.platform == platforms.DEFAULT else f"-{self.platform.architecture}"
+        return f"py{self.python}-{accel}-{self.blas}-{self.installer}{arch}" + (f"-{self.variant}" if self.variant else "")
 
     @property
     def accel(self) -> str:

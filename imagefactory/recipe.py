@@ -16,8 +16,9 @@ from imagefactory.model import AUTO, Cell, Matrix
 HASH_LABEL = "io.imagefactory.content-hash"
 LABEL_PREFIX = "io.imagefactory"
 
-MINIFORGE_URL = "https://github.com/conda-forge/miniforge/releases/download/{v}/Miniforge3-{v}-Linux-x86_64.sh"
-MINICONDA_URL = "https://repo.anaconda.com/miniconda/Miniconda3-{v}-Linux-x86_64.sh"
+# {arch}: the cell's platform's (platforms.Platform.arch: x86_64, aarch64)
+MINIFORGE_URL = "https://github.com/conda-forge/miniforge/releases/download/{v}/Miniforge3-{v}-Linux-{arch}.sh"
+MINICONDA_URL = "https://repo.anaconda.com/miniconda/Miniconda3-{v}-Linux-{arch}.sh"
 
 ENV_PREFIX = {"conda": "/opt/env", "pip": "/opt/venv"}
 # Where the package caches are mounted under BuildKit (root's pip cache; conda's CONDA_PKGS_DIRS).
@@ -118,7 +119,7 @@ def _conda_values(matrix: Matrix, cell: Cell, locked: bool = False) -> dict[str,
         "lock": locked,
         "distribution_title": "Miniforge" if conda.distribution == "miniforge" else "Miniconda",
         "installer_version": conda.version,
-        "installer_url": conda.installer_url or template.format(v=conda.version),
+        "installer_url": conda.installer_url or template.format(v=conda.version, arch=cell.platform.arch),
         "installer_sha256": conda.sha256,
         "accept_tos": conda.distribution == "miniconda",
         "override_cuda": cell.cuda,
