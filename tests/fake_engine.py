@@ -15,10 +15,11 @@ import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 from imagefactory.context import UI, Options, RunContext, Silent
-from imagefactory.engine_api import BuildProgress, ContainerEngine, EngineInfo, PushOutcome, RunResult, is_transient
+from imagefactory.engine_api import (Builder, BuildProgress, BuildRequest, ContainerEngine, EngineInfo, PushOutcome,
+                                     RunResult, is_transient)
 from imagefactory.errors import BuildError, Cancelled, EngineError, EngineGone, PushError
 from imagefactory.interrupt import Interrupt
 from imagefactory.schedule import instructions
@@ -64,7 +65,7 @@ class World:
     run_outputs: list[Any] = field(default_factory=list)  # RunResult | Exception, answered in order
     run_calls: list[dict] = field(default_factory=list)  # each run's arguments
     info: EngineInfo = ENGINE_INFO
-    builder: str = "classic"  # what its engines build with ("classic" or "buildkit")
+    builder: Builder | str = Builder.classic  # what its engines build with (classic or buildkit)
     gpus: bool = False
     calls: list[tuple] = field(default_factory=list)  # (operation, argument), in order
     running: set[str] = field(default_factory=set)  # containers now running
@@ -119,7 +120,7 @@ class FakeEngine:
     def __init__(self, world: World):
         self.world = world
         self.interrupt = world.interrupt
-        self.builder = world.builder
+        self.builder = Builder(world.builder)
 
     def _hang(self) -> None:
         while not self.interrupt.is_set():
@@ -161,19 +162,17 @@ class FakeEngine:
             del self.world.images[image.id]
 
     # -- build ---------------------------------------------------------------------------
-    def build(self, context: str, tag: str, *, network_mode: str | None = "host",
-              log: Callable[[str], None] = lambda line: None,
-              progress: Callable[[BuildProgress], None] = lambda p: None,
-              pull: bool = False, cache_from: list[str] | None = None, nocache: bool = False,
-              secrets: Mapping[str, Path] | None = None, platform: str | None = None) -> str:
+    def build(self, request: BuildRequest, *, log: Callable[[str], None] = lambda line: None,
+              progress: Callable[[BuildProgress], None] = lambda p: None) -> str:
         self.interrupt.check()
-        cell = Path(context).name
+        cell, tag = Path(request.context).name, request.tag
         self.world.record("build", cell)
-        self.world.record("build_args", {"cell": cell, "pull": pull, "cache_from": cache_from, "nocache": nocache,
-                                         "secrets": dict(secrets or {}), "platform": platform})
-        if secrets and self.builder == "classic":
+        self.world.record("build_args", {"cell": cell, "pull": request.pull, "cache_from": list(request.cache_from),
+                                         "nocache": request.nocache, "secrets": dict(request.secrets),
+                                         "platform": request.platform.oci, "request": request})
+        if request.secrets and self.builder is Builder.classic:
             raise BuildError("the classic builder has no build secrets; build with --builder buildkit")
-        dockerfile = (Path(context) / "Dockerfile").read_text()
+        dockerfile = (Path(request.context) / "Dockerfile").read_text()
         behaviour = self.world.builds.get(cell, "ok")
         steps = instructions(dockerfile) or ["FROM base"]
         progress(BuildProgress(1, len(steps), steps[0]))
