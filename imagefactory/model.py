@@ -65,12 +65,42 @@ class PipSettings:
 
 
 @dataclass(frozen=True)
+class InstallerPin:
+    """The conda installer of one platform: its digest, and where to get it (None: the
+    distribution's URL for the platform's architecture)."""
+
+    sha256: str
+    url: str | None = None
+
+
+@dataclass(frozen=True)
 class CondaSettings:
     distribution: str = "miniforge"  # miniforge | miniconda
     version: str = "25.3.1-0"
-    sha256: str = "376b160ed8130820db0ab0f3826ac1fc85923647f75c1b8231166e3d559ab768"
+    sha256: str = "376b160ed8130820db0ab0f3826ac1fc85923647f75c1b8231166e3d559ab768"  # linux/amd64's (x86_64)
     channels: tuple[str, ...] = ("conda-forge",)
     installer_url: str | None = None  # None: the distribution's official download URL
+    # the installers of the other platforms (OCI name, pin): no aarch64 digest is built in
+    installers: tuple[tuple[str, InstallerPin], ...] = ()
+
+    def installer(self, platform: Platform) -> InstallerPin | None:
+        """The installer a cell of `platform` downloads and checks; None when no digest is known."""
+        if platform == platforms.DEFAULT:
+            return InstallerPin(self.sha256, self.installer_url)
+        return dict(self.installers).get(platform.oci)
+
+
+@dataclass(frozen=True)
+class TagList:
+    """One release tag naming a list of per-platform images (an OCI image index), as
+    docker-stacks publishes: `ref` is the list, each member a cell and its per-arch tag."""
+
+    ref: str  # registry/ns/name:2.13.0-py3.11-cpu-openblas-pip
+    members: tuple[tuple[str, str, str], ...]  # (cell id, platform OCI name, per-arch tag)
+
+    @property
+    def platforms(self) -> tuple[str, ...]:
+        return tuple(p for _, p, _ in self.members)
 
 
 @dataclass(frozen=True)
@@ -85,6 +115,9 @@ class Matrix:
     hash_tag_template: str = "{image}:sha-{hash}"
     extra_tags: tuple[str, ...] = ()  # "date", "git-sha"
     registries: tuple[str, ...] = ()  # registries besides image's that tags may name (tags.registries)
+    # release tags that name several platforms' images (tags.plan); publishing them is later work:
+    # the cells push their per-arch tags (cell.tags) only
+    lists: tuple[TagList, ...] = ()
 
     def cell(self, cell_id: str) -> Cell:
         for c in self.cells:
