@@ -26,6 +26,7 @@ from typing import Callable
 
 from imagefactory import freshness, publish, regcache, render, schedule, smoke, tags, verdicts
 from imagefactory import netrc as netrc_mod
+from imagefactory.checks import FAIL, Check
 from imagefactory.context import UI, Gpus, Network, Options, Pull, RunContext
 from imagefactory.engine_api import Builder, BuildProgress, BuildRequest, ContainerEngine
 from imagefactory.errors import BuildError, Cancelled, ConfigError, EngineGone, ImageFactoryError
@@ -178,8 +179,24 @@ class _Cell:
                  "step only)", show=False)
         return {netrc_mod.SECRET_ID: netrc.path}
 
+    def wrong_platform(self, image: str) -> Check | None:
+        """The failed image.platform check when `image` is not of the cell's platform (its config's
+        os/architecture); None when it is."""
+        want = self.ctx.cell.platform.oci
+        actual = self.engine.image_platform(image)
+        if actual == want:
+            return None
+        return Check("image.platform", want, actual or "none", FAIL,
+                     f"image {image[:19]} is {actual or 'not inspectable'}, not {want} (the cell's platform): "
+                     f"not probed, never tagged")
+
     def test(self, image: str) -> bool:
         r, cell = self.report, self.ctx.cell
+        wrong = self.wrong_platform(image)
+        if wrong:  # before the verdict cache and the probe: a wrong-arch image cannot pass
+            r.checks, r.status, r.error = [wrong], CHECK_FAILED, wrong.detail
+            self.log(wrong.detail)
+            return False
         vdir = self.options.verdicts_dir or verdicts.cache_dir()
         vkey = verdicts.key(r.image_id or self.engine.image_id(image) or "", cell, gpus=self.gpus,
                             shm=self.options.probe_shm)

@@ -26,9 +26,9 @@ import docker.errors
 import requests.exceptions
 import urllib3.exceptions
 
-from imagefactory import refs
+from imagefactory import platforms, refs
 from imagefactory.engine_api import (Builder, BuildProgress, BuildRequest, ContainerEngine, EngineFactory, EngineInfo,
-                                     PushOutcome, RunResult, is_transient)
+                                     PushOutcome, RunResult, is_transient, refuse_foreign)
 from imagefactory.errors import BuildError, Cancelled, DockerUnavailable, EngineError, EngineGone, PushError
 from imagefactory.interrupt import Interrupt
 
@@ -77,6 +77,7 @@ class Engine:
         self.api = self.client.api
         self.interrupt = interrupt or Interrupt()
         self._stream: _Stream | None = None
+        self._native: tuple[platforms.Platform | None] | None = None  # (the engine's platform,) once asked
         hooks = getattr(self.api, "hooks", None)
         if isinstance(hooks, dict):
             hooks.setdefault("response", []).append(self._on_response)
@@ -145,6 +146,25 @@ class Engine:
         except _SDK_ERRORS as e:
             self._failed(f"could not inspect {ref}", e)
 
+    def image_platform(self, ref: str) -> str | None:
+        """os/architecture of the local image's config ("linux/amd64"); None when there is none."""
+        try:
+            attrs = self.client.images.get(ref).attrs
+        except docker.errors.ImageNotFound:
+            return None
+        except _SDK_ERRORS as e:
+            self._failed(f"could not inspect {ref}", e)
+        return f"{attrs.get('Os') or '?'}/{attrs.get('Architecture') or '?'}"
+
+    def native_platform(self) -> platforms.Platform | None:
+        """The platform of the engine's own host (docker info Architecture); None if not in the table."""
+        if self._native is None:
+            try:
+                self._native = (platforms.native(str(self.client.info().get("Architecture") or "?")),)
+            except _SDK_ERRORS as e:
+                self._failed("could not ask the engine its architecture", e)
+        return self._native[0]
+
     def local_repo_digests(self, ref: str) -> list[str]:
         """The local image's RepoDigests ('name@sha256:...'); [] when there is no local copy."""
         try:
@@ -188,6 +208,7 @@ class Engine:
         builds for the engine's own (with a local base tag of another arch it ignores one)."""
         if request.secrets:
             raise BuildError("the classic builder has no build secrets; build with --builder buildkit")
+        refuse_foreign(request, self.native_platform())
         builder = _BuildStream(log, progress)
         tag = request.tag
         self.interrupt.check()
@@ -228,7 +249,7 @@ class Engine:
         return EngineInfo(version=str(version.get("Version", "")), api_version=str(version.get("ApiVersion", "")),
                           runtimes=tuple(sorted(info.get("Runtimes") or {})),
                           cdi_spec_dirs=tuple(info.get("CDISpecDirs") or ()),
-                          cpus=int(info.get("NCPU") or 0))
+                          cpus=int(info.get("NCPU") or 0), architecture=str(info.get("Architecture") or ""))
 
     # -- run --------------------------------------------------------------------------------
     def gpus_available(self) -> bool:

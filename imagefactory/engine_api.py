@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from imagefactory import platforms
+from imagefactory.errors import ForeignPlatform
 from imagefactory.platforms import Platform
 
 
@@ -78,6 +79,7 @@ class EngineInfo:
     runtimes: tuple[str, ...]
     cdi_spec_dirs: tuple[str, ...]  # empty before Docker 25 or when CDI is off
     cpus: int = 0  # CPUs the engine's host has (NCPU)
+    architecture: str = ""  # the engine's host's `uname -m` (docker info Architecture: x86_64, aarch64)
 
 
 class ContainerEngine(Protocol):
@@ -93,6 +95,10 @@ class ContainerEngine(Protocol):
 
     def image_id(self, ref: str) -> str | None: ...
 
+    def image_platform(self, ref: str) -> str | None:
+        """The local image's os/architecture from its config ("linux/arm64"); None if there is none."""
+        ...
+
     def tag(self, image: str, ref: str) -> None: ...
 
     def untag(self, ref: str) -> None:
@@ -106,7 +112,8 @@ class ContainerEngine(Protocol):
     def build(self, request: BuildRequest, *, log: Callable[[str], None] = ...,
               progress: Callable[[BuildProgress], None] = ...) -> str:
         """Build `request.context` as `request.tag`; the image id. `log` gets each line of the
-        build's output, `progress` each step started."""
+        build's output, `progress` each step started. ForeignPlatform when this builder cannot
+        build `request.platform` (the classic builder: any platform but the engine's own)."""
         ...
 
     def gpus_available(self) -> bool: ...
@@ -143,3 +150,11 @@ def is_transient(message: str) -> bool:
     low = message.lower()
     return not any(w in low for w in _AUTH_WORDS)
 
+
+def refuse_foreign(request: BuildRequest, native: Platform | None) -> None:
+    """ForeignPlatform unless the classic builder's one platform, the engine's own, is the request's:
+    given another it silently builds its own (an amd64 image named as the arm64 cell's)."""
+    own = native or platforms.DEFAULT
+    if request.platform != own:
+        raise ForeignPlatform(f"the classic builder builds only for the engine's own platform ({own.oci}), not "
+                              f"{request.platform.oci}; build {request.platform.oci} cells with --builder buildkit")

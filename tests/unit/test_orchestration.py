@@ -389,6 +389,9 @@ class FakeClient:
     def ping(self):
         return True
 
+    def info(self):
+        return {"Architecture": "x86_64"}  # the classic builder builds for the engine's own platform
+
 
 def test_a_build_stream_error_event_fails_the_build():
     api = FakeAPI([{"stream": "Step 1/2 : FROM base\n"}, {"stream": "Step 2/2 : RUN false\n"},

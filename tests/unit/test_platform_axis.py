@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from imagefactory import availability, matrix, platforms, render, tags
+from imagefactory.engine_api import BuildRequest
 from imagefactory.model import Cell
 from tests.conftest import REPO
 
@@ -165,3 +166,57 @@ def test_the_schema_allows_exactly_the_platforms_of_the_table():
     assert schema["$defs"]["platform"]["enum"] == platforms.names()
     assert sorted(schema["properties"]["conda"]["properties"]["installers"]["properties"]) == \
         [p for p in platforms.names() if p != platforms.DEFAULT.oci]
+
+
+# -- builds per platform (the fake engine) -------------------------------------------------------
+
+def _build(pip_project: Path, world_builder: str, **world):
+    from imagefactory import build, publish
+    from tests.fake_engine import World
+    from tests.unit.helpers import good_probe
+
+    m = _load(pip_project, PIP_BOTH.format(platform=BOTH))
+    w = World(probes={c.id: good_probe(c) for c in m.cells}, builder=world_builder, **world)
+    opts = build.Options(work_dir=pip_project / "work", gpus="none", verdicts_dir=pip_project / "verdicts")
+    reports = build.build(m, list(m.cells), w.context(opts)).reports
+    publish.publish(m, reports, w.context(publish.Options(backoff=0)))
+    return w, {r.cell: r for r in reports}
+
+
+ARM = "py3.11-cpu-openblas-pip-arm64"
+AMD = "py3.11-cpu-openblas-pip"
+
+
+def test_buildkit_builds_each_cell_for_its_platform(pip_project):
+    w, reports = _build(pip_project, "buildkit")
+    assert {a["cell"]: a["platform"] for a in w.ops("build_args")} == {AMD: "linux/amd64", ARM: "linux/arm64"}
+    assert reports[ARM].status == "passed" and reports[AMD].status == "passed"
+
+
+def test_an_image_of_the_wrong_arch_is_refused_before_its_probe_and_never_tagged(pip_project):
+    w, reports = _build(pip_project, "buildkit", wrong_arch={ARM})
+    arm = reports[ARM]
+    assert arm.status == "check-failed" and "is linux/amd64, not linux/arm64" in arm.error
+    assert [c.name for c in arm.checks] == ["image.platform"] and arm.checks[0].verdict == "fail"
+    assert ARM not in w.ops("probe") and AMD in w.ops("probe")
+    pushed = " ".join(w.ops("push"))
+    assert "aarch64-" not in pushed and "x86_64-2.10.0" in pushed  # the amd64 cell still publishes
+
+
+def test_the_classic_builder_refuses_a_foreign_platform(pip_project):
+    w, reports = _build(pip_project, "classic")
+    assert reports[ARM].status == "build-failed"
+    assert "the classic builder builds only for the engine's own platform (linux/amd64), not linux/arm64" in \
+        reports[ARM].error and "--builder buildkit" in reports[ARM].error
+    assert ARM not in w.ops("probe") and reports[AMD].status == "passed"
+
+
+def test_refuse_foreign_follows_the_engines_own_platform():
+    from imagefactory.engine_api import refuse_foreign
+    from imagefactory.errors import BuildError, ForeignPlatform
+
+    arm = BuildRequest("/ctx", "t:1", platform=platforms.ARM64)
+    refuse_foreign(arm, platforms.ARM64)  # an arm64 engine builds arm64 with the classic builder
+    with pytest.raises(ForeignPlatform) as e:
+        refuse_foreign(BuildRequest("/ctx", "t:1"), platforms.ARM64)
+    assert isinstance(e.value, BuildError) and "(linux/arm64), not linux/amd64" in e.value.message
