@@ -128,10 +128,11 @@ def _judge(cell: Cell, probe: dict, gpu_required: bool) -> list[Check]:
     # BLAS
     blas = _get(probe, "numpy", "blas")
     apis = sorted({str(_get(b, "internal_api")) for b in blas}) if isinstance(blas, list) else []
+    libraries = _blas_libraries(blas)
     if len(apis) > 1:
-        why = f"numpy's process loads {len(apis)} BLAS libraries: {', '.join(apis)}"
+        why = f"numpy's process loads {len(apis)} BLAS libraries: {', '.join(apis)} ({libraries})"
     elif apis:
-        why = f"numpy's BLAS is {apis[0]}, cell wants {cell.blas}"
+        why = f"numpy's BLAS is {apis[0]} ({libraries}), cell wants {cell.blas}"
     else:
         why = f"no BLAS found for numpy ({_get(probe, 'numpy', 'error') or 'threadpoolctl saw none'})"
     checks.append(_check("numpy.blas", cell.blas, ", ".join(apis) or "none", apis == [cell.blas], why))
@@ -350,6 +351,19 @@ def _runtime_kind(path: str) -> str:
 # The MKL threading layer each OpenMP runtime needs (Intel: GNU only with libgomp; INTEL,
 # MKL's default, with LLVM's libomp or Intel's libiomp5, which are ABI-compatible).
 LAYER_FOR_RUNTIME = {"gnu": "gnu", "llvm": "intel", "intel": "intel"}
+
+
+def _blas_libraries(blas: Any) -> str:
+    """The BLAS libraries numpy's process loaded, by the path it loaded and, behind a switch
+    (conda's libblas.so.3), the file that answers: `/opt/env/lib/libblas.so.3 -> libopenblas.so.0`."""
+    out = []
+    for entry in blas if isinstance(blas, list) else []:
+        path, real = _get(entry, "filepath"), _get(entry, "realpath")
+        if not isinstance(path, str):
+            continue
+        shown = path if not isinstance(real, str) or real == path else f"{path} -> {os.path.basename(real)}"
+        out.append(_one_line(shown))
+    return ", ".join(out) or "no library path reported"
 
 
 def _mkl_layer(mkl: bool, env: dict, mkl_libs: Any, openmp: Any) -> Check:

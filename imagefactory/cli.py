@@ -449,6 +449,9 @@ def lock_cmd(
                                                           "versions (all packages, or only PKG...)."),
     check: bool = typer.Option(False, "--check", help="Resolve nothing: exit 2 if a lock is stale or "
                                                       "malformed, 1 if a cell has none, 0 if all are current."),
+    netrc: Optional[Path] = typer.Option(None, "--netrc", metavar="PATH",
+                                         help="Logins for the conda channels the solve reads (default: $NETRC, "
+                                              "then ~/.netrc). pip cells: pip reads its own netrc."),
 ) -> None:
     """Resolve every cell on this machine and write locks/<cell-id>.txt next to the matrix.
 
@@ -470,7 +473,7 @@ def lock_cmd(
     def progress(line: str) -> None:  # progress on stderr; the per-cell diff on stdout
         print(line, file=sys.stderr)
 
-    options = lock_mod.Options(upgrade=upgrade, packages=tuple(packages or ()))
+    options = lock_mod.Options(upgrade=upgrade, packages=tuple(packages or ()), netrc=_lock_netrc(netrc))
     interrupt = Interrupt()
     try:  # two `lock` runs on one matrix would write the same locks: the second stops at once
         with build_mod.exclusive(m.path, f"--matrix {m.path}", own_file=False, hint="lock another matrix"), \
@@ -482,6 +485,17 @@ def lock_cmd(
         print(f"{o.cell}: {o.status} {o.path}" + ("" if o.changes or o.status == "unchanged" else " (no version changed)"))
         for change in o.changes:
             print(f"    {change}")
+
+
+def _lock_netrc(flag: Optional[Path]) -> Optional[Path]:
+    """The netrc a conda solve reads logins from: --netrc, else $NETRC or ~/.netrc; checked as a
+    build's netrc is (a regular file within its cap), never shown beyond its path."""
+    from imagefactory import netrc as netrc_mod
+
+    path = flag if flag is not None else netrc_mod.default_path()
+    if path is None:
+        return None
+    return netrc_mod.load(path, "--netrc" if flag is not None else "$NETRC or ~/.netrc").path
 
 
 @app.command()

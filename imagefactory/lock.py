@@ -5,8 +5,10 @@ The resolver is the route's own installer, asked for a plan instead of an instal
 * pip: `pip install --dry-run --report` for the cell's target (`--python-version`,
   `--platform`, `--only-binary :all:`), with no pip configuration but the matrix's indexes;
   every file gets its sha256 (from the index, or hashed here for wheelhouse files).
-* conda: `conda create --dry-run --json` for the cell's conda subdir (linux-64) with the cell's channels, BLAS pin,
-  cuda-version and CONDA_OVERRIDE_CUDA; every package gets its URL and sha256.
+* conda: py-rattler's solver (condasolve.py, no conda on this machine) for the cell's conda
+  subdir (platforms.py: linux-64, linux-aarch64) with the
+  cell's channels and their netrc logins, BLAS pin, cuda-version and a `__cuda` virtual package
+  for the cell's CUDA; every package gets its URL and sha256 from the channel's repodata.
 
 `lock` writes missing and stale locks and leaves current ones alone; `--upgrade` resolves
 again (every package, or only the named ones, the rest held at their locked versions);
@@ -17,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -48,6 +49,7 @@ class Options:
     upgrade: bool = False
     packages: tuple[str, ...] = ()  # with upgrade: only these may move
     check: bool = False
+    netrc: Path | None = None  # conda channels' logins (pip reads its own netrc)
 
 
 @dataclass
@@ -139,57 +141,40 @@ def resolve_pip(matrix: Matrix, cell: Cell, held: dict[str, str]) -> tuple[str, 
 
 # --------------------------------------------------------------------------- conda
 
-def conda_command(matrix: Matrix, cell: Cell, prefix: Path) -> list[str]:
-    conda = shutil.which("conda") or shutil.which("mamba")
-    if conda is None:
-        raise ResolveError(f"cell {cell.id}: conda cells are resolved with conda (24.9 or newer) on this "
-                           f"machine, and none is on PATH; install Miniforge, or lock with --only <pip cells>")
-    cmd = [conda, "create", "--dry-run", "--json", "--yes", "--prefix", str(prefix), "--override-channels",
-           "--strict-channel-priority"]
-    for channel in matrix.conda.channels:
-        cmd += ["--channel", channel]
-    return cmd + recipe.conda_specs(matrix, cell)
-
-
-def records_from_conda(data: dict, cell_id: str) -> list[tuple[str, str]]:
-    """(url, sha256) of every package `conda create --dry-run --json` would fetch."""
-    fetch = (data.get("actions") or {}).get("FETCH") or []
-    out = []
-    for record in fetch:
-        url, sha = str(record.get("url", "")), str(record.get("sha256", ""))
-        line = f"{url}#{sha}"
-        if lockfile.conda_pin(line, 0) is None:
-            raise ResolveError(f"cell {cell_id}: conda reported a package without a usable URL and sha256: "
-                               f"{line[:120]!r}")
-        out.append((url, sha))
-    if not out:
-        raise ResolveError(f"cell {cell_id}: conda's plan lists no package to fetch")
-    return sorted(out)
-
-
-def resolve_conda(matrix: Matrix, cell: Cell, held: dict[str, str]) -> tuple[str, str]:
+def resolve_conda(matrix: Matrix, cell: Cell, held: dict[str, str], netrc: Path | None = None) -> tuple[str, str]:
+    """The body of a conda lock (`@EXPLICIT`, URL#sha256 lines), solved here with py-rattler: no
+    conda on this machine. The cell's channels and BLAS pin, its platform's subdir, `__cuda` for its CUDA."""
     if held:
         raise ResolveError(f"cell {cell.id}: `--upgrade PKG` is for pip cells; conda cells move with "
                            f"`lock --upgrade` (a whole new solve)")
-    with tempfile.TemporaryDirectory(prefix="imagefactory-lock-") as tmp:
-        env = {**os.environ, "CONDA_SUBDIR": cell.platform.conda_subdir, "CONDA_PKGS_DIRS": str(Path(tmp) / "pkgs")}
-        if cell.cuda is not None:
-            env["CONDA_OVERRIDE_CUDA"] = cell.cuda  # solve for the cell's CUDA on a GPU-less machine
-        cmd = conda_command(matrix, cell, Path(tmp) / "env")
-        r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    from imagefactory import condasolve
+
+    channels = [lockfile.channel_url(c) for c in matrix.conda.channels]
+    records = condasolve.solve(cell.id, channels, recipe.conda_specs(matrix, cell),
+                               subdir=cell.platform.conda_subdir, arch=cell.platform.arch, cuda=cell.cuda, netrc=netrc)
+    lines = []
+    for r in records:
+        line = f"{r.url}#{r.sha256}"
+        if lockfile.conda_pin(line, 0) is None:
+            raise ResolveError(f"cell {cell.id}: the channel lists {r.name} without a usable URL and sha256: "
+                               f"{inputs.show(line, 120)}")
+        lines.append(line + "\n")
+    return "@EXPLICIT\n" + "".join(lines), f"py-rattler {_rattler_version()} (solve, {cell.platform.conda_subdir})"
+
+
+def _rattler_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
     try:
-        data = json.loads(r.stdout or "{}")
-    except json.JSONDecodeError:
-        data = {}
-    if r.returncode != 0 or not isinstance(data, dict) or data.get("error"):
-        why = data.get("error") if isinstance(data, dict) and data.get("error") else r.stderr.strip()[-400:]
-        raise ResolveError(f"cell {cell.id}: conda could not solve: {' '.join(str(why).split())}")
-    body = "@EXPLICIT\n" + "".join(f"{url}#{sha}\n" for url, sha in records_from_conda(data, cell.id))
-    return body, f"conda (create --dry-run --json, {cell.platform.conda_subdir})"
+        return version("py-rattler")
+    except PackageNotFoundError:
+        return "?"
 
 
-def resolve(matrix: Matrix, cell: Cell, held: dict[str, str]) -> tuple[str, str]:
-    return (resolve_pip if cell.installer == "pip" else resolve_conda)(matrix, cell, held)
+def resolve(matrix: Matrix, cell: Cell, held: dict[str, str], netrc: Path | None = None) -> tuple[str, str]:
+    if cell.installer == "pip":
+        return resolve_pip(matrix, cell, held)
+    return resolve_conda(matrix, cell, held, netrc)
 
 
 # --------------------------------------------------------------------------- the step
@@ -254,9 +239,12 @@ def _validate_packages(packages: tuple[str, ...], locks: dict[str, Lock | None])
         raise ConfigError(problems)
 
 
-def lock(matrix: Matrix, cells: list[Cell], options: Options, resolver: Resolver = resolve,
+def lock(matrix: Matrix, cells: list[Cell], options: Options, resolver: Resolver | None = None,
          say: Callable[[str], None] = print) -> list[Outcome]:
     """Write the locks `options` ask for; every lock is written only once all cells resolved."""
+    if resolver is None:
+        def resolver(m: Matrix, c: Cell, held: dict[str, str]) -> tuple[str, str]:
+            return resolve(m, c, held, options.netrc)
     if options.packages and not options.upgrade:
         raise ConfigError("package names are given with --upgrade (e.g. `lock --upgrade numpy`)")
     existing = {cell.id: _existing(matrix, cell) for cell in cells}

@@ -151,7 +151,9 @@ def probe_numpy():
         out["version"] = numpy.__version__
         import threadpoolctl
         info = _quiet(threadpoolctl.threadpool_info)
-        out["blas"] = [_pick(e, BLAS_KEYS) for e in info if e.get("user_api") == "blas"]
+        # realpath: behind conda's libblas.so.3 switch is the library that really answers
+        out["blas"] = [dict(_pick(e, BLAS_KEYS), realpath=_realpath(e.get("filepath")))
+                       for e in info if e.get("user_api") == "blas"]
     except Exception as exc:
         out["error"] = _err(exc)
     return out

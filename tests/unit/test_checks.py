@@ -110,6 +110,17 @@ def test_mkl_expected_but_openblas():
     assert (check.expected, check.actual) == ("mkl", "openblas")
 
 
+def test_a_broken_libblas_switch_names_the_library_behind_it():
+    """conda's libblas.so.3 is a switch: the failure names the path numpy loaded and the file
+    that answers (an MKL cell whose libblas points at OpenBLAS)."""
+    p = good_probe(CUDA_MKL)
+    p["numpy"]["blas"][0].update(internal_api="openblas", filepath="/opt/env/lib/libblas.so.3",
+                                 realpath="/opt/env/lib/libopenblas.so.0")
+    check = only_failure(CUDA_MKL, p, "numpy.blas")
+    assert check.actual == "openblas"
+    assert "/opt/env/lib/libblas.so.3 -> libopenblas.so.0" in check.detail and "cell wants mkl" in check.detail
+
+
 def test_two_blas_libraries():
     p = good_probe(CPU_OPENBLAS)
     p["numpy"]["blas"].append(dict(p["numpy"]["blas"][0], internal_api="mkl"))

@@ -1,5 +1,6 @@
 """Locks: the file format, staleness rules, rendering from a lock, the lock step's orchestration
-(with a stand-in resolver), pip's report and conda's plan parsed, and the packages.locked check.
+(with a stand-in resolver), pip's report parsed, and the packages.locked check. Conda solves with
+py-rattler: tests/unit/test_condasolve.py.
 
 The conda fixture lock (tests/fixtures/locks/locks/py3.9-cpu-openblas-conda.txt) holds real
 conda-forge URLs and sha256 digests, written as data: conda channels cannot be reached here.
@@ -390,23 +391,6 @@ def test_pins_from_a_pip_report_hash_wheelhouse_files_here(tmp_path):
     odd = {"install": [_report_item("x\n--index-url evil", "1.0", "https://e/x.whl", "c" * 64)]}
     with pytest.raises(lock.ResolveError, match="odd package"):
         lock.pins_from_report(odd, None, "c")
-
-
-def test_records_from_a_conda_plan():
-    lines = [p for p in (FIXTURE / "locks" / f"{CONDA}.txt").read_text().splitlines() if p.startswith("https://")]
-    fetch = [{"url": line.split("#")[0], "sha256": line.split("#")[1], "name": "x"} for line in lines]
-    assert lock.records_from_conda({"actions": {"FETCH": fetch[::-1]}}, "c") == [tuple(x.split("#")) for x in lines]
-    with pytest.raises(lock.ResolveError, match="without a usable URL and sha256"):
-        lock.records_from_conda({"actions": {"FETCH": [{"url": lines[0].split("#")[0]}]}}, "c")
-    with pytest.raises(lock.ResolveError, match="lists no package"):
-        lock.records_from_conda({"actions": {}}, "c")
-
-
-def test_conda_resolve_without_conda_says_so(project, monkeypatch):
-    monkeypatch.setenv("PATH", "/nonexistent")
-    m = matrix.load(project / "matrix.yaml")
-    with pytest.raises(lock.ResolveError, match="none is on PATH"):
-        lock.resolve(m, m.cell(UNLOCKED), {})
 
 
 # --------------------------------------------------------------------------- probe and check
