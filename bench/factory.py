@@ -88,6 +88,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from imagefactory.engine import Engine  # noqa: E402
+from imagefactory.engine_api import Builder, BuildRequest  # noqa: E402
 from imagefactory.errors import EngineError  # noqa: E402
 
 BASE_REGISTRY = "127.0.0.1:5000"
@@ -203,7 +204,7 @@ pip:
                                         # a layer of its own: BuildKit keys an image source by its layers
                                         # alone, so a label-only base would not make its builds cold
                                         f"RUN echo {self.id}-{self.runs} > /etc/imagefactory-bench-run\n")
-        self.engine.build(str(ctx), self.base_ref, network_mode="host")
+        self.engine.build(BuildRequest(str(ctx), self.base_ref))
         self.engine.push(self.base_ref)
         self.images.append(self.engine.image_id(self.base_ref) or self.base_ref)
 
@@ -429,7 +430,8 @@ pip:
             ctx = self.root / f"mounts-{self.runs}"
             # FROM pinned to the new base's digest: by tag, BuildKit may reuse the tag's earlier resolution
             pinned = f"{self.base_ref}@{self.engine.registry_digest(self.base_ref)}"
-            render.render(m, ctx, [cell], bases={cell.base_image: pinned}, buildkit=mounts)
+            render.render(m, ctx, [cell], bases={cell.base_image: pinned},
+                          builder=Builder.buildkit if mounts else Builder.classic)
             ctx = ctx / cell.id
             tag = f"imagefactory-bench/mounts-{self.id}:{self.runs}"
             took = timed(["docker", "buildx", "build", "--progress=plain", "--network", "host", "--load", "-t", tag,

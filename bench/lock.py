@@ -22,14 +22,15 @@ import time
 from pathlib import Path
 
 from imagefactory import lockfile, matrix, render
-from imagefactory.engine_api import ContainerEngine, docker_engine
+from imagefactory.engine_api import BuildRequest, ContainerEngine
+from imagefactory.engines import docker_engine
 from imagefactory.errors import BuildError
 
 
 def cold_build(engine: ContainerEngine, context: Path, tag: str) -> float:
     started = time.monotonic()
     try:
-        engine.build(str(context), tag, nocache=True)
+        engine.build(BuildRequest(str(context), tag, nocache=True))
     except BuildError as e:
         raise SystemExit(f"build of {context} failed: {e.message}") from None
     return time.monotonic() - started

@@ -13,7 +13,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from imagefactory.engine_api import ContainerEngine, docker_engine
+from imagefactory.engine_api import ContainerEngine
+from imagefactory.engines import docker_engine
 
 TIMEOUT = 600.0  # seconds one workload container may run
 

@@ -2,9 +2,11 @@
 conda spec that selects one.
 
 The facts live with their sources in resources/conda_pytorch_builds.json (torch version x
-CUDA x Python x BLAS, linux-64) and resources/pip_torch_wheels.json (torch version x CUDA x
-Python, Linux x86_64 wheels). matrix.py asks `conda_problem` / `pip_problem` whether a cell is
-possible; render.py asks `conda_build_spec` for the spec that pins the cell's CUDA build.
+CUDA x Python x BLAS) and resources/pip_torch_wheels.json (torch version x CUDA x Python): each
+file's top-level `releases` are linux/amd64's (linux-64, x86_64 wheels), its `by_platform` holds
+the other platforms' (linux/arm64: linux-aarch64, aarch64 wheels), sourced the same way.
+matrix.py asks `conda_problem` / `pip_problem` whether a cell is possible on its platform;
+render.py asks `conda_build_spec` for the spec that pins the cell's CUDA build.
 
 Vocabulary is the matrix file's: cuda None is a CPU build, blas is "mkl" or
 "openblas" (conda-forge's "generic" variant).
@@ -16,9 +18,12 @@ import functools
 import json
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from typing import Any
+
+from imagefactory import platforms
+from imagefactory.platforms import Platform
 
 DATA_FILE = "imagefactory/resources/conda_pytorch_builds.json"
 PIP_DATA_FILE = "imagefactory/resources/pip_torch_wheels.json"
@@ -152,11 +157,28 @@ def parse_table(doc: dict[str, Any]) -> Table:
     return Table(tuple(releases), tuple(notes))
 
 
+def platform_doc(doc: dict[str, Any], platform: Platform, file: str) -> dict[str, Any]:
+    """The part of a data file that describes `platform`: the top level for the default platform,
+    else its `by_platform` entry. ValueError when the file has none."""
+    if platform == platforms.DEFAULT:
+        return doc
+    part = (doc.get("by_platform") or {}).get(platform.oci)
+    if not isinstance(part, dict):
+        raise ValueError(f"{file}: by_platform has no {platform.oci} entry")
+    return part
+
+
+def _named(t: Table, platform: Platform) -> Table:
+    if platform == platforms.DEFAULT:
+        return t  # the messages of today's cells stay as they were
+    return replace(t, name=f"{t.name} for {platform.oci}", publisher=f"{t.publisher} ({platform.oci})")
+
+
 @functools.cache
-def table() -> Table:
-    """The shipped table."""
+def table(platform: Platform = platforms.DEFAULT) -> Table:
+    """The shipped table of `platform`."""
     text = resources.files("imagefactory").joinpath("resources/conda_pytorch_builds.json").read_text()
-    return parse_table(json.loads(text))
+    return _named(parse_table(platform_doc(json.loads(text), platform, DATA_FILE)), platform)
 
 
 def parse_pip_table(doc: dict[str, Any]) -> dict[str, Table]:
@@ -173,12 +195,12 @@ def parse_pip_table(doc: dict[str, Any]) -> dict[str, Table]:
         seen.add(torch)
         python = _strings(entry, "python", _PYTHON_RE, where, file)
         read_python = _text(entry, "python_source", None, where, file)
-        pypi_cuda = _text(entry, "pypi_cuda", _CUDA_RE, where, file)
+        pypi_cuda = _text(entry, "pypi_cuda", re.compile(rf"none|{_CUDA_RE.pattern}"), where, file)
         index_cuda = _strings(entry, "index_cuda", _CUDA_RE, where, file)
         both = tuple(BLAS_VARIANTS.values())  # pip torch has no BLAS variants (numpy's is checked apart)
         index.append(Release(torch, "0", (None,) + index_cuda, python, both,
                              f"{_text(entry, 'index_cuda_source', None, where, file)}; {read_python}"))
-        pypi.append(Release(torch, "0", (pypi_cuda,), python, both,
+        pypi.append(Release(torch, "0", (None if pypi_cuda == "none" else pypi_cuda,), python, both,
                             f"{_text(entry, 'pypi_cuda_source', None, where, file)}; {read_python}"))
     if not index:
         raise ValueError(f"{PIP_DATA_FILE}: releases must not be empty")
@@ -188,19 +210,30 @@ def parse_pip_table(doc: dict[str, Any]) -> dict[str, Table]:
 
 
 @functools.cache
-def pip_tables() -> dict[str, Table]:
-    """The shipped pip wheel tables, by route."""
+def pip_tables(platform: Platform = platforms.DEFAULT) -> dict[str, Table]:
+    """The shipped pip wheel tables of `platform`, by route."""
     text = resources.files("imagefactory").joinpath("resources/pip_torch_wheels.json").read_text()
-    return parse_pip_table(json.loads(text))
+    tables = parse_pip_table(platform_doc(json.loads(text), platform, PIP_DATA_FILE))
+    return {route: _named(t, platform) for route, t in tables.items()}
+
+
+def pypi_serves_cpu(torch: str, python: str, platform: Platform = platforms.DEFAULT,
+                    tables: dict[str, Table] | None = None) -> bool:
+    """Whether PyPI's plain `torch==X` is a CPU build for this platform (aarch64 2.9 and 2.10;
+    never on x86_64, where PyPI's torch is a CUDA build)."""
+    tables = tables or (pip_tables() if platform == platforms.DEFAULT else pip_tables(platform))
+    return conda_problem(torch, None, python, "openblas", tables["pypi"]) is None
 
 
 def pip_problem(torch: str, cuda: str | None, python: str, route: str,
-                tables: dict[str, Table] | None = None) -> str | None:
+                tables: dict[str, Table] | None = None, platform: Platform = platforms.DEFAULT) -> str | None:
     """None when a torch wheel for this combination exists on `route` ("index": the PyTorch wheel
-    index of torch_index_url; "pypi": PyPI); otherwise why not, and the nearest that exists.
-    PyPI has no CPU build: a CPU cell without an index takes the PyTorch index's CPU wheel from
-    the wheelhouse, so it is looked up there."""
-    tables = tables or pip_tables()
+    index of torch_index_url; "pypi": PyPI) for `platform`; otherwise why not, and the nearest
+    that exists. Where PyPI has no CPU build, a CPU cell without an index takes the PyTorch
+    index's CPU wheel from the wheelhouse, so it is looked up there."""
+    tables = tables or (pip_tables() if platform == platforms.DEFAULT else pip_tables(platform))
+    if cuda is None and route == "pypi" and pypi_serves_cpu(torch, python, platform, tables):
+        return None
     data = tables["index" if cuda is None else route]
     return conda_problem(torch, cuda, python, "openblas", data)
 
@@ -226,13 +259,14 @@ def _covers(request: Version, version: Version) -> bool:
     return version[:len(request)] == request
 
 
-def conda_problem(torch: str, cuda: str | None, python: str, blas: str, data: Table | None = None) -> str | None:
-    """None when `data` (conda-forge's table unless given) has this combination; otherwise why
-    not, and the nearest that exists.
+def conda_problem(torch: str, cuda: str | None, python: str, blas: str, data: Table | None = None,
+                  platform: Platform = platforms.DEFAULT) -> str | None:
+    """None when `data` (conda-forge's table of `platform` unless given) has this combination;
+    otherwise why not, and the nearest that exists.
 
     `torch` may be X.Y (any published X.Y.z will do) or X.Y.Z.
     """
-    data = data or table()
+    data = data or (table() if platform == platforms.DEFAULT else table(platform))
     request = _version(torch, _TORCH_RE)
     if request is None:
         return f"{torch!r} is not a torch version (X.Y or X.Y.Z)"

@@ -26,8 +26,9 @@ from typing import Callable
 
 from imagefactory import freshness, fsutil, publish, regcache, render, schedule, smoke, supply, tags, verdicts
 from imagefactory import netrc as netrc_mod
+from imagefactory.checks import FAIL, Check
 from imagefactory.context import UI, Gpus, Network, Options, Pull, RunContext
-from imagefactory.engine_api import BuildProgress, ContainerEngine
+from imagefactory.engine_api import Builder, BuildProgress, BuildRequest, ContainerEngine
 from imagefactory.errors import BuildError, Cancelled, ConfigError, EngineGone, ImageFactoryError
 from imagefactory.interrupt import GRACE_SECONDS, Interrupt
 from imagefactory.model import Cell, Matrix
@@ -36,9 +37,6 @@ from imagefactory.report import (BUILD_FAILED, BUILT, CACHED, CHECK_FAILED, INTE
 
 
 BUILD_ENDED = 1 << 30  # a step number past any build's last: opens the cell's gate
-# The platform a cell is built for. Every cell is linux/amd64 today (its installers and wheels are
-# x86_64); BuildKit is handed it, so linux/arm64 cells need no change here (README: multi-platform).
-PLATFORM = "linux/amd64"
 
 
 @dataclass
@@ -115,7 +113,7 @@ class _Cell:
         r, cell = self.report, self.ctx.cell
         # the content hash covers the Dockerfile, which differs by builder: a cached image was
         # built by the same kind of builder as this run's
-        r.builder = self.engine.builder
+        r.builder = self.engine.builder.value
         self.ui.status(cell.id, "looking for a cached image")
         existing = find_built(self.engine, self.matrix, cell, self.ctx.content_hash)
         if existing:
@@ -133,14 +131,8 @@ class _Cell:
                 return True
         self.ui.status(cell.id, "building")
         started = time.monotonic()
-        buildkit = self.engine.builder == "buildkit"
         try:
-            network = "host" if self.options.network is Network.host else None
-            r.image_id = self.engine.build(str(self.ctx.path), r.candidate, network_mode=network,
-                                           log=self.log, progress=self._progress,
-                                           pull=self.options.pull is Pull.always,
-                                           cache_from=self.cache_sources(buildkit),
-                                           secrets=self.secrets(), platform=PLATFORM if buildkit else None)
+            r.image_id = self.engine.build(self.request(), log=self.log, progress=self._progress)
         except BuildError as e:
             r.status, r.error, r.failed_step, r.log_tail = BUILD_FAILED, e.message, e.step or "", e.log_tail
             netrc = self.options.netrc
@@ -154,6 +146,14 @@ class _Cell:
             r.build_seconds = round(time.monotonic() - started, 1)
         r.status = BUILT
         return True
+
+    def request(self) -> BuildRequest:
+        """What the engine is asked to build: the cell's context, for the cell's platform."""
+        return BuildRequest(context=str(self.ctx.path), tag=self.report.candidate, platform=self.ctx.cell.platform,
+                            network="host" if self.options.network is Network.host else None,
+                            pull=self.options.pull is Pull.always,
+                            cache_from=tuple(self.cache_sources(self.engine.builder is Builder.buildkit)),
+                            secrets=tuple(sorted((self.secrets() or {}).items())))
 
     def cache_sources(self, buildkit: bool) -> list[str]:
         """The images a build may take layers from. The classic builder reuses local images
@@ -179,8 +179,24 @@ class _Cell:
                  "step only)", show=False)
         return {netrc_mod.SECRET_ID: netrc.path}
 
+    def wrong_platform(self, image: str) -> Check | None:
+        """The failed image.platform check when `image` is not of the cell's platform (its config's
+        os/architecture); None when it is."""
+        want = self.ctx.cell.platform.oci
+        actual = self.engine.image_platform(image)
+        if actual == want:
+            return None
+        return Check("image.platform", want, actual or "none", FAIL,
+                     f"image {image[:19]} is {actual or 'not inspectable'}, not {want} (the cell's platform): "
+                     f"not probed, never tagged")
+
     def test(self, image: str) -> bool:
         r, cell = self.report, self.ctx.cell
+        wrong = self.wrong_platform(image)
+        if wrong:  # before the verdict cache and the probe: a wrong-arch image cannot pass
+            r.checks, r.status, r.error = [wrong], CHECK_FAILED, wrong.detail
+            self.log(wrong.detail)
+            return False
         vdir = self.options.verdicts_dir or verdicts.cache_dir()
         vkey = verdicts.key(r.image_id or self.engine.image_id(image) or "", cell, gpus=self.gpus,
                             shm=self.options.probe_shm)
@@ -225,7 +241,7 @@ def _run(matrix: Matrix, cells: list[Cell], run: RunContext, work: Callable[[_Ce
     gpus = resolve_gpus(options.gpus, first)
     try:
         contexts = render_pinned(matrix, cells, options.work_dir, first, options.pull, interrupt,
-                                 buildkit=first.builder == "buildkit", netrc_cells=netrc_cells(matrix, cells, options))
+                                 builder=first.builder, netrc_cells=netrc_cells(matrix, cells, options))
     except Cancelled:  # stopped while pinning base images or rendering: no cell started
         return Outcome([CellReport(cell=c.id, status=INTERRUPTED, error="interrupted before the build started")
                         for c in cells], gpus)
@@ -287,14 +303,14 @@ def netrc_cells(matrix: Matrix, cells: list[Cell], options: Options) -> frozense
 
 
 def render_pinned(matrix: Matrix, cells: list[Cell], work_dir: Path, engine: ContainerEngine,
-                  pull: Pull | str, interrupt: Interrupt | None = None, *, buildkit: bool = False,
+                  pull: Pull | str, interrupt: Interrupt | None = None, *, builder: Builder = Builder.classic,
                   netrc_cells: frozenset[str] = frozenset()) -> list[render.Context]:
     """The cells' contexts with each base image pinned to the digest it resolves to now
     (freshness.py): the content hashes every step that looks for a cell's image must use.
     Raises Cancelled once `interrupt` is set."""
     bases = freshness.resolve(engine, [c.base_image for c in cells], Pull(pull))
     return render.render(matrix, work_dir / "contexts", cells, bases={ref: b.pinned for ref, b in bases.items()},
-                         interrupt=interrupt, buildkit=buildkit, netrc_cells=netrc_cells)
+                         interrupt=interrupt, builder=builder, netrc_cells=netrc_cells)
 
 
 def _pool(contexts: list[render.Context], order: list[int], one: Callable[[int], CellReport], jobs: int,

@@ -3,8 +3,10 @@
 docker-py builds only with the classic builder (docker/docker-py#2230), so `BuildxEngine` is the
 Docker SDK engine (engine.py) for everything else and runs buildx for `build`:
 
-    docker buildx build --network host --progress=rawjson --metadata-file FILE --load
-                        [--builder NAME] [--platform P] [--secret id=netrc,src=FILE] -t TAG CONTEXT
+    docker buildx build --progress=rawjson --metadata-file FILE --load -t TAG [--builder NAME]
+                        --network host --platform P [--secret id=netrc,src=FILE] CONTEXT
+
+built from one engine_api.BuildRequest (`command`): the platform is the cell's, always given.
 
 No `# syntax=` line is ever rendered (the frontend image cannot be pulled here); BuildKit's
 built-in Dockerfile frontend reads `RUN --mount=type=cache|secret`. `--progress=rawjson` prints
@@ -34,12 +36,11 @@ import tempfile
 import threading
 from collections import deque
 from pathlib import Path
-from typing import IO, Callable, Mapping
+from typing import IO, Callable
 
 from imagefactory import fsutil, inputs
-from imagefactory.context import Builder
 from imagefactory.engine import Engine
-from imagefactory.engine_api import BuildProgress
+from imagefactory.engine_api import Builder, BuildProgress, BuildRequest
 from imagefactory.errors import BuildError, Cancelled, ConfigError, EngineGone
 from imagefactory.interrupt import Interrupt
 
@@ -54,7 +55,6 @@ VERSION_RE = re.compile(r"\S*buildx\s+v?(\d+)\.(\d+)(?:\.(\d+))?\S*(?:\s+\S+)?\s
 STEP_RE = re.compile(r"\[(?:(\S+) )?(\d+)/(\d+)\] (.*)", re.DOTALL)
 # builder names buildx accepts (`docker buildx create --name`)
 BUILDER_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-PLATFORM_RE = re.compile(r"[a-z0-9]+/[a-z0-9_]+(?:/[a-z0-9]+)?")
 
 
 def docker_cli() -> str | None:
@@ -164,29 +164,28 @@ def check_builder_name(name: str | None) -> str | None:
     return name
 
 
-def command(cli: str, context: str, tag: str, metadata: Path, *, network_mode: str | None, pull: bool,
-            cache_from: list[str] | None, nocache: bool, secrets: Mapping[str, Path] | None,
-            platform: str | None, builder: str | None) -> list[str]:
-    """The buildx command line (a list: no shell ever sees it)."""
-    args = [cli, "buildx", "build", "--progress=rawjson", "--metadata-file", str(metadata), "--load", "-t", tag]
+def command(cli: str, request: BuildRequest, metadata: Path, *, builder: str | None) -> list[str]:
+    """The buildx command line of `request` (a list: no shell ever sees it); `builder`: buildx's
+    --builder NAME. One platform per build: the docker driver builds no more."""
+    args = [cli, "buildx", "build", "--progress=rawjson", "--metadata-file", str(metadata), "--load",
+            "-t", request.tag]
     if builder:
         args += ["--builder", builder]
-    if network_mode:
-        args += ["--network", network_mode]
-    if platform:
-        args += ["--platform", platform]
-    if pull:
+    if request.network:
+        args += ["--network", request.network]
+    args += ["--platform", request.platform.oci]
+    if request.pull:
         args.append("--pull")
-    if nocache:
+    if request.nocache:
         args.append("--no-cache")
     # inline cache metadata in every image (regcache.py): a later build on another machine can take
     # its cache from this image once it is pushed (registry cache export needs another driver)
     args += ["--build-arg", "BUILDKIT_INLINE_CACHE=1"]
-    for ref in cache_from or ():
+    for ref in request.cache_from:
         args += ["--cache-from", ref]
-    for name, src in sorted((secrets or {}).items()):
+    for name, src in sorted(request.secrets):
         args += ["--secret", f"id={name},src={src}"]
-    args.append(context)
+    args.append(request.context)
     return args
 
 
@@ -367,36 +366,22 @@ def _buildx_env() -> dict[str, str]:
 class BuildxEngine(Engine):
     """The Docker SDK engine, building with BuildKit through `docker buildx build`."""
 
-    builder = "buildkit"
+    builder = Builder.buildkit
 
     def __init__(self, *, interrupt: Interrupt | None = None, buildx_builder: str | None = None) -> None:
         super().__init__(interrupt=interrupt)
         self.buildx_builder = check_builder_name(buildx_builder)
 
-    def build(
-        self,
-        context: str,
-        tag: str,
-        *,
-        network_mode: str | None = "host",
-        log: Callable[[str], None] = lambda line: None,
-        progress: Callable[[BuildProgress], None] = lambda p: None,
-        pull: bool = False,
-        cache_from: list[str] | None = None,
-        nocache: bool = False,
-        secrets: Mapping[str, Path] | None = None,
-        platform: str | None = None,
-    ) -> str:
+    def build(self, request: BuildRequest, *, log: Callable[[str], None] = lambda line: None,
+              progress: Callable[[BuildProgress], None] = lambda p: None) -> str:
         cli = docker_cli()
         if cli is None:
             raise BuildError("no `docker` CLI on PATH: " + INSTALL_HINT)
-        if platform is not None and not PLATFORM_RE.fullmatch(platform):
-            raise BuildError(f"platform {platform[:40]!r} is not os/arch[/variant]")
         parser = RawJsonProgress(log, progress)
+        tag = request.tag
         with tempfile.TemporaryDirectory(prefix="imagefactory-buildx-") as tmp:
             metadata = Path(tmp) / "metadata.json"
-            args = command(cli, context, tag, metadata, network_mode=network_mode, pull=pull, cache_from=cache_from,
-                           nocache=nocache, secrets=secrets, platform=platform, builder=self.buildx_builder)
+            args = command(cli, request, metadata, builder=self.buildx_builder)
             try:
                 code = run_build(args, parser, self.interrupt)
             except Cancelled:

@@ -21,7 +21,8 @@ from typing import Any, Callable, List, Optional
 import typer
 
 from imagefactory import build as build_mod
-from imagefactory import context, engine_api, inputs
+from imagefactory import context, inputs
+from imagefactory import engines as engines_mod
 from imagefactory import lock as lock_mod
 from imagefactory import matrix as matrix_mod
 from imagefactory import progress as progress_mod
@@ -372,8 +373,8 @@ def _run(inv: Invocation, output: Path) -> Iterator[RunContext]:
     interrupt = Interrupt()
     _engine_environment()
     with build_mod.locked(inv.options.work_dir, output):
-        factory = engine_api.docker_factory(interrupt, buildkit=inv.options.builder is Builder.buildkit,
-                                            buildx_builder=inv.options.buildx_builder)
+        factory = engines_mod.docker_factory(interrupt, builder=inv.options.builder,
+                                             buildx_builder=inv.options.buildx_builder)
         first: list[ContainerEngine] = [factory()]  # DockerUnavailable before anything is printed
 
         def engines() -> ContainerEngine:

@@ -5,7 +5,7 @@ bench) is given.
 resolves them into it; the pipeline steps (build.py, publish.py, bench.py) read the fields
 they need. Choice values are checked here once, as enums. `RunContext` adds what the run
 holds: the display (a typed `UI`), the run's Interrupt (SIGINT/SIGTERM, interrupt.py) and
-the engine factory (engine_api.py). Defaults are defined here only.
+the engine factory (engines.py). Defaults are defined here only. `Builder` is engine_api's.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Protocol
 
-from imagefactory import engine_api
-from imagefactory.engine_api import BuildProgress, EngineFactory
+from imagefactory import engines
+from imagefactory.engine_api import Builder, BuildProgress, EngineFactory
 from imagefactory.errors import ConfigError
 from imagefactory.interrupt import Interrupt
 from imagefactory.netrc import Netrc
@@ -45,14 +45,6 @@ class Pull(str, Enum):
     always = "always"
     missing = "missing"
     never = "never"
-
-
-class Builder(str, Enum):
-    """auto: BuildKit (docker buildx) when buildx answers, else the classic builder (buildkit.select)."""
-
-    auto = "auto"
-    buildkit = "buildkit"
-    classic = "classic"
 
 
 _CHOICES: dict[str, type[Enum]] = {"gpus": Gpus, "network": Network, "pull": Pull, "builder": Builder}
@@ -150,7 +142,7 @@ class Silent:
 @dataclass
 class RunContext:
     """One run: its options, its display, its cancellation and where its engines come from.
-    The engines `engine_factory` makes must share `interrupt` (docker_factory does)."""
+    The engines `engine_factory` makes must share `interrupt` (engines.docker_factory does)."""
 
     options: Options = field(default_factory=Options)
     ui: UI = field(default_factory=Silent)
@@ -158,4 +150,4 @@ class RunContext:
     engine_factory: EngineFactory | None = None
 
     def engines(self) -> EngineFactory:
-        return self.engine_factory or engine_api.docker_factory(self.interrupt)
+        return self.engine_factory or engines.docker_factory(self.interrupt)

@@ -25,7 +25,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Callable
 
-from imagefactory import engine_api
+from imagefactory import engines
 from imagefactory.engine_api import EngineFactory
 from imagefactory.errors import ImageFactoryError
 from imagefactory.model import Cell, Matrix
@@ -199,7 +199,7 @@ def _cdi_specs(dirs: tuple[str, ...]) -> bool:
 
 def engine_facts(engine_factory: EngineFactory | None = None) -> EngineFacts:
     try:
-        info = (engine_factory or engine_api.docker_engine)().describe()
+        info = (engine_factory or engines.docker_engine)().describe()
     except ImageFactoryError as e:  # DockerUnavailable, or an engine that will not say
         return EngineFacts(error=e.message)
     version = info.version if ENGINE_VERSION_RE.fullmatch(info.version) else "(unreadable)"

@@ -19,17 +19,16 @@ import socket
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
-from typing import Any, Callable, Mapping, NoReturn
+from typing import Any, Callable, NoReturn
 
 import docker
 import docker.errors
 import requests.exceptions
 import urllib3.exceptions
 
-from imagefactory import refs
-from imagefactory.engine_api import (BuildProgress, ContainerEngine, EngineFactory, EngineInfo, PushOutcome, RunResult,
-                                     is_transient)
+from imagefactory import platforms, refs
+from imagefactory.engine_api import (Builder, BuildProgress, BuildRequest, ContainerEngine, EngineFactory, EngineInfo,
+                                     PushOutcome, RunResult, is_transient, refuse_foreign)
 from imagefactory.errors import BuildError, Cancelled, DockerUnavailable, EngineError, EngineGone, PushError
 from imagefactory.interrupt import Interrupt
 
@@ -38,7 +37,7 @@ STEP_RE = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
 RUNNING_IN_RE = re.compile(r"^ ---> Running in ([0-9a-f]{12,64})$")
 TAIL_LINES = 30
 
-__all__ = ["BuildProgress", "ContainerEngine", "Engine", "EngineFactory", "EngineInfo", "PushOutcome", "RunResult",
+__all__ = ["BuildProgress", "BuildRequest", "ContainerEngine", "Engine", "EngineFactory", "EngineInfo", "PushOutcome", "RunResult",
            "is_transient", "split_tag"]
 
 START_HINT = (
@@ -65,7 +64,7 @@ class _Stream:
 class Engine:
     """A connected Docker engine (implements ContainerEngine); builds with the classic builder."""
 
-    builder = "classic"
+    builder = Builder.classic
 
     def __init__(self, client: docker.DockerClient | None = None, *, timeout: int = 600,
                  interrupt: Interrupt | None = None):
@@ -78,6 +77,7 @@ class Engine:
         self.api = self.client.api
         self.interrupt = interrupt or Interrupt()
         self._stream: _Stream | None = None
+        self._native: tuple[platforms.Platform | None] | None = None  # (the engine's platform,) once asked
         hooks = getattr(self.api, "hooks", None)
         if isinstance(hooks, dict):
             hooks.setdefault("response", []).append(self._on_response)
@@ -146,6 +146,25 @@ class Engine:
         except _SDK_ERRORS as e:
             self._failed(f"could not inspect {ref}", e)
 
+    def image_platform(self, ref: str) -> str | None:
+        """os/architecture of the local image's config ("linux/amd64"); None when there is none."""
+        try:
+            attrs = self.client.images.get(ref).attrs
+        except docker.errors.ImageNotFound:
+            return None
+        except _SDK_ERRORS as e:
+            self._failed(f"could not inspect {ref}", e)
+        return f"{attrs.get('Os') or '?'}/{attrs.get('Architecture') or '?'}"
+
+    def native_platform(self) -> platforms.Platform | None:
+        """The platform of the engine's own host (docker info Architecture); None if not in the table."""
+        if self._native is None:
+            try:
+                self._native = (platforms.native(str(self.client.info().get("Architecture") or "?")),)
+            except _SDK_ERRORS as e:
+                self._failed("could not ask the engine its architecture", e)
+        return self._native[0]
+
     def local_repo_digests(self, ref: str) -> list[str]:
         """The local image's RepoDigests ('name@sha256:...'); [] when there is no local copy."""
         try:
@@ -181,32 +200,23 @@ class Engine:
             self._failed(f"could not remove the image {ref}", e)
 
     # -- build ------------------------------------------------------------------------------
-    def build(
-        self,
-        context: str,
-        tag: str,
-        *,
-        network_mode: str | None = "host",
-        log: Callable[[str], None] = lambda line: None,
-        progress: Callable[[BuildProgress], None] = lambda p: None,
-        pull: bool = False,
-        cache_from: list[str] | None = None,
-        nocache: bool = False,
-        secrets: Mapping[str, Path] | None = None,
-        platform: str | None = None,
-    ) -> str:
-        """Build `context` and tag it; returns the image id. Raises BuildError with the
+    def build(self, request: BuildRequest, *, log: Callable[[str], None] = lambda line: None,
+              progress: Callable[[BuildProgress], None] = lambda p: None) -> str:
+        """Build `request.context` and tag it; returns the image id. Raises BuildError with the
         failing step and the log tail when the stream reports an error. The classic builder has
-        no build secrets: it refuses them rather than build without."""
-        if secrets:
+        no build secrets: it refuses them rather than build without. It is given no platform: it
+        builds for the engine's own (with a local base tag of another arch it ignores one)."""
+        if request.secrets:
             raise BuildError("the classic builder has no build secrets; build with --builder buildkit")
+        refuse_foreign(request, self.native_platform())
         builder = _BuildStream(log, progress)
+        tag = request.tag
         self.interrupt.check()
         try:
             with self._streaming() as stream:
-                events = self.api.build(path=context, tag=tag, rm=True, forcerm=True, decode=True,
-                                        network_mode=network_mode, pull=pull, cache_from=cache_from or None,
-                                        nocache=nocache, platform=platform)
+                events = self.api.build(path=request.context, tag=tag, rm=True, forcerm=True, decode=True,
+                                        network_mode=request.network, pull=request.pull,
+                                        cache_from=list(request.cache_from) or None, nocache=request.nocache)
                 for event in events:
                     builder.feed(event, stream)  # first: it notes a new build container
                     self.interrupt.check()
@@ -239,7 +249,7 @@ class Engine:
         return EngineInfo(version=str(version.get("Version", "")), api_version=str(version.get("ApiVersion", "")),
                           runtimes=tuple(sorted(info.get("Runtimes") or {})),
                           cdi_spec_dirs=tuple(info.get("CDISpecDirs") or ()),
-                          cpus=int(info.get("NCPU") or 0))
+                          cpus=int(info.get("NCPU") or 0), architecture=str(info.get("Architecture") or ""))
 
     # -- run --------------------------------------------------------------------------------
     def gpus_available(self) -> bool:

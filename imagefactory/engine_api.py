@@ -1,9 +1,13 @@
 """The container engine as the pipeline sees it: value types and the ContainerEngine interface.
 
-This module imports no Docker SDK. Every command takes a `ContainerEngine` (or an
-`EngineFactory`, one engine per worker thread); engine.py implements it with the Docker SDK
-for Python, tests/fake_engine.py in memory. Commands that never talk to an engine (`list`,
+This module imports no Docker SDK and constructs no engine. Every command takes a
+`ContainerEngine` (or an `EngineFactory`, one engine per worker thread); engine.py implements it
+with the Docker SDK for Python (buildkit.py: building with `docker buildx`), tests/fake_engine.py
+in memory, and engines.py makes the Docker ones. Commands that never talk to an engine (`list`,
 `render`, `schema`, `lock --check`) therefore load no SDK at all.
+
+A build is one frozen `BuildRequest` (what to build, for which platform, from which caches);
+`Builder` is the one value that says what builds it (the CLI's choice, the engines' kind).
 
 Failures are imagefactory errors (errors.py): BuildError / PushError / EngineError (EngineGone
 when the engine stopped answering), and Cancelled once the engine's Interrupt is set.
@@ -12,10 +16,38 @@ when the engine stopped answering), and Cancelled once the engine's Interrupt is
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Callable, Protocol
 
-from imagefactory.interrupt import Interrupt
+from imagefactory import platforms
+from imagefactory.errors import ForeignPlatform
+from imagefactory.platforms import Platform
+
+
+class Builder(str, Enum):
+    """What builds the images: the classic builder (the Docker SDK) or BuildKit (`docker buildx`).
+    auto is a choice only (buildkit.select resolves it); an engine is classic or buildkit."""
+
+    auto = "auto"
+    buildkit = "buildkit"
+    classic = "classic"
+
+
+@dataclass(frozen=True)
+class BuildRequest:
+    """One image build. `nocache`: reuse no layer (cold builds). `secrets`: BuildKit secrets
+    (id, file), never part of the image; the classic builder has none and refuses them.
+    `cache_from`: images whose layers (or inline cache) the build may reuse."""
+
+    context: str  # the build context folder
+    tag: str  # the name the image gets
+    platform: Platform = platforms.DEFAULT
+    network: str | None = "host"  # the RUN steps' network mode (None: the engine's default)
+    pull: bool = False  # pull the base image even when it is present
+    cache_from: tuple[str, ...] = ()
+    nocache: bool = False
+    secrets: tuple[tuple[str, Path], ...] = ()
 
 
 @dataclass
@@ -47,12 +79,13 @@ class EngineInfo:
     runtimes: tuple[str, ...]
     cdi_spec_dirs: tuple[str, ...]  # empty before Docker 25 or when CDI is off
     cpus: int = 0  # CPUs the engine's host has (NCPU)
+    architecture: str = ""  # the engine's host's `uname -m` (docker info Architecture: x86_64, aarch64)
 
 
 class ContainerEngine(Protocol):
     """Every engine operation the commands use."""
 
-    builder: str  # what `build` builds with: "classic" (the Docker SDK) or "buildkit" (docker buildx)
+    builder: Builder  # what `build` builds with: Builder.classic or Builder.buildkit, never auto
 
     def describe(self) -> EngineInfo:
         """Version, runtimes, CDI directories and CPU count (EngineError if it will not say)."""
@@ -61,6 +94,10 @@ class ContainerEngine(Protocol):
     def images_with_label(self, key: str, value: str) -> dict[str, list[str]]: ...
 
     def image_id(self, ref: str) -> str | None: ...
+
+    def image_platform(self, ref: str) -> str | None:
+        """The local image's os/architecture from its config ("linux/arm64"); None if there is none."""
+        ...
 
     def tag(self, image: str, ref: str) -> None: ...
 
@@ -72,13 +109,11 @@ class ContainerEngine(Protocol):
         """Remove the image `ref` names, with its layers (a bench's own images)."""
         ...
 
-    def build(self, context: str, tag: str, *, network_mode: str | None = "host",
-              log: Callable[[str], None] = ..., progress: Callable[[BuildProgress], None] = ...,
-              pull: bool = False, cache_from: list[str] | None = None, nocache: bool = False,
-              secrets: Mapping[str, Path] | None = None, platform: str | None = None) -> str:
-        """Build `context` as `tag`; the image id. `nocache`: reuse no layer (cold builds).
-        `secrets`: BuildKit secrets (id -> file), never part of the image; the classic builder
-        has none and refuses them. `platform`: os/arch the image is built for (None: the engine's)."""
+    def build(self, request: BuildRequest, *, log: Callable[[str], None] = ...,
+              progress: Callable[[BuildProgress], None] = ...) -> str:
+        """Build `request.context` as `request.tag`; the image id. `log` gets each line of the
+        build's output, `progress` each step started. ForeignPlatform when this builder cannot
+        build `request.platform` (the classic builder: any platform but the engine's own)."""
         ...
 
     def gpus_available(self) -> bool: ...
@@ -116,23 +151,10 @@ def is_transient(message: str) -> bool:
     return not any(w in low for w in _AUTH_WORDS)
 
 
-def docker_engine(interrupt: Interrupt | None = None, *, buildkit: bool = False,
-                  buildx_builder: str | None = None) -> ContainerEngine:
-    """A connected Docker engine (engine.Engine, or buildkit.BuildxEngine that builds with
-    `docker buildx`): the Docker SDK is imported here, on first use, never by the commands that
-    need no engine. Raises DockerUnavailable."""
-    if buildkit:
-        from imagefactory.buildkit import BuildxEngine
-
-        return BuildxEngine(interrupt=interrupt, buildx_builder=buildx_builder)
-    from imagefactory.engine import Engine
-
-    return Engine(interrupt=interrupt)
-
-
-def docker_factory(interrupt: Interrupt | None = None, *, buildkit: bool = False,
-                   buildx_builder: str | None = None) -> EngineFactory:
-    """Makes Docker engines that share `interrupt` (one per worker thread)."""
-    if buildkit:
-        return lambda: docker_engine(interrupt, buildkit=True, buildx_builder=buildx_builder)
-    return lambda: docker_engine(interrupt)
+def refuse_foreign(request: BuildRequest, native: Platform | None) -> None:
+    """ForeignPlatform unless the classic builder's one platform, the engine's own, is the request's:
+    given another it silently builds its own (an amd64 image named as the arm64 cell's)."""
+    own = native or platforms.DEFAULT
+    if request.platform != own:
+        raise ForeignPlatform(f"the classic builder builds only for the engine's own platform ({own.oci}), not "
+                              f"{request.platform.oci}; build {request.platform.oci} cells with --builder buildkit")

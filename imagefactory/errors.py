@@ -56,6 +56,11 @@ class BuildError(ImageFactoryError):
         self.log_tail = log_tail or []
 
 
+class ForeignPlatform(BuildError):
+    """A build for a platform its builder cannot build (the classic builder builds only for the
+    engine's own, whatever it is asked): refused, never an image of the wrong arch under the name."""
+
+
 class PushError(ImageFactoryError):
     """A push failed. `transient` tells the retry policy whether trying again can help."""
 

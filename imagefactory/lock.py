@@ -5,7 +5,8 @@ The resolver is the route's own installer, asked for a plan instead of an instal
 * pip: `pip install --dry-run --report` for the cell's target (`--python-version`,
   `--platform`, `--only-binary :all:`), with no pip configuration but the matrix's indexes;
   every file gets its sha256 (from the index, or hashed here for wheelhouse files).
-* conda: py-rattler's solver (condasolve.py, no conda on this machine) for linux-64 with the
+* conda: py-rattler's solver (condasolve.py, no conda on this machine) for the cell's conda
+  subdir (platforms.py: linux-64, linux-aarch64) with the
   cell's channels and their netrc logins, BLAS pin, cuda-version and a `__cuda` virtual package
   for the cell's CUDA; every package gets its URL and sha256 from the channel's repodata.
 
@@ -35,8 +36,6 @@ from imagefactory.model import Cell, Matrix
 # pip settings that only say how to reach the network; every other PIP_* (and every pip
 # configuration file) is left out, so the host's pip setup cannot change what is locked.
 _PIP_ENV_KEEP = ("PIP_CERT", "PIP_CLIENT_CERT", "PIP_DEFAULT_TIMEOUT", "PIP_RETRIES", "PIP_PROXY")
-GLIBC_PLATFORMS = [f"manylinux_2_{minor}_x86_64" for minor in range(28, 16, -1)] + [
-    "manylinux2014_x86_64", "linux_x86_64"]
 UNCHANGED, WRITTEN, UPGRADED = "unchanged", "written", "upgraded"
 MISSING, STALE, CURRENT = "missing", "stale", "current"
 
@@ -81,7 +80,7 @@ def pip_command(matrix: Matrix, cell: Cell, report: Path, target: Path, constrai
            "--target", str(target), "--ignore-installed",
            "--python-version", cell.python, "--implementation", "cp",
            "--abi", "cp" + cell.python.replace(".", ""), "--only-binary", ":all:"]
-    for platform in GLIBC_PLATFORMS:
+    for platform in cell.platform.glibc_platforms:
         cmd += ["--platform", platform]
     cmd += ["--index-url", first or lockfile.PYPI]
     for url in extra:
@@ -144,15 +143,15 @@ def resolve_pip(matrix: Matrix, cell: Cell, held: dict[str, str]) -> tuple[str, 
 
 def resolve_conda(matrix: Matrix, cell: Cell, held: dict[str, str], netrc: Path | None = None) -> tuple[str, str]:
     """The body of a conda lock (`@EXPLICIT`, URL#sha256 lines), solved here with py-rattler: no
-    conda on this machine. The cell's channels and BLAS pin, CONDA_PLATFORM, `__cuda` for its CUDA."""
+    conda on this machine. The cell's channels and BLAS pin, its platform's subdir, `__cuda` for its CUDA."""
     if held:
         raise ResolveError(f"cell {cell.id}: `--upgrade PKG` is for pip cells; conda cells move with "
                            f"`lock --upgrade` (a whole new solve)")
     from imagefactory import condasolve
 
     channels = [lockfile.channel_url(c) for c in matrix.conda.channels]
-    records = condasolve.solve(cell.id, channels, recipe.conda_specs(matrix, cell), subdir=lockfile.CONDA_PLATFORM,
-                               cuda=cell.cuda, netrc=netrc)
+    records = condasolve.solve(cell.id, channels, recipe.conda_specs(matrix, cell),
+                               subdir=cell.platform.conda_subdir, arch=cell.platform.arch, cuda=cell.cuda, netrc=netrc)
     lines = []
     for r in records:
         line = f"{r.url}#{r.sha256}"
@@ -160,7 +159,7 @@ def resolve_conda(matrix: Matrix, cell: Cell, held: dict[str, str], netrc: Path 
             raise ResolveError(f"cell {cell.id}: the channel lists {r.name} without a usable URL and sha256: "
                                f"{inputs.show(line, 120)}")
         lines.append(line + "\n")
-    return "@EXPLICIT\n" + "".join(lines), f"py-rattler {_rattler_version()} (solve, {lockfile.CONDA_PLATFORM})"
+    return "@EXPLICIT\n" + "".join(lines), f"py-rattler {_rattler_version()} (solve, {cell.platform.conda_subdir})"
 
 
 def _rattler_version() -> str:

@@ -19,25 +19,25 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from imagefactory import inputs as files
+from imagefactory import platforms
 from imagefactory.errors import ConfigError
 from imagefactory.model import Cell, Matrix
 
 LOCK_DIR = "locks"
 CONTEXT_NAME = "lock.txt"  # the lock's name inside a build context
-PIP_PLATFORM = "manylinux_2_28_x86_64"  # the oldest glibc the locked wheels may need (Debian 10+)
-CONDA_PLATFORM = "linux-64"
 PYPI = "https://pypi.org/simple"
 
 _INPUT_RE = re.compile(r"# input (?P<key>[a-z-]+): (?P<value>[ -~]*)")
 NAME_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")
 _VERSION = r"[0-9][A-Za-z0-9.!+_-]*"
 _SHA256 = r"[0-9a-f]{64}"
+_SUBDIRS = "|".join(re.escape(p.conda_subdir) for p in platforms.PLATFORMS.values())
 _CONDA_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")  # conda names may start with "_"
 VERSION_RE = re.compile(_VERSION)
 SHA256_RE = re.compile(_SHA256)
 _PIP_LINE_RE = re.compile(rf"(?P<name>{NAME_RE.pattern})==(?P<version>{_VERSION})"
                           rf"(?P<hashes>(?: +--hash=sha256:{_SHA256})+)")
-_CONDA_LINE_RE = re.compile(rf"(?P<url>https?://[A-Za-z0-9._~:/%+-]+/(?P<subdir>linux-64|noarch)/"
+_CONDA_LINE_RE = re.compile(rf"(?P<url>https?://[A-Za-z0-9._~:/%+-]+/(?P<subdir>{_SUBDIRS}|noarch)/"
                             rf"(?P<file>[A-Za-z0-9_][A-Za-z0-9._+!-]*(?:\.conda|\.tar\.bz2)))#(?P<sha256>{_SHA256})")
 
 
@@ -112,9 +112,9 @@ def inputs(matrix: Matrix, cell: Cell) -> list[tuple[str, str]]:
         first, extra = pip_sources(matrix, cell)
         out += [("indexes", ", ".join([first or PYPI, *extra])),
                 ("wheelhouse", "yes" if matrix.pip.wheelhouse else "no"),
-                ("platform", f"cp{cell.python.replace('.', '')} {PIP_PLATFORM}")]
+                ("platform", f"cp{cell.python.replace('.', '')} {cell.platform.pip_platform}")]
     else:
-        out += [("channels", ", ".join(matrix.conda.channels)), ("platform", CONDA_PLATFORM)]
+        out += [("channels", ", ".join(matrix.conda.channels)), ("platform", cell.platform.conda_subdir)]
     return out
 
 

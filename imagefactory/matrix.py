@@ -20,17 +20,18 @@ from typing import Any
 import jsonschema
 from packaging.requirements import InvalidRequirement, Requirement
 
-from imagefactory import availability, inputs, refs
+from imagefactory import availability, inputs, platforms, refs
 from imagefactory import tags as tagging
 from imagefactory.errors import ConfigError
 from imagefactory.inputs import Located as _Located
 from imagefactory.inputs import Problem
-from imagefactory.model import Cell, CondaSettings, Matrix, PipSettings
+from imagefactory.model import Cell, CondaSettings, InstallerPin, Matrix, PipSettings, TagList
 
-AXES = ("python", "cuda", "blas", "installer", "variant")
-# An axis the file leaves out: installer conda; variant none ("", the fifth axis is optional).
-DEFAULT_AXES: dict[str, list[str]] = {"installer": ["conda"], "variant": [""]}
-DEFAULT_NEW_CELL = {"installer": "conda", "variant": ""}  # a cell an include entry adds
+AXES = ("python", "cuda", "blas", "installer", "platform", "variant")
+# An axis the file leaves out: installer conda; platform linux/amd64 (platforms.DEFAULT); variant
+# none ("", the fifth axis is optional).
+DEFAULT_AXES: dict[str, list[str]] = {"installer": ["conda"], "platform": [platforms.DEFAULT.oci], "variant": [""]}
+DEFAULT_NEW_CELL = {"installer": "conda", "platform": platforms.DEFAULT.oci, "variant": ""}  # a cell an include adds
 CELL_KEYS = ("torch", "numpy", "threads", "compiler", "base_image", "packages", "env")
 DEFAULT_BASE_IMAGES = {"conda": "debian:bookworm-slim", "pip": "python:{python}-slim-bookworm"}
 DEFAULT_THREADS = 4
@@ -295,7 +296,7 @@ def _build(path: Path, data: dict[str, Any], loc: _Located, problems: list[Probl
         env = {**data.get("env", {}), **combo.get("env", {})}
         cell = Cell(
             python=combo["python"], cuda=cuda, blas=combo["blas"], installer=combo["installer"],
-            variant=combo["variant"],
+            variant=combo["variant"], platform=platforms.get(combo["platform"]),
             torch=torch, numpy=combo.get("numpy", data.get("numpy")),
             threads=combo.get("threads", data.get("threads", DEFAULT_THREADS)),
             compiler=combo.get("compiler", data.get("compiler", True)),
@@ -322,7 +323,8 @@ def _build(path: Path, data: dict[str, Any], loc: _Located, problems: list[Probl
                     f"cell {cell.id}: base image {base!r} has the name of a build stage of the pip "
                     f"template ({', '.join(sorted(STAGE_NAMES))}); name its registry or namespace")
         _check_packages(cell, combo, where, problem)
-        _check_cell(cell, pip, conda, where, problem)
+        if _check_platform(cell, conda, _platform_source(combo, axes_spec, where), problem):
+            _check_cell(cell, pip, conda, where, problem)
         cells.append(cell)
 
     tag_template = tags_cfg.get("template", Matrix.tag_template)
@@ -331,46 +333,49 @@ def _build(path: Path, data: dict[str, Any], loc: _Located, problems: list[Probl
     allowed = tagging.registries(image, tuple(tags_cfg.get("registries", [])))
     for why in tagging.credential_clashes(allowed):
         problem(("tags", "registries"), why)
-    resolved = _resolve_tags(cells, image, tag_template, hash_template, tags_cfg.get("extra", []), allowed,
-                             problem)
+    resolved, lists = _resolve_tags(cells, image, tag_template, hash_template, tags_cfg.get("extra", []), allowed,
+                                    problem)
     if problems:
         return None
     return Matrix(
         path=path, image=image, cells=tuple(resolved), pip=pip, conda=conda,
         ca_certificates=tuple(certs), tag_template=tag_template, hash_tag_template=hash_template,
-        extra_tags=tuple(tags_cfg.get("extra", [])), registries=allowed[1:],
+        extra_tags=tuple(tags_cfg.get("extra", [])), registries=allowed[1:], lists=lists,
     )
 
 
 def _resolve_tags(cells: list[Cell], image: str, template: str, hash_template: str, extra: list[str],
-                  allowed: tuple[str, ...], problem) -> list[Cell]:
-    """Each cell with its release tag; every tag a valid reference without a digest, on the registry
-    of `image` or one under tags.registries (`allowed`), and no tag shared by two cells (one push
-    would overwrite the other). Hash tags are checked with a distinct stand-in hash per cell."""
+                  allowed: tuple[str, ...], problem) -> tuple[list[Cell], tuple[TagList, ...]]:
+    """Each cell with its release tag (its per-arch tag when its release tag names a list of
+    several platforms' images, tags.plan), and the lists; every tag a valid reference without a
+    digest, on the registry of `image` or one under tags.registries (`allowed`), and no tag of a
+    cell shared by another (one push would overwrite the other). Hash tags are checked with a
+    distinct stand-in hash per cell."""
+    try:
+        releases = [tagging.release_tag(template, image, cell) for cell in cells]
+        hashes = [tagging.hash_tag(hash_template, image, cell, f"{n:012x}") for n, cell in enumerate(cells)]
+    except tagging.TagTemplateError as e:
+        problem(("tags", e.key), str(e))
+        return [], ()
+    own, lists = tagging.plan(list(zip(cells, releases)))
     resolved: list[Cell] = []
     owner: dict[str, tuple[str, str]] = {}
-    for n, cell in enumerate(cells):
-        try:
-            release = tagging.release_tag(template, image, cell)
-            hashed = tagging.hash_tag(hash_template, image, cell, f"{n:012x}")
-        except tagging.TagTemplateError as e:
-            problem(("tags", e.key), str(e))
-            return []
+    for cell, listed, release, hashed in zip(cells, releases, own, hashes):
         named = [(release, "template"), (hashed, "hash_template")] + [
             (ref, "extra") for ref in tagging.extra_tags(release, tuple(extra), git_sha="0" * 40)]
-        bad = [(why, key) for ref, key in named if (why := tagging.refusal(ref, allowed))]
+        bad = [(why, key) for ref, key in named + [(listed, "template")] if (why := tagging.refusal(ref, allowed))]
         for why, key in dict.fromkeys(bad):
             problem(("tags", key), f"cell {cell.id}: {why}")
         if bad:
-            return []  # one cell shows the mistake; the others would repeat it
+            return [], ()  # one cell shows the mistake; the others would repeat it
         for ref, key in dict.fromkeys(named):
             if ref in owner and owner[ref][0] != cell.id:
                 problem(("tags", key), f"cells {owner[ref][0]} and {cell.id} would both be tagged {ref!r}, "
                                        f"and one push would overwrite the other; add a field such as {{id}}")
-                return []
+                return [], ()
             owner[ref] = (cell.id, key)
         resolved.append(replace(cell, tags=(release,)))
-    return resolved
+    return resolved, lists
 
 
 def _env_blocks(data: dict[str, Any]) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
@@ -465,26 +470,53 @@ def _cell_source(combo: dict[str, Any], spec: dict[str, Any]) -> tuple[Any, ...]
     return ("matrix",)
 
 
+def _platform_source(combo: dict[str, Any], spec: dict[str, Any], where: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The key path that set a cell's platform: its include entry's key, the axis value, or `where`."""
+    if where != ("matrix",):
+        inc = spec["include"][where[2]]
+        return where + ("platform",) if "platform" in inc else where
+    values = spec.get("platform", [])
+    return ("matrix", "platform", values.index(combo["platform"])) if combo["platform"] in values else where
+
+
+def _check_platform(cell: Cell, conda: CondaSettings, where: tuple[Any, ...], problem) -> bool:
+    """What the cell's platform cannot have: MKL off x86_64, a conda installer without a digest.
+    False (one problem said) when the other checks of the cell would only repeat it."""
+    p = cell.platform
+    if cell.blas == "mkl" and not p.mkl:
+        problem(where, f"cell {cell.id}: blas mkl does not exist for {p.oci} (Intel's MKL is x86_64 only: no "
+                       f"mkl wheel for {p.arch} on PyPI, no {p.conda_subdir} mkl on conda-forge); use blas "
+                       f"openblas, or exclude {{platform: {p.oci}, blas: mkl}}")
+        return False
+    if cell.installer == "conda" and conda.installer(p) is None:
+        problem(where, f"cell {cell.id}: no {conda.distribution} installer digest is known for {p.oci}; set "
+                       f"conda.installers.{p.oci}.sha256 (the {p.arch} installer's, from its .sha256 file)")
+        return False
+    return True
+
+
 def _check_cell(cell: Cell, pip: PipSettings, conda: CondaSettings, where, problem) -> None:
     """Combinations that validate field by field but cannot work."""
     if cell.installer == "pip" and cell.blas == "mkl" and pip.numpy_index_url is None:
         problem(where, f"cell {cell.id}: PyPI's NumPy is linked to OpenBLAS only, so a pip cell cannot "
                        f"have blas: mkl without pip.numpy_index_url (an index serving MKL NumPy, "
                        f"e.g. Intel's); use installer conda or blas openblas")
-    if cell.installer == "pip" and cell.cuda is None and pip.torch_index_url is None and not _wheels(pip, cell, "+cpu"):
-        problem(where, f"cell {cell.id}: PyPI serves no CPU-only torch and pip.torch_index_url is null; "
+    if (cell.installer == "pip" and cell.cuda is None and pip.torch_index_url is None and not _wheels(pip, cell, "+cpu")
+            and not availability.pypi_serves_cpu(cell.torch, cell.python, cell.platform)):
+        on = "" if cell.platform == platforms.DEFAULT else f" {cell.torch} for {cell.platform.oci}"
+        problem(where, f"cell {cell.id}: PyPI serves no CPU-only torch{on} and pip.torch_index_url is null; "
                        f"put torch-{cell.torch}+cpu-*.whl in pip.wheelhouse or set pip.torch_index_url")
     elif cell.installer == "pip":
         route = "pypi" if pip.torch_index_url is None else "index"
         local = "+cpu" if cell.cuda is None else ("" if route == "pypi" else f"+cu{cell.cuda.replace('.', '')}")
         why = None if _wheels(pip, cell, local, python=True) else availability.pip_problem(
-            cell.torch, cell.cuda, cell.python, route)
+            cell.torch, cell.cuda, cell.python, route, platform=cell.platform)
         if why:
             hint = "set pip.torch_index_url, " if route == "pypi" and cell.cuda else ""
             problem(where, f"cell {cell.id}: {why} ({hint}or put the wheel in pip.wheelhouse; "
                            f"see {availability.PIP_DATA_FILE.removeprefix('imagefactory/')})")
     if cell.installer == "conda":
-        why = availability.conda_problem(cell.torch, cell.cuda, cell.python, cell.blas)
+        why = availability.conda_problem(cell.torch, cell.cuda, cell.python, cell.blas, platform=cell.platform)
         if why:
             problem(where, f"cell {cell.id}: {why}")
 
@@ -496,8 +528,9 @@ def _wheels(pip: PipSettings, cell: Cell, local: str, *, python: bool = False) -
         return []
     tag = f"cp{cell.python.replace('.', '')}-" if python else ""
     version = cell.torch if cell.torch.count(".") == 2 else f"{cell.torch}.*"
+    arch = "" if cell.platform == platforms.DEFAULT else f"_{cell.platform.arch}.whl"  # another arch's wheels: not its
     return [w for w in pip.wheelhouse.glob(f"torch-{version}{local}-{tag}*.whl")
-            if local or "+" not in w.name]
+            if (local or "+" not in w.name) and w.name.endswith(arch)]
 
 
 def _repository(ref: str) -> str:
@@ -607,6 +640,8 @@ def _conda_settings(cfg: dict[str, Any], problem) -> CondaSettings:
         sha256=sha or default.sha256,
         channels=tuple(cfg.get("channels", default.channels)),
         installer_url=cfg.get("installer_url"),
+        installers=tuple((oci, InstallerPin(pin["sha256"], pin.get("url")))
+                         for oci, pin in sorted(cfg.get("installers", {}).items())),
     )
 
 

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Union
 
+from imagefactory import platforms
+from imagefactory.platforms import Platform
 AUTO = "auto"
 Threads = Union[int, Literal["auto"]]  # a baked count, or computed by the entrypoint at start
 
@@ -36,11 +38,15 @@ class Cell:
     # the optional fifth axis (matrix.variant): cells alike in the four axes that differ in
     # packages, threads, env...; "" for none. It ends the id: py3.11-cpu-openblas-pip-vision
     variant: str = ""
+    # what the image is built for (platforms.py); a cell of any other than the default has its
+    # architecture in its id, before the variant: py3.11-cpu-openblas-pip-arm64
+    platform: Platform = platforms.DEFAULT
 
     @property
     def id(self) -> str:
         accel = "cpu" if self.cuda is None else f"cu{self.cuda}"
-        return f"py{self.python}-{accel}-{self.blas}-{self.installer}" + (f"-{self.variant}" if self.variant else "")
+        arch = "" if self.platform == platforms.DEFAULT else f"-{self.platform.architecture}"
+        return f"py{self.python}-{accel}-{self.blas}-{self.installer}{arch}" + (f"-{self.variant}" if self.variant else "")
 
     @property
     def accel(self) -> str:
@@ -59,12 +65,42 @@ class PipSettings:
 
 
 @dataclass(frozen=True)
+class InstallerPin:
+    """The conda installer of one platform: its digest, and where to get it (None: the
+    distribution's URL for the platform's architecture)."""
+
+    sha256: str
+    url: str | None = None
+
+
+@dataclass(frozen=True)
 class CondaSettings:
     distribution: str = "miniforge"  # miniforge | miniconda
     version: str = "25.3.1-0"
-    sha256: str = "376b160ed8130820db0ab0f3826ac1fc85923647f75c1b8231166e3d559ab768"
+    sha256: str = "376b160ed8130820db0ab0f3826ac1fc85923647f75c1b8231166e3d559ab768"  # linux/amd64's (x86_64)
     channels: tuple[str, ...] = ("conda-forge",)
     installer_url: str | None = None  # None: the distribution's official download URL
+    # the installers of the other platforms (OCI name, pin): no aarch64 digest is built in
+    installers: tuple[tuple[str, InstallerPin], ...] = ()
+
+    def installer(self, platform: Platform) -> InstallerPin | None:
+        """The installer a cell of `platform` downloads and checks; None when no digest is known."""
+        if platform == platforms.DEFAULT:
+            return InstallerPin(self.sha256, self.installer_url)
+        return dict(self.installers).get(platform.oci)
+
+
+@dataclass(frozen=True)
+class TagList:
+    """One release tag naming a list of per-platform images (an OCI image index), as
+    docker-stacks publishes: `ref` is the list, each member a cell and its per-arch tag."""
+
+    ref: str  # registry/ns/name:2.13.0-py3.11-cpu-openblas-pip
+    members: tuple[tuple[str, str, str], ...]  # (cell id, platform OCI name, per-arch tag)
+
+    @property
+    def platforms(self) -> tuple[str, ...]:
+        return tuple(p for _, p, _ in self.members)
 
 
 @dataclass(frozen=True)
@@ -79,6 +115,9 @@ class Matrix:
     hash_tag_template: str = "{image}:sha-{hash}"
     extra_tags: tuple[str, ...] = ()  # "date", "git-sha"
     registries: tuple[str, ...] = ()  # registries besides image's that tags may name (tags.registries)
+    # release tags that name several platforms' images (tags.plan); publishing them is later work:
+    # the cells push their per-arch tags (cell.tags) only
+    lists: tuple[TagList, ...] = ()
 
     def cell(self, cell_id: str) -> Cell:
         for c in self.cells:

@@ -8,7 +8,7 @@ same requirements and specs on the host, so a lock pins exactly what an image wo
 
 from __future__ import annotations
 
-from imagefactory import __version__, lockfile
+from imagefactory import __version__, availability, lockfile, platforms, tags
 from imagefactory.availability import conda_build_spec
 from imagefactory.errors import ConfigError
 from imagefactory.model import AUTO, Cell, Matrix
@@ -16,8 +16,9 @@ from imagefactory.model import AUTO, Cell, Matrix
 HASH_LABEL = "io.imagefactory.content-hash"
 LABEL_PREFIX = "io.imagefactory"
 
-MINIFORGE_URL = "https://github.com/conda-forge/miniforge/releases/download/{v}/Miniforge3-{v}-Linux-x86_64.sh"
-MINICONDA_URL = "https://repo.anaconda.com/miniconda/Miniconda3-{v}-Linux-x86_64.sh"
+# {arch}: the cell's platform's (platforms.Platform.arch: x86_64, aarch64)
+MINIFORGE_URL = "https://github.com/conda-forge/miniforge/releases/download/{v}/Miniforge3-{v}-Linux-{arch}.sh"
+MINICONDA_URL = "https://repo.anaconda.com/miniconda/Miniconda3-{v}-Linux-{arch}.sh"
 
 ENV_PREFIX = {"conda": "/opt/env", "pip": "/opt/venv"}
 # Where the package caches are mounted under BuildKit (root's pip cache; conda's CONDA_PKGS_DIRS).
@@ -70,12 +71,16 @@ def site_packages(cell: Cell) -> str:
 
 
 def labels(matrix: Matrix, cell: Cell, content_hash: str | None) -> list[tuple[str, str]]:
+    """The image's labels. Its version is its release tag's, the list's when the cell is one
+    platform of one (so adding a platform to a matrix changes no other cell's content hash)."""
+    listed = tags.list_of(matrix, cell)
+    release = listed.ref if listed else (cell.tags[0] if cell.tags else None)
     out = {
         "org.opencontainers.image.title": f"{matrix.image.rsplit('/', 1)[-1]} {cell.id}",
         "org.opencontainers.image.description": (
             f"torch {cell.torch}, Python {cell.python}, "
             f"{'CPU only' if cell.cuda is None else 'CUDA ' + cell.cuda}, {cell.blas}, {cell.installer}"),
-        "org.opencontainers.image.version": cell.tags[0].rsplit(":", 1)[-1] if cell.tags else cell.id,
+        "org.opencontainers.image.version": release.rsplit(":", 1)[-1] if release else cell.id,
         "org.opencontainers.image.base.name": cell.base_image,
         **({"org.opencontainers.image.base.digest": cell.base_image.partition("@")[2]}
            if "@" in cell.base_image else {}),
@@ -92,6 +97,8 @@ def labels(matrix: Matrix, cell: Cell, content_hash: str | None) -> list[tuple[s
     }
     if cell.variant:  # only then: a cell without a variant keeps the labels (and content hash) it had
         out[f"{LABEL_PREFIX}.variant"] = cell.variant
+    if cell.platform != platforms.DEFAULT:  # the same: a linux/amd64 cell's labels are today's
+        out[f"{LABEL_PREFIX}.platform"] = cell.platform.oci
     out.update(dict(cell.labels))
     if content_hash:
         out[HASH_LABEL] = content_hash
@@ -101,6 +108,9 @@ def labels(matrix: Matrix, cell: Cell, content_hash: str | None) -> list[tuple[s
 def _conda_values(matrix: Matrix, cell: Cell, locked: bool = False) -> dict[str, object]:
     conda = matrix.conda
     template = MINIFORGE_URL if conda.distribution == "miniforge" else MINICONDA_URL
+    pin = conda.installer(cell.platform)
+    if pin is None:  # matrix.py refuses such a cell; a Matrix made in code may still hold one
+        raise ConfigError(f"cell {cell.id}: no conda installer digest for {cell.platform.oci} (conda.installers)")
     blas_pin = f"libblas=*=*{cell.blas}"
     specs = [f"python={cell.python}", conda_build_spec(cell.torch, cell.cuda)]
     if cell.cuda is not None:
@@ -118,8 +128,8 @@ def _conda_values(matrix: Matrix, cell: Cell, locked: bool = False) -> dict[str,
         "lock": locked,
         "distribution_title": "Miniforge" if conda.distribution == "miniforge" else "Miniconda",
         "installer_version": conda.version,
-        "installer_url": conda.installer_url or template.format(v=conda.version),
-        "installer_sha256": conda.sha256,
+        "installer_url": pin.url or template.format(v=conda.version, arch=cell.platform.arch),
+        "installer_sha256": pin.sha256,
         "accept_tos": conda.distribution == "miniconda",
         "override_cuda": cell.cuda,
         "specs": specs,
@@ -146,8 +156,10 @@ def torch_requirement(matrix: Matrix, cell: Cell) -> tuple[str, list[str]]:
         opts = _index_opts(matrix, pip.torch_index_url.replace("{variant}", variant),
                            extra + list(pip.extra_index_urls))
         return f"torch=={cell.torch}+{variant}", opts
-    # PyPI's plain torch is its default CUDA build (validated); CPU builds carry +cpu.
-    requirement = f"torch=={cell.torch}" if cell.cuda is not None else f"torch=={cell.torch}+cpu"
+    # PyPI's plain torch is its default CUDA build (validated), or a CPU build where PyPI has one
+    # (aarch64 2.9, 2.10); the index's CPU builds (a wheelhouse's) carry +cpu.
+    plain = cell.cuda is not None or availability.pypi_serves_cpu(cell.torch, cell.python, cell.platform)
+    requirement = f"torch=={cell.torch}" if plain else f"torch=={cell.torch}+cpu"
     return requirement, _index_opts(matrix, pip.index_url, list(pip.extra_index_urls))
 
 

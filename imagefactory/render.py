@@ -22,6 +22,7 @@ import jinja2
 
 from imagefactory import digests, inputs, lockfile
 from imagefactory import netrc as netrc_mod
+from imagefactory.engine_api import Builder
 from imagefactory.errors import ConfigError
 from imagefactory.interrupt import Interrupt
 from imagefactory.model import AUTO, Cell, Matrix
@@ -79,9 +80,10 @@ class Context:
 
 
 def dockerfile_text(matrix: Matrix, cell: Cell, content_hash: str | None, certs: list[str], *,
-                    locked: bool, buildkit: bool = False, netrc: bool = False) -> str:
-    """`buildkit`: package caches are BuildKit cache mounts (the classic builder has none);
+                    locked: bool, builder: Builder = Builder.classic, netrc: bool = False) -> str:
+    """`builder` buildkit: package caches are BuildKit cache mounts (the classic builder has none);
     `netrc`: the install steps mount the netrc secret (netrc.py; BuildKit only)."""
+    buildkit = builder is Builder.buildkit
     if netrc and not buildkit:
         raise ConfigError(f"cell {cell.id}: a netrc login needs the BuildKit builder (build secrets)")
     values: dict[str, object] = {
@@ -206,16 +208,18 @@ def context_hash(root: Path, dockerfile_without_hash: str) -> str:
 
 
 def render_cell(matrix: Matrix, cell: Cell, dest: Path, lock: lockfile.Lock | None, *,
-                buildkit: bool = False, netrc: bool = False) -> Context:
+                builder: Builder = Builder.classic, netrc: bool = False) -> Context:
     """Write one cell's context to `dest` (created; must not exist). `lock` is the cell's lock as
-    lockfile.load_all read and checked it (read once per run), or None. `buildkit` and `netrc`
+    lockfile.load_all read and checked it (read once per run), or None. `builder` and `netrc`
     as for dockerfile_text."""
     dest.mkdir(parents=True)
     _write_files(matrix, cell, dest, lock)
     certs = _cert_names(matrix)
-    flags = {"locked": lock is not None, "buildkit": buildkit, "netrc": netrc}
-    digest = context_hash(dest, dockerfile_text(matrix, cell, None, certs, **flags))
-    (dest / "Dockerfile").write_text(dockerfile_text(matrix, cell, digest, certs, **flags), encoding="utf-8")
+    locked = lock is not None
+    digest = context_hash(dest, dockerfile_text(matrix, cell, None, certs, locked=locked, builder=builder,
+                                                netrc=netrc))
+    (dest / "Dockerfile").write_text(dockerfile_text(matrix, cell, digest, certs, locked=locked, builder=builder,
+                                                     netrc=netrc), encoding="utf-8")
     if lock is not None:  # the checks compare the image's packages with the lock's
         cell = replace(cell, locked=lock.versions())
     return Context(cell=cell, path=dest, content_hash=digest)
@@ -236,7 +240,7 @@ def _check_out(out: Path, cells: list[Cell]) -> None:
 
 def render(matrix: Matrix, out: Path, cells: list[Cell] | None = None,
            bases: Mapping[str, str] | None = None, interrupt: Interrupt | None = None, *,
-           buildkit: bool = False, netrc_cells: frozenset[str] = frozenset()) -> list[Context]:
+           builder: Builder = Builder.classic, netrc_cells: frozenset[str] = frozenset()) -> list[Context]:
     """Render every cell into out/<cell-id>/, all or nothing: contexts are written to a
     temporary folder and moved into place only when every cell rendered.
 
@@ -248,8 +252,8 @@ def render(matrix: Matrix, out: Path, cells: list[Cell] | None = None,
     freshness.py); the pinned FROM is then part of the content hash. Without it the
     tags are kept (`imagefactory render` needs no engine).
 
-    `buildkit`: render for BuildKit (cache mounts); `netrc_cells`: the ids of the cells whose
-    install steps mount the netrc secret."""
+    `builder`: the builder the contexts are for (BuildKit: cache mounts); `netrc_cells`: the ids of
+    the cells whose install steps mount the netrc secret."""
     out = Path(out)
     cells = list(matrix.cells if cells is None else cells)
     if bases:
@@ -264,7 +268,7 @@ def render(matrix: Matrix, out: Path, cells: list[Cell] | None = None,
         staged = []
         for cell in cells:
             check()
-            staged.append(render_cell(matrix, cell, staging / cell.id, locks[cell.id], buildkit=buildkit,
+            staged.append(render_cell(matrix, cell, staging / cell.id, locks[cell.id], builder=builder,
                                       netrc=cell.id in netrc_cells))
         check()
         _check_out(out, cells)

@@ -1,6 +1,12 @@
 """Tag names: computed from the matrix before anything is built, validated as references.
 
 Release tags are applied (publish.py) only to cells whose build and checks passed.
+
+Platforms, as docker-stacks does it: cells alike but for their platform share one release tag,
+which names a list (an OCI image index) of their images; each cell's own tag is then a per-arch
+tag beside it, `name:aarch64-<tag>` / `name:x86_64-<tag>` (`plan`). Publishing pushes the per-arch
+tags; the lists (Matrix.lists) are merged once every platform of one passed (not built yet). A
+release tag of one cell stays that cell's own tag: a linux/amd64-only matrix is tagged as before.
 """
 
 from __future__ import annotations
@@ -10,7 +16,8 @@ import re
 import string
 
 from imagefactory import refs
-from imagefactory.model import Cell, Matrix
+from imagefactory.model import Cell, Matrix, TagList
+from imagefactory.platforms import Platform
 
 FIELDS = ("image", "torch", "python", "cuda", "accel", "blas", "installer", "installer_suffix", "variant",
           "variant_suffix", "id")
@@ -132,6 +139,33 @@ def extra_tags(release: str, kinds: tuple[str, ...], *, today: _dt.date | None =
         elif kind == "git-sha" and git_sha:
             out.append(f"{release}-g{git_sha[:7]}")
     return out
+
+
+def arch_tag(ref: str, platform: Platform) -> str:
+    """The per-arch tag beside the list tag `ref`: registry/ns/name:aarch64-2.13.0-py3.11-cpu-openblas."""
+    repo, tag = refs.split_tag(ref)
+    return f"{repo}:{platform.arch}-{tag}"
+
+
+def plan(releases: list[tuple[Cell, str]]) -> tuple[list[str], tuple[TagList, ...]]:
+    """Each cell's own release tag (in order), and the lists: the valid release tags that cells of
+    several platforms share, one cell per platform. Each cell of a list gets its per-arch tag.
+    Any other release tag stays its cells' own: the caller refuses one that two cells share (two
+    cells of one platform) or that is no reference, as it did before platforms."""
+    groups: dict[str, list[Cell]] = {}
+    for cell, ref in releases:
+        groups.setdefault(ref, []).append(cell)
+    listed = {ref for ref, cells in groups.items() if len(cells) > 1 and refs.parse(ref) is not None
+              and len({c.platform for c in cells}) == len(cells)}
+    own = [arch_tag(ref, cell.platform) if ref in listed else ref for cell, ref in releases]
+    lists = tuple(TagList(ref, tuple((c.id, c.platform.oci, arch_tag(ref, c.platform)) for c in groups[ref]))
+                  for ref in groups if ref in listed)
+    return own, lists
+
+
+def list_of(matrix: Matrix, cell: Cell) -> TagList | None:
+    """The list the cell's image is one platform of, if any."""
+    return next((t for t in matrix.lists if any(cell.id == member for member, _, _ in t.members)), None)
 
 
 def candidate(cell: Cell, content_hash: str) -> str:

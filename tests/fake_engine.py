@@ -15,16 +15,18 @@ import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 from imagefactory.context import UI, Options, RunContext, Silent
-from imagefactory.engine_api import BuildProgress, ContainerEngine, EngineInfo, PushOutcome, RunResult, is_transient
+from imagefactory import platforms
+from imagefactory.engine_api import (Builder, BuildProgress, BuildRequest, ContainerEngine, EngineInfo, PushOutcome,
+                                     RunResult, is_transient, refuse_foreign)
 from imagefactory.errors import BuildError, Cancelled, EngineError, EngineGone, PushError
 from imagefactory.interrupt import Interrupt
 from imagefactory.schedule import instructions
 
 LABEL_RE = re.compile(r'(\S+)="([^"]*)"')
-ENGINE_INFO = EngineInfo("27.3.1", "1.47", ("runc",), (), cpus=16)
+ENGINE_INFO = EngineInfo("27.3.1", "1.47", ("runc",), (), cpus=16, architecture="x86_64")
 
 # What a cell's build does: "ok", "error" (the stream reports an error event), "hang" (until
 # interrupted), "gone" (the engine stops answering).
@@ -45,6 +47,7 @@ class Image:
     labels: dict[str, str]
     tags: set[str] = field(default_factory=set)
     cell: str = ""
+    platform: str = "linux/amd64"  # its config's os/architecture
 
 
 @dataclass
@@ -54,6 +57,7 @@ class World:
     probes: dict[str, Any] = field(default_factory=dict)  # cell id -> behaviour
     pushes: dict[str, list[str]] = field(default_factory=dict)  # ref -> behaviour per try (default "ok")
     wrong_digest: set[str] = field(default_factory=set)  # refs the registry serves another digest for
+    wrong_arch: set[str] = field(default_factory=set)  # cells whose builds come out linux/amd64 whatever was asked
     label_lookup_fails: bool = False
     images: dict[str, Image] = field(default_factory=dict)
     registry: dict[str, str] = field(default_factory=dict)  # ref -> digest served (base images too)
@@ -64,7 +68,7 @@ class World:
     run_outputs: list[Any] = field(default_factory=list)  # RunResult | Exception, answered in order
     run_calls: list[dict] = field(default_factory=list)  # each run's arguments
     info: EngineInfo = ENGINE_INFO
-    builder: str = "classic"  # what its engines build with ("classic" or "buildkit")
+    builder: Builder | str = Builder.classic  # what its engines build with (classic or buildkit)
     gpus: bool = False
     calls: list[tuple] = field(default_factory=list)  # (operation, argument), in order
     running: set[str] = field(default_factory=set)  # containers now running
@@ -119,7 +123,7 @@ class FakeEngine:
     def __init__(self, world: World):
         self.world = world
         self.interrupt = world.interrupt
-        self.builder = world.builder
+        self.builder = Builder(world.builder)
 
     def _hang(self) -> None:
         while not self.interrupt.is_set():
@@ -139,6 +143,10 @@ class FakeEngine:
     def image_id(self, ref: str) -> str | None:
         image = self.world.image_by_ref(ref)
         return image.id if image else None
+
+    def image_platform(self, ref: str) -> str | None:
+        image = self.world.image_by_ref(ref)
+        return image.platform if image else None
 
     def tag(self, image: str, ref: str) -> None:
         self.world.record("tag", (image, ref))
@@ -161,19 +169,19 @@ class FakeEngine:
             del self.world.images[image.id]
 
     # -- build ---------------------------------------------------------------------------
-    def build(self, context: str, tag: str, *, network_mode: str | None = "host",
-              log: Callable[[str], None] = lambda line: None,
-              progress: Callable[[BuildProgress], None] = lambda p: None,
-              pull: bool = False, cache_from: list[str] | None = None, nocache: bool = False,
-              secrets: Mapping[str, Path] | None = None, platform: str | None = None) -> str:
+    def build(self, request: BuildRequest, *, log: Callable[[str], None] = lambda line: None,
+              progress: Callable[[BuildProgress], None] = lambda p: None) -> str:
         self.interrupt.check()
-        cell = Path(context).name
+        cell, tag = Path(request.context).name, request.tag
         self.world.record("build", cell)
-        self.world.record("build_args", {"cell": cell, "pull": pull, "cache_from": cache_from, "nocache": nocache,
-                                         "secrets": dict(secrets or {}), "platform": platform})
-        if secrets and self.builder == "classic":
+        self.world.record("build_args", {"cell": cell, "pull": request.pull, "cache_from": list(request.cache_from),
+                                         "nocache": request.nocache, "secrets": dict(request.secrets),
+                                         "platform": request.platform.oci, "request": request})
+        if request.secrets and self.builder is Builder.classic:
             raise BuildError("the classic builder has no build secrets; build with --builder buildkit")
-        dockerfile = (Path(context) / "Dockerfile").read_text()
+        if self.builder is Builder.classic:
+            refuse_foreign(request, platforms.native(self.world.info.architecture))
+        dockerfile = (Path(request.context) / "Dockerfile").read_text()
         behaviour = self.world.builds.get(cell, "ok")
         steps = instructions(dockerfile) or ["FROM base"]
         progress(BuildProgress(1, len(steps), steps[0]))
@@ -197,7 +205,8 @@ class FakeEngine:
             self.world.record("step", (cell, n))
             progress(BuildProgress(n, len(steps), line))
         image = Image("sha256:" + hashlib.sha256(f"{cell}{len(self.world.images)}".encode()).hexdigest(),
-                      dict(LABEL_RE.findall(dockerfile)), {tag}, cell)
+                      dict(LABEL_RE.findall(dockerfile)), {tag}, cell,
+                      "linux/amd64" if cell in self.world.wrong_arch else request.platform.oci)
         with self.world.lock:
             for other in self.world.images.values():
                 other.tags.discard(tag)
@@ -263,7 +272,7 @@ class FakeEngine:
         digest = "sha256:" + hashlib.sha256(image.id.encode()).hexdigest()
         progress({"status": "Pushed", "id": "layer1"})
         self.world.registry[ref] = digest
-        self.world.blobs[digest] = Image(image.id, dict(image.labels), set(), image.cell)
+        self.world.blobs[digest] = Image(image.id, dict(image.labels), set(), image.cell, image.platform)
         return PushOutcome(ref, digest, ["layer1"], [])
 
     def pull(self, ref: str, *, auth_config: dict[str, str] | None = None) -> str:
@@ -275,7 +284,8 @@ class FakeEngine:
         if self.world.pull_fails or blob is None:
             raise EngineError(f"pull of {ref} failed: manifest unknown")
         with self.world.lock:
-            image = self.world.images.setdefault(blob.id, Image(blob.id, dict(blob.labels), set(), blob.cell))
+            image = self.world.images.setdefault(blob.id, Image(blob.id, dict(blob.labels), set(), blob.cell,
+                                                                blob.platform))
         return image.id
 
     def registry_digest(self, ref: str, *, auth_config: dict[str, str] | None = None) -> str | None:

@@ -22,6 +22,7 @@ import docker
 import pytest
 
 from imagefactory import build, matrix, render, tags
+from imagefactory.engine_api import BuildRequest
 from tests.integration.helpers import (BASE_REGISTRY, TEST_PASSWORD, TEST_REGISTRY, TEST_USER, Build,
                                       Registry, Run, matrix_text, registry_tags, report_of)
 
@@ -85,7 +86,7 @@ def fake_cell_image(engine, tmp_path: Path, m, created_images) -> tuple[str, str
         "RUN printf '#!/bin/sh\\nexec sleep 600\\n' > /usr/local/bin/python && chmod 755 /usr/local/bin/python\n")
     candidate = tags.candidate(ctx.cell, ctx.content_hash)
     created_images.append(candidate)
-    return engine.build(str(context), candidate), ctx.cell.id
+    return engine.build(BuildRequest(str(context), candidate)), ctx.cell.id
 
 
 def test_sigterm_during_the_smoke_test(tmp_path, engine, base_registry, own_wheelhouse, session_id,

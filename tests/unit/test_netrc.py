@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from imagefactory import matrix, netrc, render
+from imagefactory.engine_api import Builder
 from imagefactory.errors import ConfigError
 
 SECRET = "Sup3r-S3cret-pw"
@@ -116,12 +117,12 @@ def test_default_path_is_netrc_variable_then_home(tmp_path):
 
 def test_render_refuses_a_secret_mount_for_the_classic_builder(m):
     with pytest.raises(ConfigError, match="needs the BuildKit builder"):
-        render.dockerfile_text(m, m.cells[0], None, [], locked=False, buildkit=False, netrc=True)
+        render.dockerfile_text(m, m.cells[0], None, [], locked=False, builder=Builder.classic, netrc=True)
 
 
 def test_the_secret_mount_is_in_the_install_runs_only(m):
     """torch's install and the other packages' (each may come from a protected index)."""
-    text = render.dockerfile_text(m, m.cells[0], None, [], locked=False, buildkit=True, netrc=True)
+    text = render.dockerfile_text(m, m.cells[0], None, [], locked=False, builder=Builder.buildkit, netrc=True)
     mounts = [line for line in text.splitlines() if "type=secret" in line]
     installs = [line for line in text.splitlines() if line.startswith("RUN ") and "pip install" in text.split(line, 1)[1][:400]]
     assert len(mounts) == 2 and all(line.startswith("RUN --mount=type=cache") for line in mounts)

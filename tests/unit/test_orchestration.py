@@ -19,11 +19,12 @@ import pytest
 import requests
 
 from imagefactory import build as build_mod
-from imagefactory import cli, engine_api
+from imagefactory import cli, engines
 from imagefactory import matrix as matrix_mod
 from imagefactory import publish as publish_mod
 from imagefactory import render
 from imagefactory.engine import Engine
+from imagefactory.engine_api import BuildRequest
 from imagefactory.errors import (BuildError, Cancelled, CellFailure, ConfigError, DockerUnavailable, EngineError,
                                  EngineGone, Interrupted)
 from imagefactory.interrupt import Interrupt
@@ -158,7 +159,7 @@ def test_the_tested_image_is_the_one_published_even_if_its_candidate_name_moves(
     tested = {r.cell: r.image_id for r in reports}
     other = World(probes=world.probes, images=world.images, interrupt=Interrupt())
     for r in reports:  # a rebuild of the same content under the same candidate name
-        other.engine().build(str(tmp_path / "work" / "contexts" / r.cell), r.candidate)
+        other.engine().build(BuildRequest(str(tmp_path / "work" / "contexts" / r.cell), r.candidate))
     assert {world.image_by_ref(r.candidate).id for r in reports}.isdisjoint(tested.values())
     published = run_publish(m, world, reports)
     for cell, r in published.items():
@@ -388,6 +389,9 @@ class FakeClient:
     def ping(self):
         return True
 
+    def info(self):
+        return {"Architecture": "x86_64"}  # the classic builder builds for the engine's own platform
+
 
 def test_a_build_stream_error_event_fails_the_build():
     api = FakeAPI([{"stream": "Step 1/2 : FROM base\n"}, {"stream": "Step 2/2 : RUN false\n"},
@@ -395,14 +399,14 @@ def test_a_build_stream_error_event_fails_the_build():
                    {"error": "The command '/bin/sh -c false' returned a non-zero code: 1\n"},
                    {"aux": {"ID": "sha256:" + "1" * 64}}])
     with pytest.raises(BuildError) as e:
-        Engine(FakeClient(api)).build("/ctx", "x:1")
+        Engine(FakeClient(api)).build(BuildRequest("/ctx", "x:1"))
     assert e.value.step == "step 2/2: RUN false"
     assert "non-zero code: 1" in e.value.message and e.value.log_tail[-1].startswith("ERROR:")
 
 
 def test_a_clean_build_stream_returns_the_image_id():
     api = FakeAPI([{"stream": "Step 1/1 : FROM base\n"}, {"aux": {"ID": "sha256:" + "1" * 64}}])
-    assert Engine(FakeClient(api)).build("/ctx", "x:1") == "sha256:" + "1" * 64
+    assert Engine(FakeClient(api)).build(BuildRequest("/ctx", "x:1")) == "sha256:" + "1" * 64
 
 
 def test_an_interrupt_mid_build_kills_the_build_container_and_cancels():
@@ -415,7 +419,7 @@ def test_an_interrupt_mid_build_kills_the_build_container_and_cancels():
     api = FakeAPI([{"stream": "Step 1/2 : RUN sleep 600\n"}, {"stream": " ---> Running in 0123456789ab\n"},
                    {"stream": "still going\n"}, {"aux": {"ID": "sha256:" + "1" * 64}}], on_event)
     with pytest.raises(Cancelled):
-        Engine(FakeClient(api), interrupt=interrupt).build("/ctx", "x:1")
+        Engine(FakeClient(api), interrupt=interrupt).build(BuildRequest("/ctx", "x:1"))
     assert api.removed == ["0123456789ab"]
 
 
@@ -562,11 +566,11 @@ def test_sigterm_while_build_is_still_rendering_exits_143_with_a_report(m, tmp_p
     KeyboardInterrupt that skips the report (130)."""
     world = World(probes={c.id: good_probe(c) for c in m.cells})
 
-    def engine(interrupt: Interrupt):  # the engines the CLI makes share its run's interrupt
+    def engine(interrupt: Interrupt, **kwargs):  # the engines the CLI makes share its run's interrupt
         world.interrupt = interrupt
         return world.engine()
 
-    monkeypatch.setattr(engine_api, "docker_engine", engine)
+    monkeypatch.setattr(engines, "docker_engine", engine)
     real_render_cell = render.render_cell
 
     def render_cell_then_sigterm(*args, **kwargs):

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from imagefactory import matrix, render
+from imagefactory.engine_api import Builder
 from tests.conftest import REPO
 
 GOLDEN = REPO / "tests" / "golden"
@@ -280,8 +281,8 @@ def test_torch_test_programs_are_removed_in_the_venv_stage(golden_contexts, cell
     assert "torch_shm_manager" not in run
 
 
-@pytest.mark.parametrize("buildkit", [False, True], ids=["classic", "buildkit"])
-def test_cells_that_differ_in_blas_and_packages_share_the_torch_step(tmp_path, buildkit):
+@pytest.mark.parametrize("builder", [Builder.classic, Builder.buildkit], ids=["classic", "buildkit"])
+def test_cells_that_differ_in_blas_and_packages_share_the_torch_step(tmp_path, builder):
     """torch is installed by a RUN of its own, the same text for an MKL and an OpenBLAS cell with
     other packages: the builder takes that layer from its cache for the second cell."""
     path = tmp_path / "matrix.yaml"
@@ -290,7 +291,7 @@ def test_cells_that_differ_in_blas_and_packages_share_the_torch_step(tmp_path, b
                     "torch: \"2.13.0\"\npip: {torch_index_url: \"https://download.pytorch.org/whl/cpu\", "
                     "numpy_index_url: \"https://mkl.example.com/simple\"}\n")
     m = matrix.load(path)
-    texts = [render.dockerfile_text(m, cell, None, [], locked=False, buildkit=buildkit) for cell in m.cells]
+    texts = [render.dockerfile_text(m, cell, None, [], locked=False, builder=builder) for cell in m.cells]
     # from the first FROM to the end of the line that installs torch: the same text in both cells
     upto = [t[t.index("\nFROM "):t.index("\n", t.index("torch==2.13.0"))] for t in texts]
     assert upto[0] == upto[1]

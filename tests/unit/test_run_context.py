@@ -13,7 +13,7 @@ import threading
 import pytest
 
 from imagefactory import build as build_mod
-from imagefactory import cli, engine_api
+from imagefactory import cli, engines
 from imagefactory import matrix as matrix_mod
 from imagefactory.context import Gpus, Options
 from imagefactory.errors import Cancelled, ConfigError
@@ -31,14 +31,14 @@ def world(tmp_path, monkeypatch) -> World:
     m = matrix_mod.load(tmp_path / "matrix.yaml")
     w = World(probes={c.id: good_probe(c) for c in m.cells})
 
-    def engine(interrupt: Interrupt):
+    def engine(interrupt: Interrupt, **kwargs):
         w.interrupt = interrupt
         return w.engine()
 
     def exit_now(code: int) -> None:
         raise SystemExit(code)
 
-    monkeypatch.setattr(engine_api, "docker_engine", engine)
+    monkeypatch.setattr(engines, "docker_engine", engine)
     monkeypatch.setattr(cli.os, "_exit", exit_now)
     monkeypatch.chdir(tmp_path)
     return w
