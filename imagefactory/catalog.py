@@ -23,7 +23,7 @@ import jinja2
 from imagefactory import fsutil, inputs, refs
 from imagefactory.checks import Check
 from imagefactory.errors import ConfigError
-from imagefactory.report import CellReport
+from imagefactory.cellreport import CellReport
 
 MAX_REPORT = 64 * 1024 * 1024  # bytes of report.json (or bench.json) read at most
 _TEMPLATES = Path(__file__).parent / "templates"

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from imagefactory import fsutil, inputs, lockfile, recipe
+from imagefactory import fsutil, inputs, lockfile, platforms, recipe
 from imagefactory.errors import ConfigError, ImageFactoryError, LocksMissing
 from imagefactory.lockfile import Lock
 from imagefactory.model import Cell, Matrix
@@ -119,6 +119,12 @@ def pins_from_report(report: dict, wheelhouse: Path | None, cell_id: str) -> lis
 
 def resolve_pip(matrix: Matrix, cell: Cell, held: dict[str, str]) -> tuple[str, str]:
     """The body of a pip lock (requirements with hashes) and the resolver that made it."""
+    if cell.platform != platforms.DEFAULT:
+        # pip's --platform evaluates environment markers against this host: an aarch64 torch
+        # resolved on x86_64 pulls x86 CUDA wheels. Refused until a resolver marks per target.
+        raise ConfigError(f"cell {cell.id}: a {cell.platform} pip cell cannot be locked here yet: pip's --platform "
+                          f"evaluates markers for this host, not the target (lock it with --only the "
+                          f"{platforms.DEFAULT} cells, or build it unlocked)")
     with tempfile.TemporaryDirectory(prefix="imagefactory-lock-") as tmp:
         report, constraints = Path(tmp) / "report.json", None
         if held:

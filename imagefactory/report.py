@@ -5,61 +5,23 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 from imagefactory import fsutil
-from imagefactory.checks import Check, launches
+from imagefactory.checks import Check
 
-# Cell states, in pipeline order.
-BUILT, CACHED, BUILD_FAILED, PASSED, CHECK_FAILED, NOT_BUILT, SKIPPED = (
-    "built", "cached", "build-failed", "passed", "check-failed", "not-built", "skipped")
-INTERRUPTED = "interrupted"  # a SIGINT/SIGTERM stopped this cell's work (or its publish)
-PUBLISHED, PUBLISH_FAILED, NOT_PUBLISHED = "published", "publish-failed", "not-published"
-
-
-@dataclass
-class CellReport:
-    cell: str
-    status: str = SKIPPED
-    content_hash: str = ""
-    image_id: str = ""
-    candidate: str = ""
-    cached: bool = False
-    build_seconds: float = 0.0
-    log: str = ""
-    error: str = ""
-    failed_step: str = ""
-    log_tail: list[str] = field(default_factory=list)
-    checks: list[Check] = field(default_factory=list)
-    tags: list[str] = field(default_factory=list)
-    publish: str = ""  # published | publish-failed | not-published | "" (no push asked)
-    pushed: list[dict] = field(default_factory=list)  # {"ref", "digest", "layers_pushed", "layers_existing"}
-    base_image: str = ""  # the base as built: name:tag@sha256:... once resolved (freshness.py)
-    base_digest: str = ""
-    verdicts: str = ""  # probed | cached (an earlier pass of this very image, verdicts.py) | "" (not tested)
-    verdicts_at: str = ""  # when the verdicts were made (UTC)
-    pulled: str = ""  # name:tag@sha256:... when the image was pulled from the registry instead of built (regcache.py)
-    builder: str = ""  # what built the image: buildkit | classic ("" when none was built this run)
-    sbom: str = ""  # build/sbom/<cell>.cdx.json, written once the cell passed (supply.py)
-    provenance: str = ""  # build/provenance/<cell>.intoto.json
-    signing: str = ""  # signed | sign-failed | not-signed | "" (no --sign asked)
-    signatures: list[dict] = field(default_factory=list)  # per pushed digest: .sig/.att tags and digests
-
-    @property
-    def launches(self) -> dict[str, str]:
-        """{launch mode: "pass" | "fail"} (smoke.MODES), from the checks; {} when untested."""
-        return launches(self.checks)
-
-    @property
-    def ok(self) -> bool:
-        return self.status == PASSED and self.publish in ("", PUBLISHED)
+# The cell states and CellReport live in cellreport.py (the catalogue reads them too); they are
+# re-exported here, where every step of the pipeline has always found them.
+from imagefactory.cellreport import (  # noqa: E402,F401
+    BUILD_FAILED, BUILT, CACHED, CHECK_FAILED, INTERRUPTED, NOT_BUILT, NOT_PUBLISHED, PASSED, PUBLISH_FAILED,
+    PUBLISHED, SKIPPED, CellReport)
 
 
 def write(reports: list[CellReport], path: Path, *, gpus: bool) -> tuple[Path, Path]:
     """report.json, the Markdown summary beside it (.md, also appended to GITHUB_STEP_SUMMARY),
     and the image catalogue beside both (.html, catalog.py)."""
-    from imagefactory import catalog  # catalog reads CellReport from here
+    from imagefactory import catalog  # catalog reads CellReport from cellreport.py, never from here
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
