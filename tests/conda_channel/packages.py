@@ -13,11 +13,13 @@ import hashlib
 import os
 import re
 import shutil
+import struct
 import subprocess
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 PYTHON_HOME = Path(os.environ.get("IMAGEFACTORY_CONDA_PYTHON", "/root/.pyenv/versions/3.11.7"))
 PY = "3.11"
@@ -85,6 +87,7 @@ PYTHON_DEBS = ("libssl3", "libsqlite3-0", "libreadline8", "libncursesw6")  # wha
 
 
 def fetch(work: Path, wheels_too: bool = True, debs_wanted: tuple[str, ...] = DEBS) -> Sources:
+    ensure_patchelf()
     wheels, debs = work / "wheels", work / "debs"
     wheels.mkdir(parents=True)
     debs.mkdir()
@@ -131,6 +134,58 @@ def is_elf(path: Path) -> bool:
         return False
     with open(path, "rb") as f:
         return f.read(4) == b"\x7fELF"
+
+
+def ensure_patchelf() -> None:
+    """Debian's patchelf, installed with apt-get when missing (the builder runs as root in CI)."""
+    if shutil.which("patchelf"):
+        return
+    if os.geteuid() != 0:
+        raise RuntimeError("the conda test channel needs patchelf: apt-get install patchelf")
+    subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "patchelf"], check=True,
+                   stdout=subprocess.DEVNULL, env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+
+
+_PLACEHOLDER = "libimagefactory-symbolic-placeholder.so"
+
+
+def _dynamic(f: BinaryIO) -> tuple[int, list[tuple[int, int, int]], list[tuple[int, int, int]]]:
+    """(file offset of .dynamic, its (tag, value, offset) entries, PT_LOAD (vaddr, offset, size))."""
+    head = f.read(64)
+    if head[:6] != b"\x7fELF\x02\x01":
+        raise ValueError("not a little-endian ELF64 file")
+    (phoff,), (phentsize, phnum) = struct.unpack_from("<Q", head, 32), struct.unpack_from("<HH", head, 54)
+    f.seek(phoff)
+    table = f.read(phentsize * phnum)
+    loads, dyn_off, dyn_size = [], 0, 0
+    for i in range(phnum):
+        p_type, _, p_offset, p_vaddr, _, p_filesz = struct.unpack_from("<IIQQQQ", table, i * phentsize)
+        if p_type == 1:
+            loads.append((p_vaddr, p_offset, p_filesz))
+        elif p_type == 2:
+            dyn_off, dyn_size = p_offset, p_filesz
+    f.seek(dyn_off)
+    raw = f.read(dyn_size)
+    entries = [struct.unpack_from("<qQ", raw, j) + (j,) for j in range(0, len(raw), 16)]
+    return dyn_off, entries, loads
+
+
+def make_symbolic(path: Path) -> None:
+    """Give a shared library DT_SYMBOLIC (what `ld -Bsymbolic` sets): its references to symbols it
+    defines bind to its own definitions, never to another library's. patchelf 0.14 cannot add the
+    tag, so it adds a DT_NEEDED entry for a placeholder name, which is then rewritten in place."""
+    patchelf("--add-needed", _PLACEHOLDER, str(path))
+    with open(path, "r+b") as f:
+        dyn_off, entries, loads = _dynamic(f)
+        strtab = next(v for t, v, _ in entries if t == 5)
+        base = next(off + strtab - va for va, off, size in loads if va <= strtab < va + size)
+        for tag, value, at in entries:
+            f.seek(base + value)
+            if tag == 1 and f.read(len(_PLACEHOLDER) + 1) == _PLACEHOLDER.encode() + b"\0":
+                f.seek(dyn_off + at)
+                f.write(struct.pack("<qQ", 16, 0))  # DT_SYMBOLIC
+                return
+    raise RuntimeError(f"{path}: patchelf's new DT_NEEDED entry was not found")
 
 
 def set_runpath(path: Path, runpath: str) -> None:
@@ -450,20 +505,37 @@ def wheel_packages(src: Sources) -> list[Package]:
 
 # --------------------------------------------------------------------------- torch
 
+_GOMP_RE = re.compile(r"libgomp(-[0-9a-f]+)?\.so\.1")
+
+
 def _torch_skip(name: str) -> bool:
-    return name == "torch/lib/libgomp.so.1" or name.startswith("torch/bin/test_")
+    """torch's bundled GNU libgomp (torch/lib/libgomp.so.1, or auditwheel's torch.libs/libgomp-*.so.1)
+    and its test binaries stay out."""
+    base = name.rsplit("/", 1)[-1]
+    return (name.startswith(("torch/lib/", "torch.libs/")) and bool(_GOMP_RE.fullmatch(base))) \
+        or name.startswith("torch/bin/test_")
 
 
 def stage_torch(wheel: Path, dst: Path) -> None:
-    """PyPI's CPU torch, as conda-forge's links it: no bundled GNU libgomp; libtorch's
-    `libgomp.so.1` resolves through RUNPATH to the environment's lib/ (_openmp_mutex: Intel's
-    runtime, which exports the GOMP_* entry points)."""
+    """PyPI's CPU torch, as conda-forge's links it: no bundled GNU libgomp; libtorch's OpenMP
+    dependency is `libgomp.so.1` (a hashed auditwheel name is replaced) and resolves through
+    RUNPATH to the environment's lib/ (_openmp_mutex: Intel's runtime, which exports GOMP_*).
+
+    PyPI's libtorch_cpu links MKL statically and exports every MKL symbol. In a process where
+    numpy loaded the environment's MKL first, MKL's layers (loaded RTLD_GLOBAL) interposed them:
+    with MKL_INTERFACE_LAYER=LP64,GNU (conda-forge's activation) torch.dot on complex128 gave 0j.
+    conda-forge's torch has no MKL of its own; DT_SYMBOLIC makes this one keep to its own copy."""
     site = dst / SITE
     info = extract_wheel(wheel, site, _torch_skip)
     lib = site / "torch/lib"
     for so in sorted(lib.glob("*.so*")):
-        if "libgomp.so.1" in needed(so):
+        deps = needed(so)
+        for dep in deps:
+            if _GOMP_RE.fullmatch(dep) and dep != "libgomp.so.1":
+                patchelf("--replace-needed", dep, "libgomp.so.1", str(so))
+        if any(_GOMP_RE.fullmatch(dep) for dep in deps):
             set_runpath(so, "$ORIGIN:$ORIGIN/../../../..")
+    make_symbolic(lib / "libtorch_cpu.so")
     plain = info.with_name(f"torch-{TORCH}.dist-info")  # conda-forge's reports 2.13.0, not 2.13.0+cpu
     info.rename(plain)
     meta = plain / "METADATA"
