@@ -41,6 +41,8 @@ x = numpy.array([complex(i % 7 - 3, i % 5 - 2) for i in range(37)])
 y = numpy.array([complex(i % 3 - 1, i % 4 - 2) for i in range(37)])
 zdotc_ok = complex(numpy.vdot(x, y)) == sum(a.conjugate() * b for a, b in zip(x.tolist(), y.tolist()))
 import torch
+xt, yt = torch.tensor(x.tolist()), torch.tensor(y.tolist())
+torch_dot_ok = complex(torch.dot(xt, yt)) == sum(a * b for a, b in zip(x.tolist(), y.tolist()))
 torch.set_num_threads(2)
 threads = torch.get_num_threads()
 a = torch.randn(600, 600, dtype=torch.float64)
@@ -53,7 +55,7 @@ layers = sorted({str(e.get("threading_layer")) for e in after if e["internal_api
 maps = open("/proc/self/maps").read()
 omp_maps = sorted({line.split()[-1] for line in maps.splitlines() if "omp" in line.split("/")[-1]})
 meta = [os.stat(p).st_mode & 0o777 for p in __import__("glob").glob(sys.prefix + "/conda-meta/*.json")]
-print(json.dumps(dict(blas=blas, zdotc_ok=zdotc_ok, mkl_interface_layer=os.environ.get("MKL_INTERFACE_LAYER"),
+print(json.dumps(dict(blas=blas, zdotc_ok=zdotc_ok, torch_dot_ok=torch_dot_ok, mkl_interface_layer=os.environ.get("MKL_INTERFACE_LAYER"),
                       torch=torch.__version__, threads=threads, parallel_matches=all(abs(p - s) < 1e-6 * abs(s)
                       for p, s in zip(par, seq)), openmp=openmp, mkl_layers=layers, omp_maps=omp_maps,
                       mkl_available=torch.backends.mkl.is_available(), meta_modes=sorted(set(meta)))))
@@ -163,6 +165,7 @@ def verdicts(lines: list[str]) -> list[tuple[bool, str]]:
         one_omp = len(doc["openmp"]) == 1 and doc["openmp"][0].endswith("/lib/libiomp5.so")
         out += [(apis == [want], f"{label}: numpy's BLAS {doc['blas']}"),
                 (doc["zdotc_ok"], f"{label}: numpy.vdot (zdotc) exact: {doc['zdotc_ok']}"),
+                (doc["torch_dot_ok"], f"{label}: torch.dot complex128 after numpy exact: {doc['torch_dot_ok']}"),
                 (one_omp, f"{label}: OpenMP runtimes {doc['openmp']}; mapped {doc['omp_maps']}"),
                 (doc["parallel_matches"] and doc["threads"] == 2, f"{label}: torch {doc['torch']}, "
                  f"get_num_threads {doc['threads']}, parallel == serial: {doc['parallel_matches']}"),

@@ -131,7 +131,7 @@ class ChannelServer:
 
         def handler(*args: object, **kwargs: object) -> _Handler:
             return _Handler(*args, directory=root, **kwargs)  # type: ignore[arg-type]
-        self._httpd = _Server(("127.0.0.1", 0), handler)  # type: ignore[arg-type]
+        self._httpd = _Server(("127.0.0.1", 0), handler)
         self._httpd.owner = self
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="conda-channel", daemon=True)
         self._thread.start()
