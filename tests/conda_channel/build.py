@@ -230,6 +230,12 @@ def self_test(out: Path) -> None:
         for lib in ("libblas", "libcblas", "liblapack"):
             assert got[lib].endswith("_" + blas), (blas, lib, got[lib])
         assert ("mkl" in got) == (blas == "mkl") and ("nomkl" in got) == (blas == "openblas"), sorted(got)
+    broken = rattler.Channel((out / BROKEN).as_uri())
+    specs = [rattler.MatchSpec(s, strict=False) for s in [*base, "libblas=*=*mkl"]]
+    records = asyncio.run(rattler.solve([broken, channel], specs, platforms=["linux-64", "noarch"],
+                                        virtual_packages=rattler.VirtualPackage.detect()))
+    got = {r.name.normalized: str(r.build) for r in records}
+    assert got["libblas"] == f"{packages.BLAS_BUILD + 1}_linux64_mkl", got["libblas"]  # broken/ wins
 
 
 @contextlib.contextmanager

@@ -18,8 +18,9 @@ import subprocess
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Literal
 
 PYTHON_HOME = Path(os.environ.get("IMAGEFACTORY_CONDA_PYTHON", "/root/.pyenv/versions/3.11.7"))
 PY = "3.11"
@@ -56,7 +57,7 @@ class Package:
     depends: list[str] = field(default_factory=list)
     constrains: list[str] = field(default_factory=list)
     build_number: int = 0
-    noarch: str | None = None  # "python" | "generic" | None (linux-64)
+    noarch: Literal["python", "generic"] | None = None  # None: linux-64
     channel: str = "channel"  # the folder (channel) it is written to
     level: int = 3  # compression level (rattler-build's 0-9)
     license: str | None = None
@@ -260,6 +261,7 @@ def stage_python(dst: Path, home: Path = PYTHON_HOME) -> None:
     shutil.copytree(home / f"lib/python{PY}", dst / f"lib/python{PY}", symlinks=True, ignore=_stdlib_ignore)
     write(dst / SITE / "README.txt", "This directory exists so that 3rd party packages can be installed here.\n")
     set_runpath(dst / f"bin/python{PY}", "$ORIGIN/../lib")
+    set_runpath(dst / "lib/libpython3.so", "$ORIGIN")  # the stable-ABI shim needs libpython3.11.so.1.0
     bundled = {"libssl.so.3", "libcrypto.so.3", "libsqlite3.so.0", "libreadline.so.8", "libncursesw.so.6",
                "libpanelw.so.6"}
     for ext in sorted((dst / f"lib/python{PY}/lib-dynload").glob("*.so")):
@@ -353,13 +355,17 @@ def _stage_openblas(src: Sources, dst: Path) -> None:
     symlinks(dst, {"lib/libopenblas.so.0": real.name, "lib/libopenblas.so": real.name})
 
 
+def _stage_gfortran(src: Sources, dst: Path) -> None:
+    copy_libs(src.debs["libgfortran5"], dst, ("libgfortran.so.5*",))
+    copy_libs(src.debs["libquadmath0"], dst, ("libquadmath.so.0*",))
+
+
 def openblas_packages(src: Sources) -> list[Package]:
     ob_v, gf_v = src.versions["libopenblas0-pthread"], src.versions["libgfortran5"]
     gf_dep = f"libgfortran5 >={gf_v}"
     return [
         Package("libgfortran5", gf_v, digest("libgfortran5", gf_v) + "_0",
-                lambda d: (copy_libs(src.debs["libgfortran5"], d, ("libgfortran.so.5*",)),
-                           copy_libs(src.debs["libquadmath0"], d, ("libquadmath.so.0*",))) and None,
+                partial(_stage_gfortran, src),
                 license="GPL-3.0-only WITH GCC-exception-3.1",
                 summary="gfortran and quadmath runtimes (Debian bookworm's libgfortran5, libquadmath0)"),
         Package("libopenblas", ob_v, "pthreads_" + digest("libopenblas", ob_v) + "_0",
@@ -409,8 +415,8 @@ def switch_packages(src: Sources, flavour: str, number: int = BLAS_BUILD, blas_t
         if lib == "libblas":
             constrains.append(f"blas * {flavour}")
         out.append(Package(lib, BLAS, build,
-                           lambda d, lib=lib, target=target: _stage_switch(d, lib, target,
-                                                                         lib == "libblas" and flavour == "mkl"),
+                           partial(_stage_switch, lib=lib, target=target,
+                                   activate=lib == "libblas" and flavour == "mkl"),
                            depends=deps, constrains=constrains, build_number=number, channel=channel,
                            license="BSD-3-Clause", summary=f"{lib}.so.3 -> {target} ({flavour} build of the switch)"))
     return out
@@ -488,17 +494,21 @@ PURE = {  # conda-forge name -> (wheel name, depends)
 }
 
 
+def _stage_wheel(wheel: Path, site: str, dst: Path) -> None:
+    extract_wheel(wheel, dst / site)
+
+
 def wheel_packages(src: Sources) -> list[Package]:
     out = []
     for name, (wheel_name, deps) in PURE.items():
         wheel = src.wheel(wheel_name)
         out.append(Package(name, _wheel_version(wheel), NOARCH_BUILD,
-                           lambda d, w=wheel: extract_wheel(w, d / "site-packages") and None,
+                           partial(_stage_wheel, wheel, "site-packages"),
                            depends=deps, noarch="python", summary=f"{name} (repacked from PyPI's wheel)"))
     ms = src.wheel("markupsafe")
     ms_v = _wheel_version(ms)
     out.append(Package("markupsafe", ms_v, f"{PY_TAG}{digest('markupsafe', ms_v)}_0",
-                       lambda d: extract_wheel(ms, d / SITE) and None, depends=[PY_DEP, PY_ABI],
+                       partial(_stage_wheel, ms, SITE), depends=[PY_DEP, PY_ABI],
                        license="BSD-3-Clause", summary="markupsafe (repacked from PyPI's cp311 wheel)"))
     return out
 

@@ -29,9 +29,10 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 VERSION = "0.0.0"  # not a conda release: see --version
-SUBDIRS = ["linux-64", "noarch"]
+SUBDIRS: list[Any] = ["linux-64", "noarch"]
 _EXPLICIT_RE = re.compile(r"(?P<url>https?://\S+?/(?P<subdir>[^/]+)/(?P<file>[^/#]+\.(?:conda|tar\.bz2)))"
                           r"#(?:sha256:)?(?P<sha256>[0-9a-f]{64})")
 
@@ -147,10 +148,10 @@ def fetch(url: str, sha256: str, cache: Path) -> Path:
 
 # --------------------------------------------------------------------------- records
 
-def local_record(record: object, path: Path) -> object:
+def local_record(record: Any, path: Path) -> Any:
     """The record, pointing at its verified file in the package cache."""
     import rattler
-    return rattler.RepoDataRecord(record, path.name, path.as_uri(), str(record.channel))  # type: ignore[attr-defined]
+    return rattler.RepoDataRecord(record, path.name, path.as_uri(), str(record.channel))
 
 
 async def _index_json(path: Path) -> bytes:
@@ -162,7 +163,7 @@ async def _index_json(path: Path) -> bytes:
     return data
 
 
-def explicit_records(lock: Path, cache: Path) -> list[tuple[object, str, str]]:
+def explicit_records(lock: Path, cache: Path) -> list[tuple[Any, str, str]]:
     """(record, url, channel) for every line of an @EXPLICIT lock, each file checked by sha256."""
     import rattler
     lines = [line.strip() for line in lock.read_text().splitlines()]
@@ -186,7 +187,7 @@ def explicit_records(lock: Path, cache: Path) -> list[tuple[object, str, str]]:
     return out
 
 
-def client() -> object:
+def client() -> Any:
     """rattler's HTTP client, with logins from netrc/keyring/auth file; it needs the system's CA
     roots even for http:// (reqwest's builder fails without /etc/ssl/certs)."""
     from rattler.networking import Client
@@ -197,11 +198,11 @@ def client() -> object:
                       f"(/etc/ssl/certs, Debian's ca-certificates)?") from None
 
 
-def solved_records(root: Path, specs: list[str], cache: Path) -> list[tuple[object, str, str]]:
+def solved_records(root: Path, specs: list[str], cache: Path) -> list[tuple[Any, str, str]]:
     import rattler
     from rattler.virtual_package import VirtualPackageOverrides
     urls = channels(root)
-    gateway = rattler.Gateway(cache_dir=cache / "cache", client=client())  # type: ignore[arg-type]
+    gateway = rattler.Gateway(cache_dir=cache / "cache", client=client())
     virtual = rattler.VirtualPackage.detect(VirtualPackageOverrides.from_env())
     try:
         match = [rattler.MatchSpec(s, strict=False) for s in specs]
@@ -261,8 +262,7 @@ def create(root: Path, args: list[str]) -> int:
     entries = explicit_records(lock, cache) if lock else solved_records(root, specs, cache)
     import rattler
     records = [e[0] for e in entries]
-    asyncio.run(rattler.install(records, prefix, cache_dir=cache, show_progress=False,  # type: ignore[arg-type]
-                                client=client()))  # type: ignore[arg-type]
+    asyncio.run(rattler.install(records, prefix, cache_dir=cache, show_progress=False, client=client()))
     _fix_meta(prefix, {Path(url).name: (url, channel) for _, url, channel in entries})
     print(f"Preparing transaction: done\nExecuting transaction: done ({len(records)} packages in {prefix})")
     return 0
