@@ -148,7 +148,7 @@ def publish(matrix: Matrix, reports: list[CellReport], run: RunContext) -> None:
     if options.sign and not interrupt.is_set():  # every push verified: sign what was published
         from imagefactory import supply
 
-        supply.sign_published(matrix, reports, run, creds)
+        supply.sign_published(matrix, reports, run, lambda ref: auth_for(ref, creds))
 
 
 def _publish_cell(engine: ContainerEngine, r: CellReport, order: list[str], creds: dict[str, Auth | None],

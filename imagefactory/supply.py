@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 from imagefactory import fsutil, lockfile, provenance, refs, sbom, signing
 from imagefactory.context import RunContext
@@ -61,10 +62,10 @@ def _targets(r: CellReport) -> list[str]:
 
 
 def sign_published(matrix: Matrix, reports: list[CellReport], run: RunContext,
-                   creds: dict[str, dict[str, str] | None]) -> None:
-    """Sign every published cell's digests with run.options.sign (a checked key reference)."""
-    from imagefactory import publish
-
+                   auth_for: Callable[[str], dict[str, str] | None]) -> None:
+    """Sign every published cell's digests with run.options.sign (a checked key reference).
+    `auth_for(reference)`: the login of the registry that holds it (publish.py's own rule, handed
+    in so this module never imports publish, which calls it)."""
     key = signing.Key(run.options.sign or "", kms=bool(signing.KMS_RE.fullmatch(run.options.sign or "")))
     unpublished = [r.cell for r in reports if r.status == PASSED and r.publish != PUBLISHED]
     if run.options.atomic and unpublished:
@@ -80,7 +81,7 @@ def sign_published(matrix: Matrix, reports: list[CellReport], run: RunContext,
         try:
             engine = engine or run.engines()()
             for pinned in _targets(r):
-                auth = publish.auth_for(pinned.split("@", 1)[0], creds)
+                auth = auth_for(pinned.split("@", 1)[0])
                 signed = _sign_one(key, pinned, r, auth)
                 digests = {ref: engine.registry_digest(ref, auth_config=auth)
                            for ref in (signed.signature, signed.attestations)}

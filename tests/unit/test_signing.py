@@ -279,7 +279,7 @@ def test_atomic_signs_nothing_when_a_cell_was_not_published(tmp_path, write_matr
                           pushed=[{"ref": c.tags[0], "digest": "sha256:" + "1" * 64}]) for i, c in enumerate(m.cells)]
     world = World()
     supply.sign_published(m, reports, world.context(Options(push=True, atomic=True, sign=str(keys[0]))),
-                          publish.registry_credentials(m))
+                          lambda ref: publish.auth_for(ref, publish.registry_credentials(m)))
     assert not log.exists()
     assert reports[0].signing == "not-signed" and "--atomic" in reports[0].error
 
@@ -291,7 +291,7 @@ def test_a_cell_without_an_sbom_is_not_signed_and_fails(tmp_path, write_matrix, 
     c = m.cells[0]
     r = CellReport(cell=c.id, status=PASSED, publish=PUBLISHED, pushed=[{"ref": c.tags[0], "digest": "sha256:" + "1" * 64}])
     supply.sign_published(m, [r], World().context(Options(push=True, sign=str(keys[0]))),
-                          publish.registry_credentials(m))
+                          lambda ref: publish.auth_for(ref, publish.registry_credentials(m)))
     assert not log.exists() and r.signing == "sign-failed" and r.publish == "publish-failed" and not r.ok
     assert "no SBOM" in r.error
 
