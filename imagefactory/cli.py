@@ -254,9 +254,7 @@ def _builder(m: matrix_mod.Matrix, cells: list[Cell], settings: dict[str, Any]) 
                           f"builder, which would ignore it; build with --builder buildkit")
     out: dict[str, Any] = {"builder": builder, "buildx_builder": name}
     if "netrc" in settings:
-        explicit = settings["netrc"] is not None
-        path = settings["netrc"] if explicit else netrc_mod.default_path()
-        loaded = netrc_mod.resolve(path, explicit, m, cells, buildkit=builder is Builder.buildkit, warn=say)
+        loaded = netrc_mod.resolve(settings["netrc"], m, cells, buildkit=builder is Builder.buildkit, warn=say)
         out["netrc"] = loaded
     return out
 
@@ -595,7 +593,10 @@ def lock_cmd(
     def progress(line: str) -> None:  # progress on stderr; the per-cell diff on stdout
         print(line, file=sys.stderr)
 
-    options = lock_mod.Options(upgrade=upgrade, packages=tuple(packages or ()), netrc=_lock_netrc(netrc))
+    from imagefactory import netrc as netrc_mod
+
+    found = netrc_mod.locate(netrc)  # the conda solve's logins, checked as a build's netrc is
+    options = lock_mod.Options(upgrade=upgrade, packages=tuple(packages or ()), netrc=found.path if found else None)
     interrupt = Interrupt()
     try:  # two `lock` runs on one matrix would write the same locks: the second stops at once
         with build_mod.exclusive(m.path, f"--matrix {m.path}", own_file=False, hint="lock another matrix"), \
@@ -607,17 +608,6 @@ def lock_cmd(
         print(f"{o.cell}: {o.status} {o.path}" + ("" if o.changes or o.status == "unchanged" else " (no version changed)"))
         for change in o.changes:
             print(f"    {change}")
-
-
-def _lock_netrc(flag: Optional[Path]) -> Optional[Path]:
-    """The netrc a conda solve reads logins from: --netrc, else $NETRC or ~/.netrc; checked as a
-    build's netrc is (a regular file within its cap), never shown beyond its path."""
-    from imagefactory import netrc as netrc_mod
-
-    path = flag if flag is not None else netrc_mod.default_path()
-    if path is None:
-        return None
-    return netrc_mod.load(path, "--netrc" if flag is not None else "$NETRC or ~/.netrc").path
 
 
 @app.command()

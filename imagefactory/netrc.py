@@ -55,6 +55,15 @@ def default_path(environ: Mapping[str, str] | None = None) -> Path | None:
     return candidate if candidate is not None and os.path.lexists(candidate) else None
 
 
+def locate(flag: Path | None) -> Netrc | None:
+    """The netrc a command reads logins from: --netrc when given, else $NETRC, else ~/.netrc;
+    loaded and checked (load), named in errors by where it came from. None: there is none."""
+    path = flag if flag is not None else default_path()
+    if path is None:
+        return None
+    return load(path, "--netrc" if flag is not None else ("$NETRC" if os.environ.get("NETRC") else "~/.netrc"))
+
+
 def load(path: Path, flag: str = "--netrc") -> Netrc:
     """The hosts a netrc file has logins for. Links are followed (a Kubernetes secret volume, a
     dotfile manager's ~/.netrc), and what they lead to must be a regular UTF-8 file of at most
@@ -174,13 +183,14 @@ def needs(netrc: Netrc | None, matrix: Matrix, cell: Cell) -> bool:
     return bool(used & netrc.hosts) or (ANY_HOST in netrc.hosts and bool(used))
 
 
-def resolve(path: Path | None, explicit: bool, matrix: Matrix, cells: Iterable[Cell], *, buildkit: bool,
+def resolve(flag: Path | None, matrix: Matrix, cells: Iterable[Cell], *, buildkit: bool,
             warn: Callable[[str], None]) -> Netrc | None:
-    """The netrc a build mounts, or None. A netrc that names no host the cells use: a warning,
-    nothing mounted. Under the classic builder a cell that needs it is refused (exit 2)."""
-    if path is None:
+    """The netrc a build mounts (locate: --netrc, $NETRC or ~/.netrc), or None. A netrc that names
+    no host the cells use: a warning, nothing mounted. Under the classic builder a cell that needs
+    it is refused (exit 2)."""
+    netrc = locate(flag)
+    if netrc is None:
         return None
-    netrc = load(path, "--netrc" if explicit else ("$NETRC" if os.environ.get("NETRC") else "~/.netrc"))
     cells = list(cells)
     needing = [c for c in cells if needs(netrc, matrix, c)]
     if not needing:

@@ -74,7 +74,16 @@ class Project:
             text += f"ca_certificates: {json.dumps(HOST_CAS)}\n"
         self.matrix.write_text(text + extra)
 
-    def cli(self, *args: str, tag: str = "run", timeout: float = 1800) -> subprocess.CompletedProcess:
+    @classmethod
+    def beside(cls, root: Path, text: str) -> "Project":
+        """Another project whose matrix is `text` (a copy or an edit of one above)."""
+        project = cls.__new__(cls)
+        root.mkdir(parents=True, exist_ok=True)
+        project.root, project.matrix = root, root / "matrix.yaml"
+        project.matrix.write_text(text)
+        return project
+
+    def cli(self, *args: str, timeout: float = 1800) -> subprocess.CompletedProcess:
         return run_cli(*args, "--matrix", str(self.matrix), env={"PATH": NO_CONDA_PATH}, timeout=timeout)
 
     def build(self, tag: str, *args: str) -> subprocess.CompletedProcess:
@@ -191,9 +200,7 @@ def test_buildkit_cache_mount_a_changed_cell_downloads_no_cached_package(built_b
     mount: the channel serves no .conda file for it. It runs before the tests whose builds fail
     on purpose (a download that fails its sha256 is not kept in the cache)."""
     _, server = channel
-    changed = Project.__new__(Project)
-    changed.root, changed.matrix = tmp_path, tmp_path / "matrix.yaml"
-    changed.matrix.write_text(built_buildkit.matrix.read_text() + "packages: [threadpoolctl]\n")
+    changed = Project.beside(tmp_path, built_buildkit.matrix.read_text() + "packages: [threadpoolctl]\n")
     assert changed.cli("lock", "--only", MKL).returncode == 0
     server.clear()
     r = changed.build("build", "--builder", "buildkit", "--only", MKL)
@@ -201,7 +208,7 @@ def test_buildkit_cache_mount_a_changed_cell_downloads_no_cached_package(built_b
     log = changed.log("build", MKL)
     assert "conda create -y -p /opt/env" in log and changed.report("build")[MKL]["status"] == "passed"
     assert server.paths(".conda") == [], server.paths(".conda")
-    assert any(p.endswith("installer.sh") for p in server.paths()) is False  # the installer layer: cached
+    assert not any(p.endswith("installer.sh") for p in server.paths())  # the installer layer: cached
 
 
 def test_a_broken_libblas_switch_fails_numpy_blas_naming_the_library(channel, tmp_path, session_id, created_images):
@@ -238,9 +245,7 @@ def test_a_wrong_installer_sha256_fails_the_build_naming_the_download_and_both_d
 
 def test_a_tampered_lock_line_fails_the_build_naming_the_download_and_both_digests(locked, tmp_path, session_id):
     shutil.copytree(locked.root / "locks", tmp_path / "locks")
-    shutil.copy(locked.matrix, tmp_path / "matrix.yaml")
-    project = Project.__new__(Project)
-    project.root, project.matrix = tmp_path, tmp_path / "matrix.yaml"
+    project = Project.beside(tmp_path, locked.matrix.read_text())
     lock = tmp_path / "locks" / f"{OPENBLAS}.txt"
     text = lock.read_text()
     line = next(x for x in text.splitlines() if "/numpy-" in x)

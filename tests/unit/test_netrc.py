@@ -93,7 +93,7 @@ def test_an_unreadable_netrc_is_exit_2(tmp_path, monkeypatch):
 def test_resolve_warns_for_other_hosts_and_mounts_nothing(m, tmp_path):
     said: list[str] = []
     path = write(tmp_path, f"machine elsewhere.example.org login a password {SECRET}\n")
-    assert netrc.resolve(path, True, m, m.cells, buildkit=True, warn=said.append) is None
+    assert netrc.resolve(path, m, m.cells, buildkit=True, warn=said.append) is None
     assert len(said) == 1 and "names no host" in said[0] and "pkgs.example.com" in said[0]
     assert SECRET not in said[0]
 
@@ -101,11 +101,11 @@ def test_resolve_warns_for_other_hosts_and_mounts_nothing(m, tmp_path):
 def test_resolve_refuses_a_needed_login_under_classic_saying_why(m, tmp_path):
     path = write(tmp_path, f"machine pkgs.example.com login a password {SECRET}\n")
     with pytest.raises(ConfigError) as e:
-        netrc.resolve(path, True, m, m.cells, buildkit=False, warn=print)
+        netrc.resolve(path, m, m.cells, buildkit=False, warn=print)
     text = "\n".join(e.value.problems)
     assert "classic builder has no build secrets" in text and "--builder buildkit" in text
     assert SECRET not in text
-    assert netrc.resolve(path, True, m, m.cells, buildkit=True, warn=print) is not None
+    assert netrc.resolve(path, m, m.cells, buildkit=True, warn=print) is not None
 
 
 def test_default_path_is_netrc_variable_then_home(tmp_path):
