@@ -31,9 +31,9 @@ import requests
 from imagefactory.engine import Engine
 from imagefactory.errors import DockerUnavailable
 from tests.integration.helpers import (
-    BASE_REGISTRY, CACHE, FIXTURES, INDEX_USER, PACKAGE, Background, BkBuild, DyingPush, Index, LEFTOVERS, RUN_ID, RUN_LABEL,
+    BASE_REGISTRY, CACHE, FIXTURES, INDEX_USER, PACKAGE, Background, BkBuild, DyingPush, Index, LEFTOVERS, Leftovers, ModuleImages, RUN_ID, RUN_LABEL, RUN_STARTED,
     TEST_REGISTRY, TORCH_CPU, Build, buildkit_args, buildx_or_skip, cuda_matrix_text,
-    free_port, index_matrix, make_wheel, remove_run_images, run_cli,
+    free_port, index_matrix, make_wheel, prune_build_cache, remove_run_images, run_cli,
     unavailable)
 
 
@@ -108,6 +108,25 @@ def created_images(engine):
     # No engine-wide prune: another run on the same engine may be mid-build, and a classic
     # multi-stage build's earlier stage is a dangling image until the build ends.
     remove_run_images(engine.client, refs, RUN_ID, LEFTOVERS)
+    prune_build_cache(engine.client, RUN_STARTED)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def module_images(request):
+    """The module's own images (helpers.ModuleImages), removed as it ends."""
+    since = time.time()
+    images = ModuleImages(request.module.__name__)
+    yield images
+    own = getattr(request.module, "OWN", None)  # the module's own, with its build_cache choice
+    images = own if isinstance(own, ModuleImages) else images
+    if images.used and os.environ.get("IMAGEFACTORY_TEST_KEEP_IMAGES") != "1":
+        import docker
+
+        client = docker.from_env()
+        try:
+            images.remove(client, since)
+        finally:
+            client.close()
 
 
 def _build_mkl_numpy(client, tag: str) -> None:
@@ -224,9 +243,31 @@ def dying_push(cpu_build, tmp_path_factory) -> DyingPush:
     return _start_dying_push(tmp_path_factory, cpu_build)
 
 
+def _reclaim_cuda(build: Background) -> None:
+    """The CUDA cell's image (~6 GB) and its venv stage (as much again), removed the moment its
+    build ends: its test judges the report alone, and kept to the end of the session they
+    filled CI's disk."""
+    import docker
+
+    client = docker.from_env()
+    try:
+        for cell in build.report() if build.report_path.exists() else []:
+            if cell["candidate"]:
+                try:
+                    client.images.remove(cell["candidate"], force=True)
+                except docker.errors.NotFound:
+                    pass
+        stage = Leftovers()
+        stage.from_work_dir(build.root / "work")
+        stage.remove(client)
+    finally:
+        client.close()
+
+
 def _start_cuda(tmp_path_factory, wheels: Path) -> Background:
     if _Started.build is None:
-        _Started.build = Background(tmp_path_factory.mktemp("cuda-build"), cuda_matrix_text(wheels), "--gpus", "none")
+        _Started.build = Background(tmp_path_factory.mktemp("cuda-build"), cuda_matrix_text(wheels), "--gpus", "none",
+                                    on_exit=_reclaim_cuda)
     return _Started.build
 
 

@@ -22,7 +22,7 @@ import uuid
 import zipfile
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 import pytest
 import requests
@@ -42,6 +42,7 @@ HOST_CAS = sorted(glob.glob("/usr/local/share/ca-certificates/*.crt"))
 # anybody's images first (the layer cache still serves the heavy steps), and (2) everything
 # this run built, and everything built FROM it, is found by that label at the end of the run.
 RUN_ID = uuid.uuid4().hex[:8]
+RUN_STARTED = time.time()  # build-cache records made after this are this run's (prune_build_cache)
 RUN_LABEL = "io.imagefactory-test.run"
 
 
@@ -161,6 +162,93 @@ class Leftovers:
 LEFTOVERS = Leftovers()
 
 
+def _engine_time(stamp: str) -> float:
+    """An engine timestamp (RFC 3339, nanoseconds, Z) as seconds since the epoch."""
+    from datetime import datetime, timezone
+
+    head, _, frac = stamp.rstrip("Z").partition(".")
+    return datetime.fromisoformat(head).replace(tzinfo=timezone.utc).timestamp() + float("0." + (frac or "0"))
+
+
+def prune_build_cache(client, since: float) -> int:
+    """Remove the BuildKit cache records made since `since` (this run's, or one module's) that
+    nothing uses now; records an earlier run or the quickstart made are kept even where this
+    run reused them. Returns the bytes reclaimed. (BuildKit keeps its cache beside the images:
+    a run's records were 11 GB here, and nothing else ever removed them.)"""
+    import docker
+
+    reclaimed = 0
+    for _ in range(4):  # a record whose child was still there is refused; the next pass takes it
+        records = [r for r in client.df().get("BuildCache") or []
+                   if not r.get("InUse") and _engine_time(r["CreatedAt"]) >= since - 1]
+        before = reclaimed
+        # newest first (a child is newer than its parent); the engine takes one id per call
+        for record in sorted(records, key=lambda r: r["CreatedAt"], reverse=True):
+            try:
+                reclaimed += int(client.api.prune_builds(filters={"id": record["ID"]}).get("SpaceReclaimed") or 0)
+            except docker.errors.APIError:
+                pass
+        if not records or reclaimed == before:
+            break
+    return reclaimed
+
+
+MODULE_LABEL = "io.imagefactory-test.module"
+
+
+class ModuleImages:
+    """What one test module builds for itself alone (its own cells; never the session's shared
+    images): the images that carry its label (`labels`, in its matrices) and the stage images
+    its classic builds left in the work dirs it registered. conftest removes them when the
+    module ends, so the run's disk holds one module's own images at a time, not every
+    module's until the end (CI's disk ran out that way). Keyed by module and run, so a
+    module can make one at import and conftest finds the same one."""
+
+    _used: dict[str, list[Path]] = {}
+
+    def __init__(self, module: str, *, build_cache: bool = False):
+        """`build_cache`: every BuildKit build the module makes is its own (none of a session
+        fixture's), so the cache records made while it ran go with it too."""
+        self.key = f"{module.rsplit('.', 1)[-1]}-{RUN_ID}"
+        self.build_cache = build_cache
+
+    @property
+    def labels(self) -> dict[str, str]:
+        self._used.setdefault(self.key, [])
+        return {RUN_LABEL: RUN_ID, MODULE_LABEL: self.key}
+
+    def work_dir(self, path: Path) -> Path:
+        self._used.setdefault(self.key, []).append(path)
+        return path
+
+    @property
+    def used(self) -> bool:
+        return self.key in self._used
+
+    def remove(self, client, since: float | None = None) -> int:
+        """Remove them (images built FROM them carry the label too: newest first), and, for a
+        `build_cache` module, the BuildKit cache records made `since` it started. Returns how
+        many images went."""
+        import docker
+
+        if self.build_cache and since is not None:
+            prune_build_cache(client, since)
+
+        stages = Leftovers()
+        for work_dir in self._used.pop(self.key, []):
+            if (work_dir / "logs").is_dir():
+                stages.from_work_dir(work_dir)
+        labelled = client.images.list(filters={"label": f"{MODULE_LABEL}={self.key}"})
+        removed = 0
+        for image in sorted(labelled, key=lambda i: i.attrs.get("Created", ""), reverse=True):
+            try:
+                client.images.remove(image.id, force=True)
+                removed += 1
+            except docker.errors.APIError:
+                pass
+        return removed + len(stages.remove(client))
+
+
 def remove_run_images(client, refs: list[str], run_id: str, leftovers: Leftovers) -> None:
     """A run's images: the references its tests registered, every image carrying its label
     (its builds, and images built FROM them), then the untagged images its builds created
@@ -214,9 +302,14 @@ def run_cli(*args: str, env: dict | None = None, timeout: float = 1800) -> subpr
 class Background:
     """An `imagefactory build` (or `command`) started now, in the background, and judged later:
     a cold build that mostly waits on the network and the disk (the CUDA cell downloads ~3 GB)
-    overlaps the CPU-bound tests instead of adding its whole time to the run."""
+    overlaps the CPU-bound tests instead of adding its whole time to the run.
 
-    def __init__(self, root: Path, text: str, *args: str, command: str = "build"):
+    `on_exit(self)` runs in the collecting thread as soon as the command ends, before any test
+    waits for it: the CUDA cell's ~12 GB (image and venv stage) go then, not at the end of the
+    session, since its test judges only the report (CI's disk ran out with them kept)."""
+
+    def __init__(self, root: Path, text: str, *args: str, command: str = "build",
+                 on_exit: Callable[["Background"], None] | None = None):
         root.mkdir(parents=True, exist_ok=True)
         self.root, self.matrix, self.report_path = root, root / "matrix.yaml", root / "report.json"
         self.matrix.write_text(text)
@@ -226,17 +319,27 @@ class Background:
         self.proc = subprocess.Popen([sys.executable, "-m", "imagefactory", *self.args], stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, env=cli_env())
         self._done: subprocess.CompletedProcess | None = None
+        self._on_exit = on_exit
+        self.exit_error: BaseException | None = None  # what on_exit raised, for the test to show
+        self._collector = threading.Thread(target=self._collect, name="background-" + command, daemon=True)
+        self._collector.start()
+
+    def _collect(self) -> None:
+        out, err = self.proc.communicate()
+        LEFTOVERS.from_work_dir(self.root / "work")
+        self._done = subprocess.CompletedProcess(self.args, self.proc.returncode, out, err)
+        if self._on_exit is not None:
+            try:
+                self._on_exit(self)
+            except BaseException as e:  # noqa: BLE001 - reported by wait(), not lost in a thread
+                self.exit_error = e
 
     def wait(self, timeout: float = 1800) -> subprocess.CompletedProcess:
-        if self._done is None:
-            try:
-                out, err = self.proc.communicate(timeout=timeout)
-            finally:
-                if self.proc.poll() is None:
-                    self.proc.kill()
-                    self.proc.wait()
-                LEFTOVERS.from_work_dir(self.root / "work")
-            self._done = subprocess.CompletedProcess(self.args, self.proc.returncode, out, err)
+        self._collector.join(timeout)
+        if self._collector.is_alive():
+            self.proc.kill()
+            self._collector.join()
+        assert self._done is not None
         return self._done
 
     def stop(self) -> None:
@@ -244,12 +347,10 @@ class Background:
         before): interrupt the build as a user would, so it cleans up after itself."""
         if self.proc.poll() is None:
             self.proc.send_signal(2)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
+            self._collector.join(60)
+            if self._collector.is_alive():
                 self.proc.kill()
-                self.proc.wait()
-        LEFTOVERS.from_work_dir(self.root / "work")
+        self._collector.join()
 
     def report(self) -> list[dict]:
         return json.loads(self.report_path.read_text())["cells"]

@@ -9,6 +9,7 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
+import docker
 import pytest
 
 from imagefactory import matrix, smoke
@@ -215,14 +216,14 @@ def test_pip_cuda_cell_builds_and_its_cuda_build_is_verified(engine, cuda_backgr
     assert by["torch.cuda_build"]["verdict"] == "pass" and by["torch.cuda_build"]["actual"] == "13.0"
     assert by["torch.gpu_available"]["verdict"] == "skip"
     assert "not available" in by["torch.gpu_available"]["actual"]
-    # ~6 GB, and as much again in its venv stage: remove both now, not at the end of the run.
-    try:
-        engine.client.images.remove(cell["candidate"], force=True)
-    except Exception:
-        pass
+    # ~6 GB, and as much again in its venv stage: removed by the background build's on_exit
+    # the moment it ended (conftest._reclaim_cuda), not at the end of the run.
+    assert cuda_background.exit_error is None, repr(cuda_background.exit_error)
+    with pytest.raises(docker.errors.ImageNotFound):
+        engine.client.images.get(cell["candidate"])
     stage = Leftovers()
     stage.from_work_dir(cuda_background.root / "work")
-    stage.remove(engine.client)
+    assert stage.ids, "no image ids read from the CUDA build's log"
     dangling = {i.id.split(":")[1][:12] for i in engine.client.images.list(filters={"dangling": True})}
     assert not dangling & {i[:12] for i in stage.ids}, "this build's venv stage is still here"
 

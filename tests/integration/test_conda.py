@@ -27,13 +27,14 @@ import pytest
 from tests.conda_channel import build as channel_build
 from tests.conda_channel.server import ChannelServer
 from tests.integration.helpers import (
-    BASE_REGISTRY, HOST_CAS, RUN_ID, RUN_LABEL, TEST_REGISTRY, buildx_or_skip, report_of, run_cli)
+    BASE_REGISTRY, HOST_CAS, TEST_REGISTRY, ModuleImages, buildx_or_skip, report_of, run_cli)
 
 pytestmark = pytest.mark.docker
 
 MKL, OPENBLAS = "py3.11-cpu-mkl-conda", "py3.11-cpu-openblas-conda"
 ALL_PASS = {"docker": "pass", "bare": "pass", "hpc": "pass"}
 NO_CONDA_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"  # the host's tools, and no conda anywhere on it
+OWN = ModuleImages(__name__, build_cache=True)  # every conda image and BuildKit record is this module's alone
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +69,7 @@ class Project:
               sha256: {sha256 or info.installer_sha256}
               installer_url: {info.installer_url(server.url)}
               channels: {json.dumps(channels)}
-            labels: {json.dumps({RUN_LABEL: RUN_ID})}
+            labels: {json.dumps(OWN.labels)}
         """)
         if HOST_CAS:
             text += f"ca_certificates: {json.dumps(HOST_CAS)}\n"
@@ -88,7 +89,7 @@ class Project:
 
     def build(self, tag: str, *args: str) -> subprocess.CompletedProcess:
         return self.cli("build", "--plain", "--gpus", "none", "--report", str(self.report_path(tag)),
-                        "--work-dir", str(self.root / tag), *args)
+                        "--work-dir", str(OWN.work_dir(self.root / tag)), *args)
 
     def report_path(self, tag: str) -> Path:
         return self.root / f"{tag}.json"

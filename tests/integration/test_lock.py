@@ -19,7 +19,9 @@ import docker
 import pytest
 
 from imagefactory import lockfile, smoke
-from tests.integration.helpers import LEFTOVERS, RUN_LABEL, RUN_ID, TEST_REGISTRY, matrix_text, run_cli
+from tests.integration.helpers import LEFTOVERS, RUN_LABEL, RUN_ID, TEST_REGISTRY, ModuleImages, matrix_text, run_cli
+
+OWN = ModuleImages(__name__)  # the locked cells' images are this module's alone: removed as it ends
 
 pytestmark = pytest.mark.docker
 
@@ -52,12 +54,13 @@ class Locked:
     def __init__(self, root: Path, image: str, wheelhouse: Path):
         self.root = root
         self.matrix = root / "matrix.yaml"
-        self.matrix.write_text(matrix_text(image=image, wheelhouse=wheelhouse, extra="compiler: false\n"))
+        self.matrix.write_text(matrix_text(image=image, wheelhouse=wheelhouse, labels=OWN.labels,
+                                           extra="compiler: false\n"))
         self.lock = root / "locks" / f"{CELL}.txt"
 
     def build(self, tag: str = "build"):
         return run_cli("build", "--matrix", str(self.matrix), "--plain", "--gpus", "none",
-                       "--report", str(self.root / f"{tag}.json"), "--work-dir", str(self.root / tag))
+                       "--report", str(self.root / f"{tag}.json"), "--work-dir", str(OWN.work_dir(self.root / tag)))
 
     def report(self, tag: str = "build") -> dict:
         return {c["cell"]: c for c in json.loads((self.root / f"{tag}.json").read_text())["cells"]}[CELL]
