@@ -16,25 +16,24 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any, Callable, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, List, Optional
 
 import typer
 
-from imagefactory import build as build_mod
 from imagefactory import context, inputs
-from imagefactory import engines as engines_mod
-from imagefactory import lock as lock_mod
 from imagefactory import matrix as matrix_mod
-from imagefactory import progress as progress_mod
-from imagefactory import publish as publish_mod
-from imagefactory import render as render_mod
-from imagefactory import report as report_mod
-from imagefactory.errors import Cancelled, CellFailure, ConfigError, DockerUnavailable, ImageFactoryError, Interrupted
 from imagefactory.context import Builder, Gpus, Network, Pull, RunContext
-from imagefactory.engine_api import ContainerEngine
-from imagefactory import smoke
+from imagefactory.errors import Cancelled, CellFailure, ConfigError, DockerUnavailable, ImageFactoryError, Interrupted
 from imagefactory.interrupt import Interrupt
 from imagefactory.model import Cell
+
+if TYPE_CHECKING:
+    from imagefactory import build as build_mod
+    from imagefactory.engine_api import ContainerEngine
+
+# Each command imports the pipeline steps it runs (build, render, publish, lock, the engine, Jinja2,
+# tenacity) when it runs: `imagefactory --help` and `imagefactory list` import none of them, and
+# answer at once (docs/performance.md#the-cli-itself, tests/unit/test_cli_imports.py).
 
 app = typer.Typer(
     name="imagefactory",
@@ -188,6 +187,8 @@ def _invocation(command: str, values: dict[str, Any], fixed: dict[str, Any]) -> 
     if "cache_from" in settings:
         settings["cache_from"] = _cache_from(settings["cache_from"] or ())
     if "probe_shm" in settings:
+        from imagefactory import smoke
+
         settings["probe_shm"] = smoke.check_shm(settings["probe_shm"])
     settings.update(fixed)
     _outputs(m, settings)
@@ -262,6 +263,8 @@ def _builder(m: matrix_mod.Matrix, cells: list[Cell], settings: dict[str, Any]) 
 def _publishing(m: matrix_mod.Matrix, cells: list[Cell], options: context.Options) -> context.Options:
     """Check everything publishing needs before anything is built: the credentials, the commit
     id, every tag of every cell."""
+    from imagefactory import publish as publish_mod
+
     publish_mod.registry_credentials(m)
     options = dataclasses.replace(options, git_sha=publish_mod.git_sha())
     for cell in cells:
@@ -304,15 +307,18 @@ def list_cells(
     elif format is ListFormat.github:
         print(json.dumps({"include": [{"cell": r["id"], **r} for r in rows]}, separators=(",", ":")))
     else:
-        from rich.console import Console
-        from rich.table import Table
+        print(table([TABLE_COLUMNS, *([r[c] if c != "threads" else str(r[c]) for c in TABLE_COLUMNS] for r in rows)]),
+              end="")
 
-        table = Table(show_header=True, header_style="bold", box=None)
-        for col in ("id", "torch", "threads", "base_image", "tag"):
-            table.add_column(col)
-        for r in rows:
-            table.add_row(r["id"], r["torch"], str(r["threads"]), r["base_image"], r["tag"])
-        Console(highlight=False, width=200).print(table)
+
+TABLE_COLUMNS = ("id", "torch", "threads", "base_image", "tag")
+
+
+def table(lines: list[list[str]] | list[tuple[str, ...]]) -> str:
+    """`list`'s table: the first line the header, each column as wide as its widest value, one space
+    either side (what rich's Table(box=None) prints, without importing rich: 60 ms of `list`)."""
+    widths = [max(len(v) for v in column) for column in zip(*lines)]
+    return "".join("".join(f" {v.ljust(w)} " for v, w in zip(line, widths)) + "\n" for line in lines)
 
 
 @app.command()
@@ -324,6 +330,8 @@ def render(
     """Write one build context per cell to OUT/<cell-id>/ (Dockerfile and every file it copies).
 
     Same matrix in, same bytes out; nothing is written unless every cell renders."""
+    from imagefactory import render as render_mod
+
     inputs.check_output(out, "--out", folder=True, keep=(inv.matrix.path,))
     interrupt = Interrupt()
     try:
@@ -337,6 +345,8 @@ def render(
 
 
 def _finish(outcome: build_mod.Outcome, report_path: Path, interrupt: Interrupt) -> None:
+    from imagefactory import report as report_mod
+
     reports = outcome.reports
     json_path, md_path = report_mod.write(reports, report_path, gpus=outcome.gpus)
     failed = [r for r in reports if not r.ok]
@@ -368,6 +378,10 @@ def _run(inv: Invocation, output: Path) -> Iterator[RunContext]:
     """The run context of an engine-driving command: the work dir and `output` locked (a second
     run on either stops at once), the engine reached, the settings printed, SIGINT/SIGTERM
     turned into the run's cancellation while the block runs."""
+    from imagefactory import build as build_mod
+    from imagefactory import engines as engines_mod
+    from imagefactory import progress as progress_mod
+
     interrupt = Interrupt()
     _engine_environment()
     with build_mod.locked(inv.options.work_dir, output):
@@ -405,6 +419,9 @@ def build(inv: Invocation) -> None:
     get a local candidate name (imagefactory-candidate/...); release tags are applied only by
     --push, and only to cells that passed. Full logs: WORK_DIR/logs/<cell>.log."""
 
+    from imagefactory import build as build_mod
+    from imagefactory import publish as publish_mod
+
     def steps(run: RunContext) -> build_mod.Outcome:
         outcome = build_mod.build(inv.matrix, inv.cells, run)
         if run.options.push:  # after an interrupt: marks every cell not published
@@ -425,6 +442,9 @@ def push(inv: Invocation) -> None:
     IMAGEFACTORY_REGISTRY_USER and IMAGEFACTORY_REGISTRY_PASSWORD, else `docker login`'s config
     and credential helpers."""
 
+    from imagefactory import build as build_mod
+    from imagefactory import publish as publish_mod
+
     def steps(run: RunContext) -> build_mod.Outcome:
         outcome = build_mod.test(inv.matrix, inv.cells, run)
         publish_mod.publish(inv.matrix, outcome.reports, run)
@@ -441,6 +461,8 @@ def test_cmd(inv: Invocation) -> None:
 
     An image that already passed this probe version (same GPU and thread mode) is reported
     with its cached verdicts; --retest probes it again."""
+    from imagefactory import build as build_mod
+
     _pipeline(inv, lambda run: build_mod.test(inv.matrix, inv.cells, run))
 
 
@@ -580,6 +602,9 @@ def lock_cmd(
     --require-hashes --no-deps, conda from an @EXPLICIT file, without a solve. A second `lock`
     of the same matrix stops at once (exit 2); SIGINT/SIGTERM stop the resolver and write no
     lock (exit 130 / 143)."""
+    from imagefactory import build as build_mod
+    from imagefactory import lock as lock_mod
+
     m, cells = inv.matrix, inv.cells
     if check:
         if upgrade or packages:
@@ -629,6 +654,7 @@ def report_cmd(
 
     Exit codes: 0 written; 2 the file is not a readable report."""
     from imagefactory import catalog
+    from imagefactory import report as report_mod
 
     reports = catalog.read_report(report)
     if html:
