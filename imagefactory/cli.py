@@ -45,11 +45,36 @@ app = typer.Typer(
         "2 bad configuration; 3 no Docker engine reachable (or it stopped answering); "
         "130 / 143 interrupted by SIGINT / SIGTERM (the report is still written)."
     ),
-    no_args_is_help=True,
+    epilog="Example: imagefactory list --matrix examples/matrix.yaml",
+    context_settings={"max_content_width": 100},
     add_completion=False,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
+
+# What `imagefactory` alone prints (exit 0): the three commands of a first run, in their order
+# (see the cells, review the Dockerfiles, build and test), then where the rest is.
+FIRST_STEPS = """\
+imagefactory: one matrix file in; tested, tagged Docker images out. First steps:
+
+  imagefactory list   --matrix matrix.yaml        the cells: id, torch, base image, release tag
+  imagefactory render --matrix matrix.yaml        one build context (Dockerfile) per cell, to review
+  imagefactory build  --matrix matrix.yaml        build and smoke-test every cell (--push publishes)
+
+All commands: imagefactory --help. One command: imagefactory COMMAND --help.
+"""
+
+
+@app.callback(invoke_without_command=True)
+def _first_steps(ctx: typer.Context) -> None:
+    if ctx.invoked_subcommand is None:
+        print(FIRST_STEPS, end="")
+
+
+def example(line: str) -> str:
+    """A command's epilog: the one example line every `--help` ends with (tests/unit/test_cli_help.py)."""
+    return f"Example: {line}"
+
 
 class ListFormat(str, Enum):
     table = "table"
@@ -62,68 +87,53 @@ class ListFormat(str, Enum):
 # added to its signature, resolved and checked once into an `Invocation` (the matrix, the selected
 # cells, one context.Options), and printed as one summary line when a run starts.
 FLAGS: dict[str, tuple[Any, Any]] = {
+    # Each help fits a line or two of `--help` at 100 columns; the details: docs/builders.md#build-options.
     "matrix": (Path, typer.Option(Path("matrix.yaml"), "--matrix", "-m", help="The matrix file.", show_default=True)),
-    "only": (Optional[List[str]], typer.Option(None, "--only", help="Only this cell id (repeatable). See "
+    "only": (Optional[List[str]], typer.Option(None, "--only", help="Only this cell id (repeatable); see "
                                                                      "`imagefactory list`.")),
     "jobs": (int, typer.Option(1, "--jobs", "-j", min=1, help="Cells built at the same time.")),
     "keep_going": (bool, typer.Option(True, "--keep-going/--fail-fast",
-                                      help="Keep going past a failing cell (default), or stop starting new cells.")),
-    "gpus": (Gpus, typer.Option(Gpus.auto, "--gpus", help="Give the containers (smoke tests, bench workloads of "
-                                                          "CUDA cells) GPUs: all (a GPU is then required), none, or "
-                                                          "auto (all when the engine has the NVIDIA runtime).")),
+                                      show_default=False,
+                                      help="Go on past a failing cell (default), or start none after one.")),
+    "gpus": (Gpus, typer.Option(Gpus.auto, "--gpus", help="GPUs for the probe and bench containers: all (then "
+                                                          "required), none, or auto (all with the NVIDIA runtime).")),
     "network": (Network, typer.Option(Network.host, "--network", help="Network of the build containers.")),
     "report": (Path, typer.Option(Path("build/report.json"), "--report",
-                                  help="Where the JSON report goes; the Markdown summary is written next to it (.md).")),
-    "work_dir": (Path, typer.Option(Path("build"), "--work-dir", help="Rendered contexts and per-cell logs go here.")),
+                                  help="JSON report; the .md summary beside it.")),
+    "work_dir": (Path, typer.Option(Path("build"), "--work-dir", help="Rendered contexts and per-cell logs.")),
     "probe_timeout": (float, typer.Option(context.DEFAULT_PROBE_TIMEOUT, "--probe-timeout", min=1.0,
                                           help="Seconds the in-image probe may run.")),
     "live": (Optional[bool], typer.Option(None, "--live/--plain", help="Live display (default on a terminal) or "
                                                                        "plain lines.")),
-    "push": (bool, typer.Option(False, "--push", help="Tag and push the cells that passed (see `imagefactory push`).")),
+    "push": (bool, typer.Option(False, "--push", help="Tag and push the cells that passed (as `imagefactory push`).")),
     "atomic": (bool, typer.Option(False, "--atomic", help="Publish nothing unless every selected cell passed "
-                                                          "(build: only with --push).")),
+                                                          "(with --push).")),
     "push_tries": (int, typer.Option(context.DEFAULT_PUSH_TRIES, "--push-tries", min=1,
-                                     help="Tries per tag when a push fails for a transient reason (authentication "
-                                          "errors are never retried).")),
+                                     help="Tries per tag (transient failures).")),
     "retry_delay": (float, typer.Option(context.DEFAULT_RETRY_DELAY, "--retry-delay", min=0.0,
-                                        help="Seconds before the first retry; doubles each time.")),
+                                        help="Seconds before the 1st retry; doubles.")),
     "cache_from": (Optional[List[str]], typer.Option(
-        None, "--cache-from", help="A local image whose layers the builds may reuse, e.g. the previous "
-                                   "release pulled from the registry (repeatable).")),
+        None, "--cache-from", help="A local image whose layers the builds may reuse (repeatable).")),
     "registry_cache": (Optional[bool], typer.Option(
         None, "--registry-cache/--no-registry-cache",
-        help="Pull a cell's content-hash tag from the target registry instead of building it, when the "
-             "registry has it (default: on with --push).")),
-    "pull": (Pull, typer.Option(Pull.missing, "--pull", help="Base images are resolved to a digest that is pinned in "
-                                                             "FROM: always (from the registry, and re-pulled), missing "
-                                                             "(from the registry, else the local copy), never (the "
-                                                             "local copy only).")),
+        help="Reuse the registry's content-hash tag (default: on with --push).")),
+    "pull": (Pull, typer.Option(Pull.missing, "--pull", help="Bases, pinned by digest in FROM: always (re-pulled), "
+                                                             "missing (registry, else local), never (local only).")),
     "retest": (bool, typer.Option(False, "--retest", help="Probe every image, even one whose passing verdicts are "
-                                                          "cached for this probe version, GPU and thread mode.")),
+                                                          "cached.")),
     "probe_shm": (str, typer.Option(context.DEFAULT_PROBE_SHM, "--probe-shm",
-                                    help="/dev/shm of the probe containers: a size (1g, 512m: --shm-size), host "
-                                         "(--ipc=host) or default (Docker's 64 MB, too small for the DataLoader "
-                                         "check).")),
-    "builder": (Builder, typer.Option(Builder.classic, "--builder",
-                                      help="What builds the images: buildkit (docker buildx: cache mounts for pip's "
-                                           "and conda's packages, --netrc logins as build secrets), classic (the "
-                                           "Docker SDK's legacy builder), or auto (buildkit when `docker buildx "
-                                           "version` answers, else classic). test and push need the builder the "
-                                           "images were built with (the Dockerfiles, so the content hashes, "
-                                           "differ).")),
+                                    help="The probe's /dev/shm: a size (1g, 512m), host (--ipc=host) or default "
+                                         "(Docker's 64 MB: too small).")),
+    "builder": (Builder, typer.Option(Builder.classic, "--builder", metavar="KIND",
+                                      help="classic (the Docker SDK's), buildkit (docker buildx) or auto; test and "
+                                           "push: the one that built.")),
     "buildx_builder": (Optional[str], typer.Option(None, "--buildx-builder", metavar="NAME",
-                                                   help="With BuildKit: the buildx builder to use (`docker buildx "
-                                                        "build --builder NAME`), e.g. a remote buildkitd or BuildKit "
-                                                        "on Kubernetes: the way to spread builds over machines.")),
+                                                   help="With buildkit: the buildx builder (remote ones too).")),
     "sign": (Optional[str], typer.Option(None, "--sign", metavar="KEY",
-                                         help="Sign each pushed digest with cosign (a key file, password from "
-                                              "COSIGN_PASSWORD, or a KMS URI) and attach the SBOM and the "
-                                              "provenance as attestations (docs/signing.md). Only with a push.")),
+                                         help="With a push: cosign-sign digests, attach SBOM, provenance.")),
     "netrc": (Optional[Path], typer.Option(None, "--netrc", metavar="PATH",
-                                           help="Logins for package indexes and conda channels (default: $NETRC, "
-                                                "then ~/.netrc). Mounted into BuildKit's install steps as a build "
-                                                "secret, never into a layer; refused under the classic builder. A "
-                                                "netrc without a host the cells install from is not mounted.")),
+                                           help="Index logins (default $NETRC, ~/.netrc), a BuildKit-only "
+                                                "secret.")),
 }
 def _finite(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> Any:
     """Every float flag: nan and inf pass a range check (nan < 1 is False), so refuse them here."""
@@ -292,7 +302,7 @@ def _cell_row(c: Cell) -> dict:
     }
 
 
-@app.command("list")
+@app.command("list", epilog=example("imagefactory list --matrix matrix.yaml --format github"))
 @shared("matrix", "only")
 def list_cells(
     inv: Invocation,
@@ -307,21 +317,20 @@ def list_cells(
     elif format is ListFormat.github:
         print(json.dumps({"include": [{"cell": r["id"], **r} for r in rows]}, separators=(",", ":")))
     else:
-        print(table([TABLE_COLUMNS, *([r[c] if c != "threads" else str(r[c]) for c in TABLE_COLUMNS] for r in rows)]),
-              end="")
+        print(table([list(TABLE_COLUMNS), *([str(r[c]) for c in TABLE_COLUMNS] for r in rows)]), end="")
 
 
 TABLE_COLUMNS = ("id", "torch", "threads", "base_image", "tag")
 
 
-def table(lines: list[list[str]] | list[tuple[str, ...]]) -> str:
+def table(lines: list[list[str]]) -> str:
     """`list`'s table: the first line the header, each column as wide as its widest value, one space
     either side (what rich's Table(box=None) prints, without importing rich: 60 ms of `list`)."""
     widths = [max(len(v) for v in column) for column in zip(*lines)]
     return "".join("".join(f" {v.ljust(w)} " for v, w in zip(line, widths)) + "\n" for line in lines)
 
 
-@app.command()
+@app.command(epilog=example("imagefactory render --matrix matrix.yaml --out build/contexts"))
 @shared("matrix", "only")
 def render(
     inv: Invocation,
@@ -410,14 +419,13 @@ BUILD_FLAGS = ("matrix", "only", "jobs", "keep_going", "gpus", "network", "repor
                "probe_shm", "builder", "buildx_builder", "netrc", "sign")
 
 
-@app.command()
+@app.command(epilog=example("imagefactory build --matrix matrix.yaml -j 2 --push"))
 @shared(*BUILD_FLAGS)
 def build(inv: Invocation) -> None:
-    """Build every cell through the Docker SDK, then smoke-test each image in a container.
+    """Build every cell, then smoke-test each image in a container; an unchanged cell is cached.
 
-    An image whose rendered context is unchanged is reused (reported as cached). Built images
-    get a local candidate name (imagefactory-candidate/...); release tags are applied only by
-    --push, and only to cells that passed. Full logs: WORK_DIR/logs/<cell>.log."""
+    Release tags only with --push, on the cells that passed. Logs: WORK_DIR/logs/<cell>.log;
+    every option explained: docs/builders.md#build-options."""
 
     from imagefactory import build as build_mod
     from imagefactory import publish as publish_mod
@@ -431,7 +439,7 @@ def build(inv: Invocation) -> None:
     _pipeline(inv, steps)
 
 
-@app.command()
+@app.command(epilog=example("imagefactory push --matrix matrix.yaml --atomic"))
 @shared("matrix", "only", "atomic", "gpus", "report", "work_dir", "probe_timeout", "live", "push_tries",
         "retry_delay", "builder", "sign", push=True)
 def push(inv: Invocation) -> None:
@@ -453,7 +461,7 @@ def push(inv: Invocation) -> None:
     _pipeline(inv, steps)
 
 
-@app.command("test")
+@app.command("test", epilog=example("imagefactory test --only py3.11-cpu-openblas-pip --retest"))
 @shared("matrix", "only", "jobs", "keep_going", "gpus", "report", "work_dir", "probe_timeout", "live", "pull",
         "retest", "probe_shm", "builder")
 def test_cmd(inv: Invocation) -> None:
@@ -471,7 +479,7 @@ class DoctorFormat(str, Enum):
     json = "json"
 
 
-@app.command()
+@app.command(epilog=example("imagefactory doctor --matrix matrix.yaml --format json"))
 def doctor(
     matrix: Optional[Path] = typer.Option(None, "--matrix", "-m", help="The matrix file (default: matrix.yaml "
                                                                         "when it exists, else host facts only)."),
@@ -517,7 +525,7 @@ def _verified(m: matrix_mod.Matrix | None, key_ref: str, *, flag: str, only: Opt
     return [v.as_dict() for v in verify_mod.verify_refs(targets, key)]
 
 
-@app.command("verify")
+@app.command("verify", epilog=example("imagefactory verify registry.example.com/ml/train:TAG --key cosign.pub"))
 def verify_cmd(
     image: Optional[str] = typer.Argument(None, metavar="[IMAGE]", help="One image reference (default: the "
                                                                           "matrix's release tags)."),
@@ -544,7 +552,7 @@ def verify_cmd(
                                       if results else "no image to verify (the cells have no release tags)")
 
 
-@app.command("bench")
+@app.command("bench", epilog=example("imagefactory bench --only py3.11-cpu-openblas-pip --budget 400"))
 @shared("matrix", "only", "gpus", "work_dir", "live")
 def bench_cmd(
     inv: Invocation,
@@ -581,7 +589,7 @@ def bench_cmd(
         raise CellFailure(f"{len(failed)} of {len(results)} cell(s) not measured: " + ", ".join(failed))
 
 
-@app.command("lock")
+@app.command("lock", epilog=example("imagefactory lock --matrix matrix.yaml --upgrade numpy"))
 @shared("matrix", "only")
 def lock_cmd(
     inv: Invocation,
@@ -635,13 +643,13 @@ def lock_cmd(
             print(f"    {change}")
 
 
-@app.command()
+@app.command(epilog=example("imagefactory schema > matrix.schema.json"))
 def schema() -> None:
     """Print the JSON Schema of the matrix file (for editors and CI linting)."""
     print(json.dumps(matrix_mod.schema(), indent=2))
 
 
-@app.command("report")
+@app.command("report", epilog=example("imagefactory report --html --report build/report.json"))
 def report_cmd(
     html: bool = typer.Option(False, "--html", help="Write the image catalogue (report.html) beside the report."),
     report: Path = typer.Option(Path("build/report.json"), "--report", help="The report.json of an earlier "
@@ -649,8 +657,6 @@ def report_cmd(
 ) -> None:
     """Read an existing report.json: print its Markdown summary, or with --html write the image
     catalogue (one self-contained page: the matrix grid, pull commands, launch lines) beside it.
-
-    Example: imagefactory report --html --report build/report.json
 
     Exit codes: 0 written; 2 the file is not a readable report."""
     from imagefactory import catalog
