@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 # Each command imports the pipeline steps it runs (build, render, publish, lock, the engine, Jinja2,
 # tenacity) when it runs: `imagefactory --help` and `imagefactory list` import none of them, and
-# answer at once (docs/performance.md#the-cli-itself, tests/unit/test_cli_imports.py).
+# answer at once (docs/performance.md#the-cli-itself-benchclipy, tests/unit/test_cli_imports.py).
 
 app = typer.Typer(
     name="imagefactory",
