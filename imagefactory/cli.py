@@ -16,25 +16,24 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any, Callable, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, List, Optional
 
 import typer
 
-from imagefactory import build as build_mod
 from imagefactory import context, inputs
-from imagefactory import engines as engines_mod
-from imagefactory import lock as lock_mod
 from imagefactory import matrix as matrix_mod
-from imagefactory import progress as progress_mod
-from imagefactory import publish as publish_mod
-from imagefactory import render as render_mod
-from imagefactory import report as report_mod
-from imagefactory.errors import Cancelled, CellFailure, ConfigError, DockerUnavailable, ImageFactoryError, Interrupted
 from imagefactory.context import Builder, Gpus, Network, Pull, RunContext
-from imagefactory.engine_api import ContainerEngine
-from imagefactory import smoke
+from imagefactory.errors import Cancelled, CellFailure, ConfigError, DockerUnavailable, ImageFactoryError, Interrupted
 from imagefactory.interrupt import Interrupt
 from imagefactory.model import Cell
+
+if TYPE_CHECKING:
+    from imagefactory import build as build_mod
+    from imagefactory.engine_api import ContainerEngine
+
+# Each command imports the pipeline steps it runs (build, render, publish, lock, the engine, Jinja2,
+# tenacity) when it runs: `imagefactory --help` and `imagefactory list` import none of them, and
+# answer at once (docs/performance.md#the-cli-itself-benchclipy, tests/unit/test_cli_imports.py).
 
 app = typer.Typer(
     name="imagefactory",
@@ -46,11 +45,36 @@ app = typer.Typer(
         "2 bad configuration; 3 no Docker engine reachable (or it stopped answering); "
         "130 / 143 interrupted by SIGINT / SIGTERM (the report is still written)."
     ),
-    no_args_is_help=True,
+    epilog="Example: imagefactory list --matrix examples/matrix.yaml",
+    context_settings={"max_content_width": 100},
     add_completion=False,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
+
+# What `imagefactory` alone prints (exit 0): the three commands of a first run, in their order
+# (see the cells, review the Dockerfiles, build and test), then where the rest is.
+FIRST_STEPS = """\
+imagefactory: one matrix file in; tested, tagged Docker images out. First steps:
+
+  imagefactory list   --matrix matrix.yaml        the cells: id, torch, base image, release tag
+  imagefactory render --matrix matrix.yaml        one build context (Dockerfile) per cell, to review
+  imagefactory build  --matrix matrix.yaml        build and smoke-test every cell (--push publishes)
+
+All commands: imagefactory --help. One command: imagefactory COMMAND --help.
+"""
+
+
+@app.callback(invoke_without_command=True)
+def _first_steps(ctx: typer.Context) -> None:
+    if ctx.invoked_subcommand is None:
+        print(FIRST_STEPS, end="")
+
+
+def example(line: str) -> str:
+    """A command's epilog: the one example line every `--help` ends with (tests/unit/test_cli_help.py)."""
+    return f"Example: {line}"
+
 
 class ListFormat(str, Enum):
     table = "table"
@@ -63,68 +87,53 @@ class ListFormat(str, Enum):
 # added to its signature, resolved and checked once into an `Invocation` (the matrix, the selected
 # cells, one context.Options), and printed as one summary line when a run starts.
 FLAGS: dict[str, tuple[Any, Any]] = {
+    # Each help fits a line or two of `--help` at 100 columns; the details: docs/builders.md#build-options.
     "matrix": (Path, typer.Option(Path("matrix.yaml"), "--matrix", "-m", help="The matrix file.", show_default=True)),
-    "only": (Optional[List[str]], typer.Option(None, "--only", help="Only this cell id (repeatable). See "
+    "only": (Optional[List[str]], typer.Option(None, "--only", help="Only this cell id (repeatable); see "
                                                                      "`imagefactory list`.")),
     "jobs": (int, typer.Option(1, "--jobs", "-j", min=1, help="Cells built at the same time.")),
     "keep_going": (bool, typer.Option(True, "--keep-going/--fail-fast",
-                                      help="Keep going past a failing cell (default), or stop starting new cells.")),
-    "gpus": (Gpus, typer.Option(Gpus.auto, "--gpus", help="Give the containers (smoke tests, bench workloads of "
-                                                          "CUDA cells) GPUs: all (a GPU is then required), none, or "
-                                                          "auto (all when the engine has the NVIDIA runtime).")),
+                                      show_default=False,
+                                      help="Go on past a failing cell (default), or start none after one.")),
+    "gpus": (Gpus, typer.Option(Gpus.auto, "--gpus", help="GPUs for the probe and bench containers: all (then "
+                                                          "required), none, or auto (all with the NVIDIA runtime).")),
     "network": (Network, typer.Option(Network.host, "--network", help="Network of the build containers.")),
     "report": (Path, typer.Option(Path("build/report.json"), "--report",
-                                  help="Where the JSON report goes; the Markdown summary is written next to it (.md).")),
-    "work_dir": (Path, typer.Option(Path("build"), "--work-dir", help="Rendered contexts and per-cell logs go here.")),
+                                  help="JSON report; the .md summary beside it.")),
+    "work_dir": (Path, typer.Option(Path("build"), "--work-dir", help="Rendered contexts and per-cell logs.")),
     "probe_timeout": (float, typer.Option(context.DEFAULT_PROBE_TIMEOUT, "--probe-timeout", min=1.0,
                                           help="Seconds the in-image probe may run.")),
     "live": (Optional[bool], typer.Option(None, "--live/--plain", help="Live display (default on a terminal) or "
                                                                        "plain lines.")),
-    "push": (bool, typer.Option(False, "--push", help="Tag and push the cells that passed (see `imagefactory push`).")),
+    "push": (bool, typer.Option(False, "--push", help="Tag and push the cells that passed (as `imagefactory push`).")),
     "atomic": (bool, typer.Option(False, "--atomic", help="Publish nothing unless every selected cell passed "
-                                                          "(build: only with --push).")),
+                                                          "(with --push).")),
     "push_tries": (int, typer.Option(context.DEFAULT_PUSH_TRIES, "--push-tries", min=1,
-                                     help="Tries per tag when a push fails for a transient reason (authentication "
-                                          "errors are never retried).")),
+                                     help="Tries per tag (transient failures).")),
     "retry_delay": (float, typer.Option(context.DEFAULT_RETRY_DELAY, "--retry-delay", min=0.0,
-                                        help="Seconds before the first retry; doubles each time.")),
+                                        help="Seconds before the 1st retry; doubles.")),
     "cache_from": (Optional[List[str]], typer.Option(
-        None, "--cache-from", help="A local image whose layers the builds may reuse, e.g. the previous "
-                                   "release pulled from the registry (repeatable).")),
+        None, "--cache-from", help="A local image whose layers the builds may reuse (repeatable).")),
     "registry_cache": (Optional[bool], typer.Option(
         None, "--registry-cache/--no-registry-cache",
-        help="Pull a cell's content-hash tag from the target registry instead of building it, when the "
-             "registry has it (default: on with --push).")),
-    "pull": (Pull, typer.Option(Pull.missing, "--pull", help="Base images are resolved to a digest that is pinned in "
-                                                             "FROM: always (from the registry, and re-pulled), missing "
-                                                             "(from the registry, else the local copy), never (the "
-                                                             "local copy only).")),
+        help="Reuse the registry's content-hash tag (default: on with --push).")),
+    "pull": (Pull, typer.Option(Pull.missing, "--pull", help="Bases, pinned by digest in FROM: always (re-pulled), "
+                                                             "missing (registry, else local), never (local only).")),
     "retest": (bool, typer.Option(False, "--retest", help="Probe every image, even one whose passing verdicts are "
-                                                          "cached for this probe version, GPU and thread mode.")),
+                                                          "cached.")),
     "probe_shm": (str, typer.Option(context.DEFAULT_PROBE_SHM, "--probe-shm",
-                                    help="/dev/shm of the probe containers: a size (1g, 512m: --shm-size), host "
-                                         "(--ipc=host) or default (Docker's 64 MB, too small for the DataLoader "
-                                         "check).")),
-    "builder": (Builder, typer.Option(Builder.classic, "--builder",
-                                      help="What builds the images: buildkit (docker buildx: cache mounts for pip's "
-                                           "and conda's packages, --netrc logins as build secrets), classic (the "
-                                           "Docker SDK's legacy builder), or auto (buildkit when `docker buildx "
-                                           "version` answers, else classic). test and push need the builder the "
-                                           "images were built with (the Dockerfiles, so the content hashes, "
-                                           "differ).")),
+                                    help="The probe's /dev/shm: a size (1g, 512m), host (--ipc=host) or default "
+                                         "(Docker's 64 MB: too small).")),
+    "builder": (Builder, typer.Option(Builder.classic, "--builder", metavar="KIND",
+                                      help="classic (the Docker SDK's), buildkit (docker buildx) or auto; test and "
+                                           "push: the one that built.")),
     "buildx_builder": (Optional[str], typer.Option(None, "--buildx-builder", metavar="NAME",
-                                                   help="With BuildKit: the buildx builder to use (`docker buildx "
-                                                        "build --builder NAME`), e.g. a remote buildkitd or BuildKit "
-                                                        "on Kubernetes: the way to spread builds over machines.")),
+                                                   help="With buildkit: the buildx builder (remote ones too).")),
     "sign": (Optional[str], typer.Option(None, "--sign", metavar="KEY",
-                                         help="Sign each pushed digest with cosign (a key file, password from "
-                                              "COSIGN_PASSWORD, or a KMS URI) and attach the SBOM and the "
-                                              "provenance as attestations (docs/signing.md). Only with a push.")),
+                                         help="With a push: cosign-sign digests, attach SBOM, provenance.")),
     "netrc": (Optional[Path], typer.Option(None, "--netrc", metavar="PATH",
-                                           help="Logins for package indexes and conda channels (default: $NETRC, "
-                                                "then ~/.netrc). Mounted into BuildKit's install steps as a build "
-                                                "secret, never into a layer; refused under the classic builder. A "
-                                                "netrc without a host the cells install from is not mounted.")),
+                                           help="Index logins (default $NETRC, ~/.netrc), a BuildKit-only "
+                                                "secret.")),
 }
 def _finite(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> Any:
     """Every float flag: nan and inf pass a range check (nan < 1 is False), so refuse them here."""
@@ -188,6 +197,8 @@ def _invocation(command: str, values: dict[str, Any], fixed: dict[str, Any]) -> 
     if "cache_from" in settings:
         settings["cache_from"] = _cache_from(settings["cache_from"] or ())
     if "probe_shm" in settings:
+        from imagefactory import smoke
+
         settings["probe_shm"] = smoke.check_shm(settings["probe_shm"])
     settings.update(fixed)
     _outputs(m, settings)
@@ -262,6 +273,8 @@ def _builder(m: matrix_mod.Matrix, cells: list[Cell], settings: dict[str, Any]) 
 def _publishing(m: matrix_mod.Matrix, cells: list[Cell], options: context.Options) -> context.Options:
     """Check everything publishing needs before anything is built: the credentials, the commit
     id, every tag of every cell."""
+    from imagefactory import publish as publish_mod
+
     publish_mod.registry_credentials(m)
     options = dataclasses.replace(options, git_sha=publish_mod.git_sha())
     for cell in cells:
@@ -289,7 +302,7 @@ def _cell_row(c: Cell) -> dict:
     }
 
 
-@app.command("list")
+@app.command("list", epilog=example("imagefactory list --matrix matrix.yaml --format github"))
 @shared("matrix", "only")
 def list_cells(
     inv: Invocation,
@@ -304,18 +317,20 @@ def list_cells(
     elif format is ListFormat.github:
         print(json.dumps({"include": [{"cell": r["id"], **r} for r in rows]}, separators=(",", ":")))
     else:
-        from rich.console import Console
-        from rich.table import Table
-
-        table = Table(show_header=True, header_style="bold", box=None)
-        for col in ("id", "torch", "threads", "base_image", "tag"):
-            table.add_column(col)
-        for r in rows:
-            table.add_row(r["id"], r["torch"], str(r["threads"]), r["base_image"], r["tag"])
-        Console(highlight=False, width=200).print(table)
+        print(table([list(TABLE_COLUMNS), *([str(r[c]) for c in TABLE_COLUMNS] for r in rows)]), end="")
 
 
-@app.command()
+TABLE_COLUMNS = ("id", "torch", "threads", "base_image", "tag")
+
+
+def table(lines: list[list[str]]) -> str:
+    """`list`'s table: the first line the header, each column as wide as its widest value, one space
+    either side (what rich's Table(box=None) prints, without importing rich: 60 ms of `list`)."""
+    widths = [max(len(v) for v in column) for column in zip(*lines)]
+    return "".join("".join(f" {v.ljust(w)} " for v, w in zip(line, widths)) + "\n" for line in lines)
+
+
+@app.command(epilog=example("imagefactory render --matrix matrix.yaml --out build/contexts"))
 @shared("matrix", "only")
 def render(
     inv: Invocation,
@@ -324,6 +339,8 @@ def render(
     """Write one build context per cell to OUT/<cell-id>/ (Dockerfile and every file it copies).
 
     Same matrix in, same bytes out; nothing is written unless every cell renders."""
+    from imagefactory import render as render_mod
+
     inputs.check_output(out, "--out", folder=True, keep=(inv.matrix.path,))
     interrupt = Interrupt()
     try:
@@ -337,6 +354,8 @@ def render(
 
 
 def _finish(outcome: build_mod.Outcome, report_path: Path, interrupt: Interrupt) -> None:
+    from imagefactory import report as report_mod
+
     reports = outcome.reports
     json_path, md_path = report_mod.write(reports, report_path, gpus=outcome.gpus)
     failed = [r for r in reports if not r.ok]
@@ -368,6 +387,10 @@ def _run(inv: Invocation, output: Path) -> Iterator[RunContext]:
     """The run context of an engine-driving command: the work dir and `output` locked (a second
     run on either stops at once), the engine reached, the settings printed, SIGINT/SIGTERM
     turned into the run's cancellation while the block runs."""
+    from imagefactory import build as build_mod
+    from imagefactory import engines as engines_mod
+    from imagefactory import progress as progress_mod
+
     interrupt = Interrupt()
     _engine_environment()
     with build_mod.locked(inv.options.work_dir, output):
@@ -396,14 +419,16 @@ BUILD_FLAGS = ("matrix", "only", "jobs", "keep_going", "gpus", "network", "repor
                "probe_shm", "builder", "buildx_builder", "netrc", "sign")
 
 
-@app.command()
+@app.command(epilog=example("imagefactory build --matrix matrix.yaml -j 2 --push"))
 @shared(*BUILD_FLAGS)
 def build(inv: Invocation) -> None:
-    """Build every cell through the Docker SDK, then smoke-test each image in a container.
+    """Build every cell, then smoke-test each image in a container; an unchanged cell is cached.
 
-    An image whose rendered context is unchanged is reused (reported as cached). Built images
-    get a local candidate name (imagefactory-candidate/...); release tags are applied only by
-    --push, and only to cells that passed. Full logs: WORK_DIR/logs/<cell>.log."""
+    Release tags only with --push, on the cells that passed. Logs: WORK_DIR/logs/<cell>.log;
+    every option explained: docs/builders.md#build-options."""
+
+    from imagefactory import build as build_mod
+    from imagefactory import publish as publish_mod
 
     def steps(run: RunContext) -> build_mod.Outcome:
         outcome = build_mod.build(inv.matrix, inv.cells, run)
@@ -414,7 +439,7 @@ def build(inv: Invocation) -> None:
     _pipeline(inv, steps)
 
 
-@app.command()
+@app.command(epilog=example("imagefactory push --matrix matrix.yaml --atomic"))
 @shared("matrix", "only", "atomic", "gpus", "report", "work_dir", "probe_timeout", "live", "push_tries",
         "retry_delay", "builder", "sign", push=True)
 def push(inv: Invocation) -> None:
@@ -425,6 +450,9 @@ def push(inv: Invocation) -> None:
     IMAGEFACTORY_REGISTRY_USER and IMAGEFACTORY_REGISTRY_PASSWORD, else `docker login`'s config
     and credential helpers."""
 
+    from imagefactory import build as build_mod
+    from imagefactory import publish as publish_mod
+
     def steps(run: RunContext) -> build_mod.Outcome:
         outcome = build_mod.test(inv.matrix, inv.cells, run)
         publish_mod.publish(inv.matrix, outcome.reports, run)
@@ -433,7 +461,7 @@ def push(inv: Invocation) -> None:
     _pipeline(inv, steps)
 
 
-@app.command("test")
+@app.command("test", epilog=example("imagefactory test --only py3.11-cpu-openblas-pip --retest"))
 @shared("matrix", "only", "jobs", "keep_going", "gpus", "report", "work_dir", "probe_timeout", "live", "pull",
         "retest", "probe_shm", "builder")
 def test_cmd(inv: Invocation) -> None:
@@ -441,6 +469,8 @@ def test_cmd(inv: Invocation) -> None:
 
     An image that already passed this probe version (same GPU and thread mode) is reported
     with its cached verdicts; --retest probes it again."""
+    from imagefactory import build as build_mod
+
     _pipeline(inv, lambda run: build_mod.test(inv.matrix, inv.cells, run))
 
 
@@ -449,7 +479,7 @@ class DoctorFormat(str, Enum):
     json = "json"
 
 
-@app.command()
+@app.command(epilog=example("imagefactory doctor --matrix matrix.yaml --format json"))
 def doctor(
     matrix: Optional[Path] = typer.Option(None, "--matrix", "-m", help="The matrix file (default: matrix.yaml "
                                                                         "when it exists, else host facts only)."),
@@ -495,7 +525,7 @@ def _verified(m: matrix_mod.Matrix | None, key_ref: str, *, flag: str, only: Opt
     return [v.as_dict() for v in verify_mod.verify_refs(targets, key)]
 
 
-@app.command("verify")
+@app.command("verify", epilog=example("imagefactory verify registry.example.com/ml/train:TAG --key cosign.pub"))
 def verify_cmd(
     image: Optional[str] = typer.Argument(None, metavar="[IMAGE]", help="One image reference (default: the "
                                                                           "matrix's release tags)."),
@@ -522,7 +552,7 @@ def verify_cmd(
                                       if results else "no image to verify (the cells have no release tags)")
 
 
-@app.command("bench")
+@app.command("bench", epilog=example("imagefactory bench --only py3.11-cpu-openblas-pip --budget 400"))
 @shared("matrix", "only", "gpus", "work_dir", "live")
 def bench_cmd(
     inv: Invocation,
@@ -559,7 +589,7 @@ def bench_cmd(
         raise CellFailure(f"{len(failed)} of {len(results)} cell(s) not measured: " + ", ".join(failed))
 
 
-@app.command("lock")
+@app.command("lock", epilog=example("imagefactory lock --matrix matrix.yaml --upgrade numpy"))
 @shared("matrix", "only")
 def lock_cmd(
     inv: Invocation,
@@ -580,6 +610,9 @@ def lock_cmd(
     --require-hashes --no-deps, conda from an @EXPLICIT file, without a solve. A second `lock`
     of the same matrix stops at once (exit 2); SIGINT/SIGTERM stop the resolver and write no
     lock (exit 130 / 143)."""
+    from imagefactory import build as build_mod
+    from imagefactory import lock as lock_mod
+
     m, cells = inv.matrix, inv.cells
     if check:
         if upgrade or packages:
@@ -610,13 +643,13 @@ def lock_cmd(
             print(f"    {change}")
 
 
-@app.command()
+@app.command(epilog=example("imagefactory schema > matrix.schema.json"))
 def schema() -> None:
     """Print the JSON Schema of the matrix file (for editors and CI linting)."""
     print(json.dumps(matrix_mod.schema(), indent=2))
 
 
-@app.command("report")
+@app.command("report", epilog=example("imagefactory report --html --report build/report.json"))
 def report_cmd(
     html: bool = typer.Option(False, "--html", help="Write the image catalogue (report.html) beside the report."),
     report: Path = typer.Option(Path("build/report.json"), "--report", help="The report.json of an earlier "
@@ -625,10 +658,9 @@ def report_cmd(
     """Read an existing report.json: print its Markdown summary, or with --html write the image
     catalogue (one self-contained page: the matrix grid, pull commands, launch lines) beside it.
 
-    Example: imagefactory report --html --report build/report.json
-
     Exit codes: 0 written; 2 the file is not a readable report."""
     from imagefactory import catalog
+    from imagefactory import report as report_mod
 
     reports = catalog.read_report(report)
     if html:

@@ -8,6 +8,8 @@ unless the whole file is valid.
 from __future__ import annotations
 
 import difflib
+import functools
+import hashlib
 import itertools
 import json
 import re
@@ -15,17 +17,17 @@ import unicodedata
 from dataclasses import replace
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jsonschema
-from packaging.requirements import InvalidRequirement, Requirement
-
-from imagefactory import availability, inputs, platforms, refs
+from imagefactory import __version__, availability, fsutil, inputs, platforms, refs
 from imagefactory import tags as tagging
 from imagefactory.errors import ConfigError
 from imagefactory.inputs import Located as _Located
 from imagefactory.inputs import Problem
 from imagefactory.model import Cell, CondaSettings, InstallerPin, Matrix, PipSettings, TagList
+
+if TYPE_CHECKING:
+    import jsonschema
 
 AXES = ("python", "cuda", "blas", "installer", "platform", "variant")
 # An axis the file leaves out: installer conda; platform linux/amd64 (platforms.DEFAULT); variant
@@ -71,8 +73,7 @@ def is_reference(ref: str) -> bool:
 
 def schema() -> dict[str, Any]:
     """The published JSON Schema of the matrix file."""
-    text = resources.files("imagefactory").joinpath("resources/matrix.schema.json").read_text()
-    return json.loads(text)
+    return json.loads(_schema_text())
 
 
 
@@ -149,34 +150,92 @@ def _unknown_key(name: str, allowed: list[str]) -> str:
 
 def _fullmatch(validator, pattern: str, instance: Any, schema: dict[str, Any]):
     """`pattern`, matched against the whole string: `$` alone lets "3.11\\n" through."""
+    import jsonschema
+
     if isinstance(instance, str) and not re.fullmatch(pattern, instance):
         yield jsonschema.ValidationError(f"{_show(instance)} does not match {pattern!r}")
 
 
-# Integers are ints: JSON Schema counts 4.0 as an integer, and `threads: 4.0` would bake "4.0".
-_TYPES = jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
-    "integer", lambda checker, value: isinstance(value, int) and not isinstance(value, bool))
-Validator = jsonschema.validators.extend(jsonschema.Draft202012Validator, validators={"pattern": _fullmatch},
-                                         type_checker=_TYPES)
+@functools.cache
+def validator_class() -> Any:
+    """The schema's validator class, built on first use: jsonschema (with its format checkers) is
+    the largest import of a command, and `--help`, or a `list` of a matrix validated before, never
+    needs it."""
+    import jsonschema
+
+    # Integers are ints: JSON Schema counts 4.0 as an integer, and `threads: 4.0` would bake "4.0".
+    types = jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
+        "integer", lambda checker, value: isinstance(value, int) and not isinstance(value, bool))
+    return jsonschema.validators.extend(jsonschema.Draft202012Validator, validators={"pattern": _fullmatch},
+                                        type_checker=types)
+
+
+def __getattr__(name: str) -> Any:  # `matrix.Validator`, built on first use
+    if name == "Validator":
+        return validator_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 _RANK = {"type": 0, "additionalProperties": 1, "required": 1}  # per value, the most basic mistake wins
 
+# -- the validation cache ---------------------------------------------------------------------------
+# A matrix whose bytes passed the schema before, under the same schema and the same imagefactory
+# (its validator's rules are code: _fullmatch, the integer type), passes again: `load` skips the
+# schema step for it (and the jsonschema import). The cache holds only keys of files that passed;
+# it is never trusted for anything else, and every other check of `load` runs every time.
+VALIDATED_FILE = "schema-validated.json"
+VALIDATED_MAX = 256
+_VALIDATED_RE = re.compile(r"[0-9a-f]{64}")
 
 
-def load(path: str | Path) -> Matrix:
-    """Read, validate and expand a matrix file. Raises ConfigError with every problem."""
-    path = Path(path).absolute()
-    shown = str(path if not path.is_relative_to(Path.cwd()) else path.relative_to(Path.cwd()))
+@functools.cache
+def _schema_text() -> str:
+    return resources.files("imagefactory").joinpath("resources/matrix.schema.json").read_text()
+
+
+def validation_key(text: str) -> str:
+    """sha256 of what decides the schema's verdict: the matrix's bytes, the schema's bytes and the
+    validator's code (imagefactory's version)."""
+    h = hashlib.sha256(f"imagefactory-schema-validated/1\0{__version__}\0".encode())
+    h.update(hashlib.sha256(_schema_text().encode()).digest())
+    h.update(text.encode("utf-8"))
+    return h.hexdigest()
+
+
+def _validated_path() -> Path | None:
     try:
-        root, data = _parse(_read(path, shown), shown)
-    except ConfigError as e:
-        raise ConfigError([_printable(line) for line in e.problems]) from None
-    if not isinstance(data, dict):
-        raise ConfigError(_printable(f"{shown}:1: (top level): expected a mapping with keys image, matrix, torch"))
+        return fsutil.cache_root() / VALIDATED_FILE
+    except ConfigError:  # no cache folder (no HOME): validate every time
+        return None
 
-    loc = _Located(root)
+
+def _validated_keys(path: Path) -> list[str]:
+    """The keys in the cache file: read bounded, no link or FIFO; anything odd reads as empty."""
+    try:
+        if path.is_symlink() or not path.exists():
+            return []
+        doc = json.loads(inputs.read_regular(path, VALIDATED_MAX * 70 + 64).decode("utf-8"))
+    except (OSError, ValueError, RecursionError):  # inputs.InputError is a ValueError
+        return []
+    if not isinstance(doc, list):
+        return []
+    return [k for k in doc if isinstance(k, str) and _VALIDATED_RE.fullmatch(k)]
+
+
+def _remember_validated(path: Path, key: str) -> None:
+    keys = [k for k in _validated_keys(path) if k != key] + [key]
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fsutil.atomic_write(path, json.dumps(keys[-VALIDATED_MAX:]))
+    except OSError:
+        pass  # never fatal: the next run validates again
+
+
+def _schema_problems(data: Any, loc: _Located) -> list[Problem]:
+    """Every schema problem of `data`, each reported once, the most basic first."""
     problems: list[Problem] = []
     best: dict[tuple[str, ...], tuple[int, Problem]] = {}
-    for error in Validator(schema()).iter_errors(data):
+    for error in validator_class()(schema()).iter_errors(data):
         if error.validator == "additionalProperties":  # every unknown key, not only the first
             at = tuple(error.absolute_path)
             allowed = sorted(error.schema.get("properties", {}))
@@ -189,6 +248,26 @@ def load(path: str | Path) -> Matrix:
         if where not in best or rank < best[where][0]:
             best[where] = (rank, Problem(loc.line(epath, key=at_key), _keypath(epath), msg))
     problems.extend(p for _, p in best.values())
+    return problems
+
+
+def load(path: str | Path) -> Matrix:
+    """Read, validate and expand a matrix file. Raises ConfigError with every problem."""
+    path = Path(path).absolute()
+    shown = str(path if not path.is_relative_to(Path.cwd()) else path.relative_to(Path.cwd()))
+    try:
+        text = _read(path, shown)
+        root, data = _parse(text, shown)
+    except ConfigError as e:
+        raise ConfigError([_printable(line) for line in e.problems]) from None
+    if not isinstance(data, dict):
+        raise ConfigError(_printable(f"{shown}:1: (top level): expected a mapping with keys image, matrix, torch"))
+
+    loc = _Located(root)
+    key, cache = validation_key(text), _validated_path()
+    known = cache is not None and key in _validated_keys(cache)
+    problems = [] if known else _schema_problems(data, loc)
+    schema_ok = not problems
     problems.extend(odd_integers(data, loc))
 
     matrix = None
@@ -196,6 +275,8 @@ def load(path: str | Path) -> Matrix:
         matrix = _build(path, data, loc, problems)
     if problems:
         raise _config_error(shown, problems)
+    if schema_ok and not known and cache is not None:
+        _remember_validated(cache, key)
     assert matrix is not None
     return matrix
 
@@ -540,6 +621,10 @@ def _repository(ref: str) -> str:
 
 def _check_packages(cell: Cell, combo: dict[str, Any], where: tuple[Any, ...], problem) -> None:
     """Each extra package is a valid spec for the installer of the cell it goes into."""
+    if not cell.packages:  # nothing to check, and no packaging import (a cell without packages)
+        return
+    from packaging.requirements import InvalidRequirement, Requirement
+
     own = list(combo.get("packages", []))
     for spec in dict.fromkeys(cell.packages):
         keypath = where + ("packages", own.index(spec)) if spec in own else ("packages", list(
@@ -574,6 +659,8 @@ def _pins_conflict(specs: list[str], installer: str) -> str | None:
     """Why two specs of one package in a cell cannot both hold (scipy==1.11.0 and scipy==1.13.0,
     or scipy==1.11.0 and scipy>=1.13), or None. A pin is a version the install must be; it must meet
     every other spec of its package. Ranges alone are left to the installer."""
+    from packaging.requirements import Requirement
+
     by_name: dict[str, list[str]] = {}
     for spec in specs:
         name = (Requirement(spec).name if installer == "pip" else re.split(r"[=<>!~]", spec, maxsplit=1)[0])
@@ -586,6 +673,8 @@ def _pins_conflict(specs: list[str], installer: str) -> str | None:
 
 def _pins_meet(specs: list[str], installer: str) -> bool:
     if installer == "pip":
+        from packaging.requirements import Requirement
+
         sets = [Requirement(s).specifier for s in specs]
         pins = [sp.version for ss in sets for sp in ss if sp.operator in ("==", "===") and "*" not in sp.version]
         return all(ss.contains(pin, prereleases=True) for pin in pins for ss in sets)

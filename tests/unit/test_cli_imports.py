@@ -1,0 +1,175 @@
+"""`imagefactory --help` and `imagefactory list` import no pipeline step they do not run, and a
+matrix whose bytes passed the schema before is not validated again (matrix.py's validation cache).
+No timing assertion: what is imported is the regression that timing would only show as noise
+(the figures: bench/cli.py, docs/performance.md#the-cli-itself)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from imagefactory import matrix
+from tests.conftest import REPO
+from tests.unit.helpers import TWO_PIP_CELLS
+
+# What neither `--help` nor `list` of a matrix validated before may import (each is a command's or
+# a step's own: the Docker SDK and requests the engine's, jsonschema the first validation's, Jinja2
+# render's, tenacity publish's, rich the live display's, packaging a matrix with packages').
+LAZY = ("docker", "requests", "urllib3", "jsonschema", "jinja2", "tenacity", "rich", "packaging",
+        "imagefactory.build", "imagefactory.render", "imagefactory.publish", "imagefactory.engine",
+        "imagefactory.lock", "imagefactory.smoke")
+
+RUN = """
+import json, sys
+from imagefactory import cli
+sys.argv = ["imagefactory", *json.loads(sys.argv[1])]
+try:
+    cli.main()
+except SystemExit as e:
+    code = e.code
+else:
+    code = 0
+sys.__stderr__.write("\\nMODULES " + json.dumps(sorted(m for m in sys.modules)) + " EXIT " + str(code) + "\\n")
+"""
+
+
+def imported(args: list[str], cache: os.PathLike | str) -> tuple[set[str], int, str]:
+    """The modules loaded after `imagefactory ARGS` in a fresh interpreter, its exit code, stdout."""
+    env = {**os.environ, "IMAGEFACTORY_CACHE_DIR": str(cache), "PYTHONPATH": str(REPO), "COLUMNS": "100"}
+    r = subprocess.run([sys.executable, "-c", RUN, json.dumps(args)], capture_output=True, text=True, cwd=REPO,
+                       env=env, timeout=120)
+    tail = r.stderr.rsplit("\nMODULES ", 1)
+    assert len(tail) == 2, r.stderr
+    modules, code = tail[1].rsplit(" EXIT ", 1)
+    return set(json.loads(modules)), int(code.strip() or 0), r.stdout
+
+
+def heavy(modules: set[str]) -> list[str]:
+    return sorted(m for m in LAZY if m in modules)
+
+
+@pytest.mark.parametrize("args", [["--help"], [], ["list", "--help"], ["build", "--help"]],
+                         ids=["help", "bare", "list-help", "build-help"])
+def test_help_imports_no_pipeline_step(args, tmp_path):
+    modules, code, out = imported(args, tmp_path / "cache")
+    assert code == 0 and ("Usage" in out or "First steps" in out)
+    assert heavy(modules) == []
+
+
+def test_list_of_a_validated_matrix_imports_no_pipeline_step(tmp_path):
+    path = tmp_path / "matrix.yaml"
+    path.write_text(TWO_PIP_CELLS)
+    first, code, out = imported(["list", "--matrix", str(path)], tmp_path / "cache")
+    assert code == 0 and "py3.11-cpu-openblas-pip" in out
+    assert "jsonschema" in first  # the first `list` validates (so the check below can fail)
+    again, code, out2 = imported(["list", "--matrix", str(path)], tmp_path / "cache")
+    assert code == 0 and out2 == out
+    assert heavy(again) == []
+
+
+def test_the_table_is_what_rich_printed(tmp_path, monkeypatch, capsys):
+    """`list`'s table, printed without rich, is byte for byte the rich Table(box=None) it replaces."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from imagefactory import cli
+
+    lines = [list(cli.TABLE_COLUMNS), ["py3.11-cpu-openblas-pip", "2.13.0", "2", "python:3.11-slim-bookworm",
+                                       "registry.example.com/ml/train:2.13.0-py3.11-cpu-openblas-pip"],
+             ["py3.12-cu12.9-mkl-conda", "2.12.1", "auto", "mambaorg/micromamba:2-debian12", ""]]
+    t = Table(show_header=True, header_style="bold", box=None)
+    for col in lines[0]:
+        t.add_column(col)
+    for row in lines[1:]:
+        t.add_row(*row)
+    console = Console(highlight=False, width=200, force_terminal=False, no_color=True, record=True, file=open(
+        os.devnull, "w"))
+    console.print(t)
+    assert cli.table(lines) == console.export_text()
+
+
+# -- the validation cache ---------------------------------------------------------------------------
+def schema_runs(monkeypatch) -> list[int]:
+    calls: list[int] = []
+    real = matrix._schema_problems
+
+    def counted(data, loc):
+        calls.append(1)
+        return real(data, loc)
+
+    monkeypatch.setattr(matrix, "_schema_problems", counted)
+    return calls
+
+
+def test_unchanged_bytes_are_validated_once(tmp_path, monkeypatch):
+    path = tmp_path / "matrix.yaml"
+    path.write_text(TWO_PIP_CELLS)
+    calls = schema_runs(monkeypatch)
+    first = matrix.load(path)
+    assert matrix.load(path) == first
+    assert len(calls) == 1
+    path.write_text(TWO_PIP_CELLS + "\n")  # one more byte: validated again
+    matrix.load(path)
+    assert len(calls) == 2
+
+
+def test_another_schema_or_version_validates_again(tmp_path, monkeypatch):
+    path = tmp_path / "matrix.yaml"
+    path.write_text(TWO_PIP_CELLS)
+    calls = schema_runs(monkeypatch)
+    matrix.load(path)
+    monkeypatch.setattr(matrix, "_schema_text", lambda: matrix.resources.files("imagefactory").joinpath(
+        "resources/matrix.schema.json").read_text() + " ")
+    matrix.load(path)
+    monkeypatch.setattr(matrix, "__version__", "0.0.0-other")
+    matrix.load(path)
+    assert len(calls) == 3
+
+
+def test_a_bad_matrix_is_never_remembered(tmp_path, monkeypatch):
+    path = tmp_path / "matrix.yaml"
+    path.write_text(TWO_PIP_CELLS.replace("threads: 2", "threads: 4.0"))
+    calls = schema_runs(monkeypatch)
+    for _ in range(2):
+        with pytest.raises(matrix.ConfigError):
+            matrix.load(path)
+    assert len(calls) == 2
+    assert not (tmp_path / "imagefactory-cache" / matrix.VALIDATED_FILE).exists()
+
+
+def test_a_planted_key_skips_the_schema_only(tmp_path, monkeypatch):
+    """The cache says only "these bytes passed the schema": a matrix whose key someone wrote there
+    still meets every other check of `load`, and an odd cache file is ignored."""
+    cache = tmp_path / "imagefactory-cache" / matrix.VALIDATED_FILE
+    cache.parent.mkdir(parents=True)
+    path = tmp_path / "matrix.yaml"
+    text = TWO_PIP_CELLS.replace("matrix:\n", "matrix:\n  exclude: [{python: \"3.9\"}]\n")  # removes nothing
+    path.write_text(text)
+    cache.write_text(json.dumps([matrix.validation_key(text)]))
+    calls = schema_runs(monkeypatch)
+    with pytest.raises(matrix.ConfigError, match="exclude removes nothing"):
+        matrix.load(path)
+    assert calls == []  # the planted key did skip the schema, and only the schema
+    for odd in ("{not json", json.dumps({"a": 1}), json.dumps(["x" * 64]), "[" + " " * (1 << 20) + "]"):
+        cache.write_text(odd)
+        calls = schema_runs(monkeypatch)
+        path.write_text(TWO_PIP_CELLS)
+        matrix.load(path)
+        assert len(calls) == 1
+        assert json.loads(cache.read_text()) == [matrix.validation_key(TWO_PIP_CELLS)]
+
+
+def test_an_unwritable_cache_is_not_fatal(tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("IMAGEFACTORY_CACHE_DIR", str(blocker / "cache"))
+    path = tmp_path / "matrix.yaml"
+    path.write_text(TWO_PIP_CELLS)
+    calls = schema_runs(monkeypatch)
+    matrix.load(path)
+    matrix.load(path)
+    assert len(calls) == 2
