@@ -117,8 +117,6 @@ def module_images(request):
     since = time.time()
     images = ModuleImages(request.module.__name__)
     yield images
-    own = getattr(request.module, "OWN", None)  # the module's own, with its build_cache choice
-    images = own if isinstance(own, ModuleImages) else images
     if images.used and os.environ.get("IMAGEFACTORY_TEST_KEEP_IMAGES") != "1":
         import docker
 

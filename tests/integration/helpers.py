@@ -205,12 +205,14 @@ class ModuleImages:
     module can make one at import and conftest finds the same one."""
 
     _used: dict[str, list[Path]] = {}
+    _build_cache: set[str] = set()
 
     def __init__(self, module: str, *, build_cache: bool = False):
         """`build_cache`: every BuildKit build the module makes is its own (none of a session
         fixture's), so the cache records made while it ran go with it too."""
         self.key = f"{module.rsplit('.', 1)[-1]}-{RUN_ID}"
-        self.build_cache = build_cache
+        if build_cache:
+            self._build_cache.add(self.key)
 
     @property
     def labels(self) -> dict[str, str]:
@@ -231,7 +233,7 @@ class ModuleImages:
         many images went."""
         import docker
 
-        if self.build_cache and since is not None:
+        if self.key in self._build_cache and since is not None:
             prune_build_cache(client, since)
 
         stages = Leftovers()
