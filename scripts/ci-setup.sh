@@ -7,6 +7,11 @@
 #   * two base images made with debootstrap, standing in for Docker Hub's
 #       127.0.0.1:5000/library/debian:bookworm-slim
 #       127.0.0.1:5000/library/python:3.11-slim-bookworm
+#     each served by the base registry as a two-arch list (linux/amd64 and
+#     linux/arm64, as Docker Hub serves them); the engine's local tag is the
+#     amd64 image;
+#   * QEMU user emulation registered with binfmt_misc (qemu-aarch64), so the
+#     engine runs and BuildKit builds linux/arm64 images on this x86_64 host;
 #   * cosign 2.x (/usr/local/bin/cosign) for the signing tests;
 #   * two local registries (CNCF distribution 2.8):
 #       127.0.0.1:5000  no auth, holds the base images ("base_registry" mirror)
@@ -75,7 +80,10 @@ install_packages() {
     # charliecloud (ch-convert, ch-run): an HPC runtime that skips ENTRYPOINT and image ENV,
     # for tests/integration/test_launch.py. chromium (headless) and a font render report.html
     # for tests/integration/test_catalog.py.
-    local pkgs=(docker.io debootstrap docker-registry apache2-utils curl iproute2 charliecloud chromium fonts-dejavu-core)
+    # qemu-user-static, binfmt-support and mmdebstrap: arm64 images (emulated builds and probes,
+    # the arm64 bases).
+    local pkgs=(docker.io debootstrap docker-registry apache2-utils curl iproute2 charliecloud chromium fonts-dejavu-core
+        qemu-user-static binfmt-support mmdebstrap)
     local missing=() p
     for p in "${pkgs[@]}"; do
         # (dpkg -s, but also rejecting removed-but-not-purged packages)
@@ -198,6 +206,28 @@ install_cosign() {
 }
 
 # --------------------------------------------------------------------------
+# 1d. QEMU through binfmt_misc: the kernel hands arm64 binaries to
+#     qemu-aarch64-static. The package's service would do this, but
+#     policy-rc.d (or a machine without systemd) blocks it, so by hand. The F
+#     flag (the interpreter opened at registration) lets containers use it.
+# --------------------------------------------------------------------------
+readonly BINFMT_DIR="/proc/sys/fs/binfmt_misc"
+enable_binfmt() {
+    if [[ ! -e "$BINFMT_DIR/register" ]]; then
+        mount -t binfmt_misc binfmt_misc "$BINFMT_DIR" || die "cannot mount binfmt_misc on $BINFMT_DIR"
+    fi
+    if [[ "$(head -n1 "$BINFMT_DIR/qemu-aarch64" 2>/dev/null || true)" != enabled ]]; then
+        update-binfmts --enable qemu-aarch64 >/dev/null 2>&1 || update-binfmts --import qemu-aarch64 >/dev/null 2>&1 ||
+            die "update-binfmts --enable qemu-aarch64 failed"
+    fi
+    [[ "$(head -n1 "$BINFMT_DIR/qemu-aarch64" 2>/dev/null || true)" == enabled ]] ||
+        die "binfmt_misc has no enabled qemu-aarch64 handler after update-binfmts"
+    grep -q '^flags: .*F' "$BINFMT_DIR/qemu-aarch64" ||
+        die "the qemu-aarch64 binfmt handler lacks the F flag: containers could not find the interpreter"
+    log "binfmt: qemu-aarch64 enabled"
+}
+
+# --------------------------------------------------------------------------
 # 2. Docker engine
 # --------------------------------------------------------------------------
 start_docker() {
@@ -271,7 +301,7 @@ make_base_images() {
     mkdir -p "$CACHE_DIR"
     # Remove leftovers of an interrupted earlier run.
     local leftover
-    for leftover in "$CACHE_DIR"/rootfs.* "$CACHE_DIR"/*.tar.tmp; do
+    for leftover in "$CACHE_DIR"/rootfs.* "$CACHE_DIR"/context.* "$CACHE_DIR"/*.tar.tmp "$CACHE_DIR"/*.partial.tar; do
         remove_tree "$leftover"
     done
     local minbase="$CACHE_DIR/bookworm-minbase.tar"
@@ -284,6 +314,73 @@ make_base_images() {
     import_image "$minbase" "$DEBIAN_IMAGE"
     # Like the official python image: a UTF-8 locale for Python's I/O.
     import_image "$python" "$PYTHON_IMAGE" --change 'ENV LANG=C.UTF-8'
+}
+
+# make_foreign_rootfs_tar TARBALL ARCH PACKAGES: a Debian root of another
+# architecture, unpacked without running its packages' scripts under QEMU
+# (mmdebstrap's extract variant, ~15 s, then scripts/foreign-rootfs.sh does
+# what the images need of those scripts; a full emulated debootstrap takes
+# 332-454 s on 2 cores). Cached like the amd64 tarballs.
+make_foreign_rootfs_tar() {
+    local tarball="$1" arch="$2" include="$3"
+    if [[ -s "$tarball" ]]; then
+        log "cached: $tarball"
+        return
+    fi
+    log "mmdebstrap --variant=extract --architectures=$arch $SUITE (takes ~1 min)"
+    # (mmdebstrap tells a tarball from a directory by the name's ending)
+    local partial="${tarball%.tar}.partial.tar" hook
+    hook="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/foreign-rootfs.sh"
+    mmdebstrap --variant=extract --architectures="$arch" \
+        --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr \
+        --include='?essential' --include="$include" \
+        --extract-hook="bash $hook \"\$1\"" \
+        "$SUITE" "$partial" "$MIRROR" >"${tarball}.log" 2>&1 || {
+        tail -n 20 "${tarball}.log" >&2 || true
+        rm -f "$partial"
+        die "mmdebstrap for $(basename "$tarball") failed (log: ${tarball}.log)"
+    }
+    rm -f "${tarball}.log"
+    mv -f "$partial" "$tarball"
+}
+
+# build_foreign_image TARBALL IMAGE PLATFORM [ENV ...]: `docker import
+# --platform` records the host's architecture whatever it is told; a BuildKit
+# build of FROM scratch + ADD records the right one (9 s).
+build_foreign_image() {
+    local tarball="$1" image="$2" platform="$3"
+    shift 3
+    if [[ "$(docker image inspect -f '{{.Os}}/{{.Architecture}}' "$image" 2>/dev/null || true)" == "$platform" ]]; then
+        log "image present: $image"
+        return
+    fi
+    local work env
+    work="$(mktemp -d "${CACHE_DIR}/context.XXXXXX")"
+    CLEANUP_PATHS+=("$work")
+    ln "$tarball" "$work/rootfs.tar" 2>/dev/null || cp "$tarball" "$work/rootfs.tar"
+    {
+        echo "FROM scratch"
+        echo "ADD rootfs.tar /"
+        echo "ENV PATH=$IMAGE_PATH"
+        for env in "$@"; do echo "ENV $env"; done
+        echo 'CMD ["/bin/bash"]'
+    } >"$work/Dockerfile"
+    log "building $image ($platform)"
+    docker buildx build --platform "$platform" --network host -q --load -t "$image" "$work" >/dev/null ||
+        die "docker buildx build of $image ($platform) failed"
+    [[ "$(docker image inspect -f '{{.Os}}/{{.Architecture}}' "$image")" == "$platform" ]] ||
+        die "$image is not $platform after its build"
+    remove_tree "$work"
+}
+
+make_foreign_base_images() {
+    local minbase="$CACHE_DIR/bookworm-minbase-arm64.tar"
+    local python="$CACHE_DIR/bookworm-python-arm64.tar"
+    docker image inspect "$DEBIAN_IMAGE-arm64" >/dev/null 2>&1 || make_foreign_rootfs_tar "$minbase" arm64 apt,passwd
+    docker image inspect "$PYTHON_IMAGE-arm64" >/dev/null 2>&1 ||
+        make_foreign_rootfs_tar "$python" arm64 apt,passwd,python3,python3-venv,ca-certificates
+    build_foreign_image "$minbase" "$DEBIAN_IMAGE-arm64" linux/arm64
+    build_foreign_image "$python" "$PYTHON_IMAGE-arm64" linux/arm64 LANG=C.UTF-8
 }
 
 # --------------------------------------------------------------------------
@@ -399,20 +496,64 @@ registry_digest() {
         tr -d '\r' | awk -F': ' 'tolower($1) == "docker-content-digest" { print $2 }' || true
 }
 
-# Push unless the registry already serves this very image: after a re-import
-# (new image ID) the tag in the registry would otherwise be stale.
+# push_unless_served IMAGE: push unless the registry already serves this very
+# image: after a re-import (new image ID) the tag in the registry would
+# otherwise be stale.
+push_unless_served() {
+    local image="$1" digest
+    digest="$(registry_digest "$image")"
+    if [[ -n "$digest" ]] && docker image inspect -f '{{join .RepoDigests " "}}' "$image" |
+        grep -qF -- "@$digest"; then
+        log "registry has $image"
+        return
+    fi
+    log "pushing $image"
+    docker push -q "$image" >/dev/null || die "docker push $image failed"
+    [[ -n "$(registry_digest "$image")" ]] || die "registry does not serve $image after push"
+}
+
+# list_members IMAGE -> "os/arch digest" lines of the list the base registry
+# serves under IMAGE (nothing when it serves no list there).
+list_members() {
+    local ref="${1#*/}"
+    curl -s --max-time 5 --noproxy '*' --max-filesize 65536 \
+        -H 'Accept: application/vnd.docker.distribution.manifest.list.v2+json, application/vnd.oci.image.index.v1+json' \
+        "http://$BASE_REGISTRY/v2/${ref%:*}/manifests/${ref##*:}" | python3 -c '
+import json, sys
+try:
+    doc = json.load(sys.stdin)
+except ValueError:
+    sys.exit(0)
+for m in doc.get("manifests") or []:
+    p = m.get("platform") or {}
+    print("%s/%s %s" % (p.get("os"), p.get("architecture"), m.get("digest")))
+' | LC_ALL=C sort || true
+}
+
+# Each base: its amd64 image (the engine's local tag) and its arm64 image under
+# per-arch tags (IMAGE-amd64, IMAGE-arm64), and IMAGE itself a list of the two,
+# as Docker Hub serves python:3.11-slim-bookworm. The local tag then records
+# the list's digest too (a pull of the list on this host: the same image).
 push_base_images() {
-    local image digest
+    local image amd arm want
     for image in "$DEBIAN_IMAGE" "$PYTHON_IMAGE"; do
-        digest="$(registry_digest "$image")"
-        if [[ -n "$digest" ]] && docker image inspect -f '{{join .RepoDigests " "}}' "$image" |
-            grep -qF -- "@$digest"; then
-            log "registry has $image"
-            continue
+        docker tag "$image" "$image-amd64"
+        push_unless_served "$image-amd64"
+        push_unless_served "$image-arm64"
+        amd="$(registry_digest "$image-amd64")"
+        arm="$(registry_digest "$image-arm64")"
+        want="$(printf 'linux/amd64 %s\nlinux/arm64 %s\n' "$amd" "$arm" | LC_ALL=C sort)"
+        if [[ "$(list_members "$image")" == "$want" ]]; then
+            log "registry has the list $image (linux/amd64, linux/arm64)"
+        else
+            log "merging $image: linux/amd64 + linux/arm64"
+            docker buildx imagetools create -t "$image" "$image-amd64@$amd" "$image-arm64@$arm" >/dev/null 2>&1 ||
+                die "docker buildx imagetools create -t $image failed"
+            [[ "$(list_members "$image")" == "$want" ]] || die "the registry does not serve $image as the list just made"
         fi
-        log "pushing $image"
-        docker push -q "$image" >/dev/null || die "docker push $image failed"
-        [[ -n "$(registry_digest "$image")" ]] || die "registry does not serve $image after push"
+        docker pull -q "$image" >/dev/null || die "docker pull $image (the list) failed"
+        [[ "$(docker image inspect -f '{{.Architecture}}' "$image")" == amd64 ]] ||
+            die "$image is not the amd64 image after pulling its list"
     done
 }
 
@@ -424,6 +565,10 @@ smoke_check() {
     docker run --rm --network none "$PYTHON_IMAGE" \
         sh -c 'python3.11 -m venv /tmp/v && /tmp/v/bin/python -c "import sys"' \
         >/dev/null 2>&1 || die "python3.11 -m venv fails in $PYTHON_IMAGE"
+    # The arm64 stand-in runs through QEMU, the way the arm64 cells' builds and probes do.
+    [[ "$(docker run --rm --network none --platform linux/arm64 "$PYTHON_IMAGE-arm64" \
+        sh -c 'uname -m; python3.11 -c "import ssl, venv"; echo ok' 2>/dev/null | tr '\n' ' ')" == "aarch64 ok " ]] ||
+        die "$PYTHON_IMAGE-arm64 does not run python3.11 as aarch64 (is qemu-aarch64 registered with binfmt_misc?)"
 }
 
 write_env_file() {
@@ -457,10 +602,12 @@ main() {
     exec 9>"$CACHE_DIR/.lock"
     flock -w 900 9 || die "another ci-setup.sh holds $CACHE_DIR/.lock"
     install_packages
+    enable_binfmt
     start_docker
     install_buildx
     install_cosign
     make_base_images
+    make_foreign_base_images
     start_registries
     push_base_images
     smoke_check

@@ -32,7 +32,8 @@ from imagefactory.engine import Engine
 from imagefactory.errors import DockerUnavailable
 from tests.integration.helpers import (
     BASE_REGISTRY, CACHE, FIXTURES, INDEX_USER, PACKAGE, Background, BkBuild, DyingPush, Index, LEFTOVERS, Leftovers, ModuleImages, RUN_ID, RUN_LABEL, RUN_STARTED,
-    TEST_REGISTRY, TORCH_CPU, Build, buildkit_args, buildx_or_skip, cuda_matrix_text,
+    TEST_PASSWORD, TEST_REGISTRY, TEST_USER, TORCH_CPU, Build, arm64_matrix_text, binfmt_or_unavailable, buildkit_args,
+    buildx_or_skip, cuda_matrix_text,
     free_port, index_matrix, make_wheel, prune_build_cache, remove_run_images, run_cli,
     unavailable)
 
@@ -99,8 +100,9 @@ def created_images(engine):
     else this run built: see remove_run_images)."""
     refs: list[str] = []
     yield refs
-    if _Started.build is not None:  # a session that ends before the CUDA test waited for its build
-        _Started.build.stop()
+    for background in (_Started.build, _Started.arm64):  # a session that ends before its test waited
+        if background is not None:
+            background.stop()
     if _Started.dying_push is not None:
         _Started.dying_push.stop()
     if os.environ.get("IMAGEFACTORY_TEST_KEEP_IMAGES") == "1":
@@ -195,6 +197,9 @@ def cpu_build(request, tmp_path_factory, engine, base_registry, wheelhouse, sess
         # The slow CUDA cell downloads ~3 GB: it builds beside the rest of the session, from
         # now on (its first steps are cache hits on this build's), and its test runs last.
         _start_cuda(tmp_path_factory, wheelhouse)
+    if any("arm64_background" in getattr(item, "fixturenames", ()) for item in request.session.items):
+        # The arm64 cell's emulated build and probes take ~10 minutes of one core: beside the rest too.
+        _start_arm64(tmp_path_factory, wheelhouse)
     return build
 
 
@@ -217,15 +222,19 @@ CUDA_TEST = "test_pip_cuda_cell_builds_and_its_cuda_build_is_verified"
 DYING_PUSH_TEST = "test_registry_dying_during_a_push_is_retried_and_nothing_is_reported_published"
 
 
+BACKGROUNDS = ("cuda_background", "arm64_background")
+
+
 def pytest_collection_modifyitems(items):
     """Tests that judge a background build run last: by then it has had the whole session."""
-    items.sort(key=lambda item: "cuda_background" in getattr(item, "fixturenames", ()))
+    items.sort(key=lambda item: any(b in getattr(item, "fixturenames", ()) for b in BACKGROUNDS))
 
 
 class _Started:
     """The background CUDA build of this session, once started."""
 
     build: Background | None = None
+    arm64: Background | None = None
     dying_push: DyingPush | None = None
 
 
@@ -275,6 +284,28 @@ def cuda_background(engine, base_registry, tmp_path_factory, wheelhouse, created
     that both do not race through their common steps: two builds of the same step at once
     leave two copies, and later builds pick either one as their cache), or now."""
     return _start_cuda(tmp_path_factory, wheelhouse)
+
+
+ARM64_MODULE = ModuleImages("tests.integration.test_platforms_arm64", build_cache=True)
+
+
+def _start_arm64(tmp_path_factory, wheels: Path) -> Background:
+    if _Started.arm64 is None:
+        binfmt_or_unavailable()
+        buildx_or_skip()
+        text = arm64_matrix_text(wheels, f"{TEST_REGISTRY}/it-{RUN_ID}/multiarch", labels=ARM64_MODULE.labels)
+        _Started.arm64 = Background(tmp_path_factory.mktemp("arm64-build"), text, "--builder", "buildkit",
+                                    "--push", "--gpus", "none",
+                                    env={"IMAGEFACTORY_REGISTRY_USER": TEST_USER,
+                                         "IMAGEFACTORY_REGISTRY_PASSWORD": TEST_PASSWORD})
+    return _Started.arm64
+
+
+@pytest.fixture(scope="session")
+def arm64_background(engine, base_registry, test_registry, tmp_path_factory, wheelhouse, created_images) -> Background:
+    """The two-platform build of test_platforms_arm64.py (an arm64 pip CPU cell under QEMU and
+    the shared amd64 cell, with BuildKit, pushed as one list), started by cpu_build, or now."""
+    return _start_arm64(tmp_path_factory, wheelhouse)
 
 
 @pytest.fixture(scope="session")

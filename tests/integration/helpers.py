@@ -311,7 +311,7 @@ class Background:
     session, since its test judges only the report (CI's disk ran out with them kept)."""
 
     def __init__(self, root: Path, text: str, *args: str, command: str = "build",
-                 on_exit: Callable[["Background"], None] | None = None):
+                 on_exit: Callable[["Background"], None] | None = None, env: dict | None = None):
         root.mkdir(parents=True, exist_ok=True)
         self.root, self.matrix, self.report_path = root, root / "matrix.yaml", root / "report.json"
         self.matrix.write_text(text)
@@ -319,7 +319,7 @@ class Background:
                      "--work-dir", str(root / "work"), *args)
         self.started = time.monotonic()
         self.proc = subprocess.Popen([sys.executable, "-m", "imagefactory", *self.args], stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, env=cli_env())
+                                     stderr=subprocess.PIPE, text=True, env=cli_env(env))
         self._done: subprocess.CompletedProcess | None = None
         self._on_exit = on_exit
         self.exit_error: BaseException | None = None  # what on_exit raised, for the test to show
@@ -396,6 +396,45 @@ def cuda_matrix_text(wheelhouse: Path) -> str:
     """
     return (matrix_text(image=f"{TEST_REGISTRY}/it-{RUN_ID}/cuda", wheelhouse=wheelhouse, cells=cells)
             .replace(f'torch: "{TORCH_CPU}"', 'torch: "2.14.1"'))
+
+
+# --------------------------------------------------------------------------- arm64 under QEMU
+
+ARM64_TORCH = "2.10.0"  # PyPI's last CPU-only aarch64 torch (2.11 on are CUDA 13 builds there)
+ARM64_CELL = "py3.11-cpu-openblas-pip-arm64"
+# One release tag for both platforms: a template without {torch}, since each platform installs
+# the torch it can get here (the wheelhouse's 2.13.0+cpu on amd64, PyPI's 2.10.0 on arm64).
+LIST_TEMPLATE = "{image}:py{python}-{accel}-{blas}{installer_suffix}"
+
+
+def arm64_matrix_text(wheelhouse: Path, image: str, *, arm64_extra: str = "",
+                      labels: dict[str, str] | None = None) -> str:
+    """The shared pip CPU cell and its arm64 twin, one list tag for both. The arm64 cell has
+    `compiler: false`: g++ installed by an emulated apt and an emulated Inductor compile would
+    take longer than the rest of its build; its compile check says so."""
+    cells = f"""
+        matrix:
+          python: ["3.11"]
+          cuda: ["none"]
+          blas: [openblas]
+          installer: [pip]
+          platform: [linux/amd64, linux/arm64]
+          include:
+            - {{platform: linux/arm64, torch: "{ARM64_TORCH}", compiler: false{arm64_extra}}}
+    """
+    return matrix_text(image=image, wheelhouse=wheelhouse, cells=cells, labels=labels,
+                       extra=f'tags: {{template: "{LIST_TEMPLATE}"}}\n')
+
+
+def binfmt_or_unavailable() -> None:
+    """QEMU registered for aarch64 binaries with binfmt_misc (scripts/ci-setup.sh does it)."""
+    handler = Path("/proc/sys/fs/binfmt_misc/qemu-aarch64")
+    try:
+        enabled = handler.read_text().splitlines()[0] == "enabled"
+    except (OSError, IndexError):
+        enabled = False
+    if not enabled:
+        unavailable("binfmt_misc has no enabled qemu-aarch64 handler: arm64 images cannot run here")
 
 
 # --------------------------------------------------------------------------- registries

@@ -1,0 +1,132 @@
+"""issue 23: arm64 cells on this x86_64 host. An arm64 pip CPU cell (PyPI's torch 2.10.0, the last
+CPU-only aarch64 wheel there) is built with BuildKit under QEMU, probed emulated in every launch
+mode, and published with the shared amd64 cell as one multi-arch list; `docker pull --platform`
+then gets each probed image. A failing arm64 cell keeps its list from being published, and the
+classic builder never yields an arm64 cell's image at all.
+
+The two-platform build is conftest's `arm64_background` (started once cpu_build is done, judged
+at the end of the session): it takes ~10 minutes of one core, most of it emulated pip and
+compileall. What emulation cannot prove (Grace performance, SVE2 code paths, CUDA on arm64) is
+in docs/platforms.md."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+import requests
+
+from tests.integration.helpers import (ARM64_CELL, LIST_TEMPLATE, TEST_PASSWORD, TEST_REGISTRY, TEST_USER,
+                                      arm64_matrix_text, binfmt_or_unavailable, buildx_or_skip, report_of, run_cli)
+
+pytestmark = [pytest.mark.docker, pytest.mark.registry]
+
+AMD64_CELL = "py3.11-cpu-openblas-pip"
+CREDS = {"IMAGEFACTORY_REGISTRY_USER": TEST_USER, "IMAGEFACTORY_REGISTRY_PASSWORD": TEST_PASSWORD}
+INDEX_TYPES = "application/vnd.oci.image.index.v1+json, application/vnd.docker.distribution.manifest.list.v2+json"
+MISSING = "imagefactory-no-such-package-4b1d"
+
+
+def _list_tag(image: str) -> str:
+    return LIST_TEMPLATE.format(image=image, python="3.11", accel="cpu", blas="openblas", installer_suffix="-pip")
+
+
+def _served_list(ref: str) -> dict | None:
+    """The index the test registry serves under `ref`, or None (404)."""
+    repo, tag = ref.split("/", 1)[1].rsplit(":", 1)
+    r = requests.get(f"http://{TEST_REGISTRY}/v2/{repo}/manifests/{tag}", auth=(TEST_USER, TEST_PASSWORD),
+                     headers={"Accept": INDEX_TYPES}, timeout=10)
+    if r.status_code == 404:
+        return None
+    r.raise_for_status()
+    return r.json()
+
+
+@pytest.fixture(scope="module")
+def arm64_run(arm64_background, created_images):
+    done = arm64_background.wait(timeout=3600)
+    report = report_of(arm64_background.report_path) if arm64_background.report_path.exists() else {}
+    for cell in report.values():
+        created_images.extend([cell["candidate"], *cell.get("tags", [])] if cell.get("candidate") else [])
+    assert report, done.stdout[-3000:] + done.stderr[-3000:]
+    return done, report, json.loads(arm64_background.report_path.read_text())
+
+
+def _checks(cell: dict) -> dict[str, dict]:
+    return {c["name"]: c for c in cell["checks"]}
+
+
+def test_the_arm64_cell_is_an_arm64_image_probed_emulated_in_every_launch_mode(arm64_run, engine):
+    done, report, _ = arm64_run
+    cell = report[ARM64_CELL]
+    assert cell["status"] == "passed", json.dumps(cell)[-4000:] + done.stderr[-2000:]
+    assert cell["builder"] == "buildkit" and cell["platform"] == "linux/arm64", cell
+    assert engine.image_platform(cell["image_id"]) == "linux/arm64"
+    assert "qemu-aarch64" in cell["emulated"] and "QEMU_CPU=neoverse-n1" in cell["emulated"], cell["emulated"]
+    checks = _checks(cell)
+    modes = set(cell["modes"])
+    assert modes == {"docker", "bare", "hpc"}, modes
+    for name in ("platform.machine", "numpy.blas"):
+        assert set(checks[name]["modes"]) == modes, checks[name]
+        assert all(v["status"] == "pass" for v in checks[name]["modes"].values()), checks[name]
+    assert "aarch64" in json.dumps(checks["platform.machine"])
+    assert "openblas" in json.dumps(checks["numpy.blas"]).lower()
+    assert "compiler" in json.dumps(checks["torch.compile"]).lower()  # compiler: false says why
+    assert report[AMD64_CELL]["status"] == "passed" and "emulated" not in (report[AMD64_CELL].get("emulated") or "")
+
+
+def test_the_list_is_published_and_each_platform_pulls_the_image_that_was_probed(arm64_run, engine, created_images):
+    _, report, whole = arm64_run
+    (entry,) = whole["lists"]
+    assert entry["published"] is True, entry
+    served = _served_list(entry["tag"])
+    assert served is not None, f"the registry serves no list under {entry['tag']}"
+    members = {f"{m['platform']['os']}/{m['platform']['architecture']}": m["digest"] for m in served["manifests"]}
+    assert set(members) == {"linux/amd64", "linux/arm64"}, members
+    for cell_id, platform in ((AMD64_CELL, "linux/amd64"), (ARM64_CELL, "linux/arm64")):
+        cell = report[cell_id]
+        arch_ref = next(p for p in cell["pushed"] if p["ref"].split(":")[-1].startswith(("x86_64-", "aarch64-")))
+        assert members[platform] == arch_ref["digest"], (platform, members, cell["pushed"])
+        pulled = subprocess.run(["docker", "pull", "-q", "--platform", platform, entry["tag"]],
+                                capture_output=True, text=True, timeout=600)
+        assert pulled.returncode == 0, pulled.stderr
+        created_images.append(entry["tag"])
+        # the image the pull gave is the image that was probed (an image id is its config's digest)
+        assert engine.client.images.get(entry["tag"]).id == cell["image_id"], platform
+
+
+def test_a_failing_arm64_cell_keeps_its_list_from_being_published(arm64_run, tmp_path, wheelhouse, created_images):
+    """The arm64 cell fails at its packages step (after torch, a cache hit on the background
+    build); the amd64 cell is a cache hit too. Its per-arch tag is pushed, the list is not."""
+    image = f"{TEST_REGISTRY}/it-fail-{tmp_path.name[-8:]}/multiarch"
+    path = tmp_path / "matrix.yaml"
+    path.write_text(arm64_matrix_text(wheelhouse, image, arm64_extra=f', packages: ["{MISSING}"]'))
+    report_path = tmp_path / "report.json"
+    result = run_cli("build", "--matrix", str(path), "--plain", "--builder", "buildkit", "--push", "--gpus", "none",
+                     "--report", str(report_path), "--work-dir", str(tmp_path / "work"), env=CREDS, timeout=3600)
+    report = report_of(report_path)
+    for cell in report.values():
+        created_images.extend([cell["candidate"], *cell.get("tags", [])] if cell.get("candidate") else [])
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    assert report[ARM64_CELL]["status"] != "passed" and report[ARM64_CELL]["pushed"] == []
+    assert report[AMD64_CELL]["publish"] == "published", report[AMD64_CELL]
+    assert [p["ref"] for p in report[AMD64_CELL]["pushed"]][-1].split(":")[-1].startswith("x86_64-")
+    (entry,) = json.loads(report_path.read_text())["lists"]
+    assert entry["published"] is False and ARM64_CELL in entry["reason"], entry
+    assert _served_list(_list_tag(image)) is None
+
+
+def test_the_classic_builder_refuses_an_arm64_cell_and_makes_no_image(tmp_path, wheelhouse, engine):
+    binfmt_or_unavailable()
+    buildx_or_skip()
+    path = tmp_path / "matrix.yaml"
+    path.write_text(arm64_matrix_text(wheelhouse, f"{TEST_REGISTRY}/it-classic/multiarch"))
+    report_path = tmp_path / "report.json"
+    result = run_cli("build", "--matrix", str(path), "--plain", "--builder", "classic", "--only", ARM64_CELL,
+                     "--report", str(report_path), "--work-dir", str(tmp_path / "work"))
+    assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
+    cell = report_of(report_path)[ARM64_CELL]
+    assert cell["status"] == "build-failed" and cell["image_id"] is None, cell
+    assert "the classic builder builds only for the engine's own platform (linux/amd64), not linux/arm64" in cell["error"]
+    assert not engine.client.images.list(filters={"reference": cell["candidate"]}) if cell.get("candidate") else True
