@@ -28,7 +28,7 @@ import urllib3.exceptions
 
 from imagefactory import platforms, refs
 from imagefactory.engine_api import (Builder, BuildProgress, BuildRequest, ContainerEngine, EngineFactory, EngineInfo,
-                                     PushOutcome, RunResult, is_transient, refuse_foreign)
+                                     Manifest, PushOutcome, RunResult, is_transient, refuse_foreign)
 from imagefactory.errors import BuildError, Cancelled, DockerUnavailable, EngineError, EngineGone, PushError
 from imagefactory.interrupt import Interrupt
 
@@ -376,6 +376,23 @@ class Engine:
             self.interrupt.check()
             return None
         return (data.get("Descriptor") or {}).get("digest")
+
+    # -- the registry's HTTP API (lists: what the daemon cannot read or write) ----------------
+    def registry_manifest(self, ref: str, *, auth_config: dict[str, str] | None = None) -> Manifest | None:
+        from imagefactory import registry_http
+
+        self.interrupt.check()
+        manifest = registry_http.get_manifest(ref, auth_config)
+        self.interrupt.check()
+        return manifest
+
+    def put_manifest(self, ref: str, manifest: Manifest, *, auth_config: dict[str, str] | None = None) -> str:
+        from imagefactory import registry_http
+
+        self.interrupt.check()
+        stored = registry_http.put_manifest(ref, manifest, auth_config)
+        self.interrupt.check()
+        return stored
 
 
 class _BuildStream:
