@@ -68,9 +68,10 @@ def _matrix(tmp_path: Path, repo: str) -> Matrix:
     return Matrix(tmp_path / "matrix.yaml", image, tuple(cells), lists=lists)
 
 
-def _publish(matrix: Matrix, tiny: dict[str, str], status: dict[str, str], monkeypatch):
-    monkeypatch.setenv("IMAGEFACTORY_REGISTRY_USER", TEST_USER)
-    monkeypatch.setenv("IMAGEFACTORY_REGISTRY_PASSWORD", TEST_PASSWORD)
+def _publish(matrix: Matrix, tiny: dict[str, str], status: dict[str, str], monkeypatch, *, env_login: bool = True):
+    if env_login:
+        monkeypatch.setenv("IMAGEFACTORY_REGISTRY_USER", TEST_USER)
+        monkeypatch.setenv("IMAGEFACTORY_REGISTRY_PASSWORD", TEST_PASSWORD)
     reports = [CellReport(c.id, status=status.get(c.platform.oci, PASSED), image_id=tiny[c.platform.oci],
                           content_hash=hashlib.sha256(f"{RUN_ID}{c.id}".encode()).hexdigest()) for c in matrix.cells]
     interrupt = Interrupt()
@@ -113,3 +114,15 @@ def test_a_list_whose_arm64_cell_failed_is_not_put_and_amd64_keeps_its_tag(tiny,
     assert reports[amd.id].publish == "published" and _served(amd.tags[0]).status_code == 200
     assert lr.publish == "not-published" and arm.id in lr.reason
     assert _served(lr.ref).status_code == 404 and _served(arm.tags[0]).status_code == 404
+
+
+def test_with_docker_login_only_the_list_gets_the_login_the_pushes_got(tiny, test_registry, logged_in, tmp_path,
+                                                                       monkeypatch):
+    for name in ("IMAGEFACTORY_REGISTRY_USER", "IMAGEFACTORY_REGISTRY_PASSWORD"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("DOCKER_CONFIG", str(logged_in))
+    matrix = _matrix(tmp_path, f"lists-{RUN_ID}/login")
+    reports, (lr,) = _publish(matrix, tiny, {}, monkeypatch, env_login=False)
+    assert all(r.publish == "published" for r in reports.values()), [r.error for r in reports.values()]
+    assert lr.publish == "published", lr.reason
+    assert _served(lr.ref).headers["Docker-Content-Digest"] == lr.digest
