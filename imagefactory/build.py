@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -33,7 +33,7 @@ from imagefactory.errors import BuildError, Cancelled, ConfigError, EngineGone, 
 from imagefactory.interrupt import GRACE_SECONDS, Interrupt
 from imagefactory.model import Cell, Matrix
 from imagefactory.report import (BUILD_FAILED, BUILT, CACHED, CHECK_FAILED, INTERRUPTED, NOT_BUILT, PASSED,
-                                 SKIPPED, CellReport)
+                                 SKIPPED, CellReport, ListReport)
 
 
 BUILD_ENDED = 1 << 30  # a step number past any build's last: opens the cell's gate
@@ -44,6 +44,7 @@ class Outcome:
     reports: list[CellReport]
     gpus: bool  # whether the smoke tests were given GPUs
     engine_gone: str | None = None  # the error, when the engine stopped answering mid-run
+    lists: list[ListReport] = field(default_factory=list)  # what publishing did with each list (publish_lists.py)
 
 
 def resolve_gpus(mode: Gpus, engine: ContainerEngine) -> bool:

@@ -51,3 +51,23 @@ class CellReport:
     @property
     def ok(self) -> bool:
         return self.status == PASSED and self.publish in ("", PUBLISHED)
+
+
+@dataclass
+class ListReport:
+    """What the report says of one list (model.TagList, publish_lists.py): its tag and the tags derived
+    from it, its members as pushed, and whether it was published; `reason` says why not, in one line."""
+
+    ref: str  # the list tag: registry/ns/name:2.10.0-py3.11-cpu-openblas-pip
+    tags: list[str] = field(default_factory=list)  # ref, then its date / git-sha variants (each a list)
+    members: list[dict] = field(default_factory=list)  # {"cell", "platform", "tag", "digest"} (per-arch, as pushed)
+    publish: str = NOT_PUBLISHED  # published | publish-failed | not-published | interrupted
+    reason: str = ""
+    media_type: str = ""  # of the index put: OCI image index or Docker manifest list
+    digest: str = ""  # the index's, once put
+    pushed: list[dict] = field(default_factory=list)  # {"ref", "digest"} for each tag put and read back
+
+    @property
+    def ok(self) -> bool:
+        """Not a failure of its own: a list its members kept from publishing fails through them."""
+        return self.publish not in (PUBLISH_FAILED, INTERRUPTED)

@@ -357,8 +357,9 @@ def _finish(outcome: build_mod.Outcome, report_path: Path, interrupt: Interrupt)
     from imagefactory import report as report_mod
 
     reports = outcome.reports
-    json_path, md_path = report_mod.write(reports, report_path, gpus=outcome.gpus)
+    json_path, md_path = report_mod.write(reports, report_path, gpus=outcome.gpus, lists=outcome.lists)
     failed = [r for r in reports if not r.ok]
+    lists = [lr.ref for lr in outcome.lists if not lr.ok]  # a list that failed to merge (publish_lists.py)
     print(f"report: {json_path} and {md_path}", file=sys.stderr)
     counts = ", ".join(f"{n} {s}" for s, n in sorted(Counter(
         r.status + (f"/{r.publish}" if r.publish else "") for r in reports).items()))
@@ -367,8 +368,9 @@ def _finish(outcome: build_mod.Outcome, report_path: Path, interrupt: Interrupt)
         raise Interrupted(interrupt.signum)
     if outcome.engine_gone:
         raise DockerUnavailable(outcome.engine_gone)
-    if failed:
-        raise CellFailure(f"{len(failed)} of {len(reports)} cell(s) failed: " + ", ".join(r.cell for r in failed))
+    if failed or lists:
+        why = [f"{len(failed)} of {len(reports)} cell(s) failed: " + ", ".join(r.cell for r in failed)] if failed else []
+        raise CellFailure("; ".join(why + ([f"list(s) not published: {', '.join(lists)}"] if lists else [])))
 
 
 def _engine_environment() -> None:
@@ -433,7 +435,7 @@ def build(inv: Invocation) -> None:
     def steps(run: RunContext) -> build_mod.Outcome:
         outcome = build_mod.build(inv.matrix, inv.cells, run)
         if run.options.push:  # after an interrupt: marks every cell not published
-            publish_mod.publish(inv.matrix, outcome.reports, run)
+            outcome.lists = publish_mod.publish(inv.matrix, outcome.reports, run)
         return outcome
 
     _pipeline(inv, steps)
@@ -455,7 +457,7 @@ def push(inv: Invocation) -> None:
 
     def steps(run: RunContext) -> build_mod.Outcome:
         outcome = build_mod.test(inv.matrix, inv.cells, run)
-        publish_mod.publish(inv.matrix, outcome.reports, run)
+        outcome.lists = publish_mod.publish(inv.matrix, outcome.reports, run)
         return outcome
 
     _pipeline(inv, steps)

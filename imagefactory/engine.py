@@ -28,7 +28,7 @@ import urllib3.exceptions
 
 from imagefactory import platforms, refs
 from imagefactory.engine_api import (Builder, BuildProgress, BuildRequest, ContainerEngine, EngineFactory, EngineInfo,
-                                     PushOutcome, RunResult, is_transient, refuse_foreign)
+                                     Manifest, PushOutcome, RunResult, is_transient, refuse_foreign)
 from imagefactory.errors import BuildError, Cancelled, DockerUnavailable, EngineError, EngineGone, PushError
 from imagefactory.interrupt import Interrupt
 
@@ -376,6 +376,33 @@ class Engine:
             self.interrupt.check()
             return None
         return (data.get("Descriptor") or {}).get("digest")
+
+    # -- the registry's HTTP API (lists: what the daemon cannot read or write) ----------------
+    def _login(self, ref: str) -> dict[str, str] | None:
+        """What a push of `ref` without auth_config is given: the Docker config's login for its
+        registry (`auths` or a credential helper); None without one (identity tokens are not used)."""
+        try:
+            found = self.api._auth_configs.resolve_authconfig(refs.registry(ref)) or {}
+        except _SDK_ERRORS:
+            return None
+        user, password = found.get("username") or found.get("Username"), found.get("password") or found.get("Password")
+        return {"username": str(user), "password": str(password)} if user and password else None
+
+    def registry_manifest(self, ref: str, *, auth_config: dict[str, str] | None = None) -> Manifest | None:
+        from imagefactory import registry_http
+
+        self.interrupt.check()
+        manifest = registry_http.get_manifest(ref, auth_config or self._login(ref))
+        self.interrupt.check()
+        return manifest
+
+    def put_manifest(self, ref: str, manifest: Manifest, *, auth_config: dict[str, str] | None = None) -> str:
+        from imagefactory import registry_http
+
+        self.interrupt.check()
+        stored = registry_http.put_manifest(ref, manifest, auth_config or self._login(ref))
+        self.interrupt.check()
+        return stored
 
 
 class _BuildStream:

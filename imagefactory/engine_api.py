@@ -73,6 +73,20 @@ class PushOutcome:
 
 
 @dataclass(frozen=True)
+class Manifest:
+    """A manifest or index as the registry serves it: its media type, its digest (the sha256 of
+    `body`, checked) and its bytes (at most registry_http.MAX_BYTES)."""
+
+    media_type: str
+    digest: str
+    body: bytes
+
+    @property
+    def size(self) -> int:
+        return len(self.body)
+
+
+@dataclass(frozen=True)
 class EngineInfo:
     version: str
     api_version: str
@@ -135,6 +149,15 @@ class ContainerEngine(Protocol):
         ...
 
     def registry_digest(self, ref: str, *, auth_config: dict[str, str] | None = None) -> str | None: ...
+
+    def registry_manifest(self, ref: str, *, auth_config: dict[str, str] | None = None) -> Manifest | None:
+        """The manifest or index the registry serves for `ref` (its HTTP API, registry_http.py); None
+        when it serves none. RegistryError when it refuses, fails or contradicts itself."""
+        ...
+
+    def put_manifest(self, ref: str, manifest: Manifest, *, auth_config: dict[str, str] | None = None) -> str:
+        """PUT `manifest` (a list) under `ref` through the registry's HTTP API; the digest stored."""
+        ...
 
     def local_repo_digests(self, ref: str) -> list[str]: ...
 

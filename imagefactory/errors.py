@@ -69,6 +69,11 @@ class PushError(ImageFactoryError):
         self.transient = transient
 
 
+class RegistryError(PushError):
+    """The registry's HTTP API refused, failed or contradicted a request (registry_http.py): a
+    manifest it would not serve or store, or one whose digest is not its bytes' sha256."""
+
+
 class EngineGone(EngineError):
     """The Docker engine stopped answering in the middle of a run. The cell that met it fails,
     the report is still written, and the run exits 3."""

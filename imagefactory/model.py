@@ -115,8 +115,8 @@ class Matrix:
     hash_tag_template: str = "{image}:sha-{hash}"
     extra_tags: tuple[str, ...] = ()  # "date", "git-sha"
     registries: tuple[str, ...] = ()  # registries besides image's that tags may name (tags.registries)
-    # release tags that name several platforms' images (tags.plan); publishing them is later work:
-    # the cells push their per-arch tags (cell.tags) only
+    # release tags that name several platforms' images (tags.plan): the cells push their per-arch
+    # tags (cell.tags), then publish_lists.py merges each list whose every platform passed
     lists: tuple[TagList, ...] = ()
 
     def cell(self, cell_id: str) -> Cell:

@@ -7,7 +7,8 @@ failures are retried with exponential backoff (tenacity), authentication
 failures are not, and a tag counts as published only when the registry serves
 the digest that was pushed. The immutable content-hash tag goes first and the
 release tags after it, so an interrupted publish leaves no release tag behind
-(the one being pushed when the interrupt came is removed locally too).
+(the one being pushed when the interrupt came is removed locally too). After the per-arch
+pushes, each list whose every platform passed is merged, put and read back (publish_lists.py).
 """
 
 from __future__ import annotations
@@ -19,14 +20,15 @@ import subprocess
 
 import tenacity
 
-from imagefactory import refs
+from imagefactory import publish_lists, refs
 from imagefactory import tags as tagging
 from imagefactory.context import UI, Options, RunContext
 from imagefactory.engine_api import ContainerEngine, PushOutcome
 from imagefactory.errors import Cancelled, ConfigError, EngineError, PushError
 from imagefactory.interrupt import Interrupt
 from imagefactory.model import Matrix
-from imagefactory.report import INTERRUPTED, NOT_PUBLISHED, PASSED, PUBLISH_FAILED, PUBLISHED, CellReport
+from imagefactory.report import (INTERRUPTED, NOT_PUBLISHED, PASSED, PUBLISH_FAILED, PUBLISHED, CellReport,
+                                 ListReport)
 
 USER_ENV = "IMAGEFACTORY_REGISTRY_USER"
 PASSWORD_ENV = "IMAGEFACTORY_REGISTRY_PASSWORD"
@@ -108,19 +110,23 @@ def _redact(text: str, creds: dict[str, Auth | None]) -> str:
     return text
 
 
-def publish(matrix: Matrix, reports: list[CellReport], run: RunContext) -> None:
-    """Tag and push every passing cell of `reports`, updating each report in place. An
-    interrupt stops at once: the cell being pushed is marked interrupted, later ones are
-    not published. Reads run.options' atomic, attempts, backoff, git_sha and today."""
+def publish(matrix: Matrix, reports: list[CellReport], run: RunContext) -> list[ListReport]:
+    """Tag and push every passing cell of `reports`, updating each report in place, then merge
+    the lists whose every platform passed (publish_lists.py); the lists' reports. An interrupt
+    stops at once: the cell being pushed is marked interrupted, later ones are not published.
+    Reads run.options' atomic, attempts, backoff, git_sha and today."""
     creds = registry_credentials(matrix)
     options, ui, interrupt = run.options, run.ui, run.interrupt
     failing = [r.cell for r in reports if r.status != PASSED]
     if options.atomic and failing:
+        why = f"not published: --atomic and {len(failing)} cell(s) failed ({', '.join(failing)})"
         for r in reports:
             r.publish = NOT_PUBLISHED
             if r.status == PASSED:
-                r.error = f"not published: --atomic and {len(failing)} cell(s) failed ({', '.join(failing)})"
-        return
+                r.error = why
+        lists = publish_lists.start(matrix, reports, options)
+        publish_lists.refuse_all(lists, why)
+        return lists
     make_engine = run.engines()
     engine: ContainerEngine | None = None  # made when the first cell is published
     for r in reports:
@@ -145,10 +151,13 @@ def publish(matrix: Matrix, reports: list[CellReport], run: RunContext) -> None:
             ui.status(r.cell, f"publish failed: {r.error}")
             continue
         r.publish = PUBLISHED
+    lists = publish_lists.start(matrix, reports, options)  # after the per-arch pushes: their digests
+    publish_lists.publish_lists(lists, reports, run, lambda ref: auth_for(ref, creds), lambda t: _redact(t, creds))
     if options.sign and not interrupt.is_set():  # every push verified: sign what was published
         from imagefactory import supply
 
         supply.sign_published(matrix, reports, run, lambda ref: auth_for(ref, creds))
+    return lists
 
 
 def _publish_cell(engine: ContainerEngine, r: CellReport, order: list[str], creds: dict[str, Auth | None],

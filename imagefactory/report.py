@@ -7,6 +7,7 @@ import json
 import os
 from dataclasses import asdict
 from pathlib import Path
+from typing import Sequence
 
 from imagefactory import fsutil
 from imagefactory.checks import Check
@@ -15,24 +16,27 @@ from imagefactory.checks import Check
 # re-exported here, where every step of the pipeline has always found them.
 from imagefactory.cellreport import (  # noqa: E402,F401
     BUILD_FAILED, BUILT, CACHED, CHECK_FAILED, INTERRUPTED, NOT_BUILT, NOT_PUBLISHED, PASSED, PUBLISH_FAILED,
-    PUBLISHED, SKIPPED, CellReport)
+    PUBLISHED, SKIPPED, CellReport, ListReport)
 
 
-def write(reports: list[CellReport], path: Path, *, gpus: bool) -> tuple[Path, Path]:
+def write(reports: list[CellReport], path: Path, *, gpus: bool,
+          lists: Sequence[ListReport] = ()) -> tuple[Path, Path]:
     """report.json, the Markdown summary beside it (.md, also appended to GITHUB_STEP_SUMMARY),
-    and the image catalogue beside both (.html, catalog.py)."""
+    and the image catalogue beside both (.html, catalog.py). `lists`: the lists publishing merged
+    or refused (publish_lists.py), under the key "lists" (added beside "cells", nothing changed)."""
     from imagefactory import catalog  # catalog reads CellReport from cellreport.py, never from here
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     doc = {
-        "ok": all(r.ok for r in reports),
+        "ok": all(r.ok for r in reports) and all(lr.ok for lr in lists),
         "gpus": gpus,
         "cells": [{**asdict(r), "launches": r.launches} for r in reports],
+        "lists": [asdict(lr) for lr in lists],
     }
     fsutil.atomic_write(path, json.dumps(doc, indent=2) + "\n")
     md = path.with_suffix(".md")
-    text = summary(reports)
+    text = summary(reports, lists)
     md.write_text(text)
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary:
@@ -150,10 +154,24 @@ def _section(r: CellReport) -> list[str]:
     return lines
 
 
-def summary(reports: list[CellReport]) -> str:
+def _lists(lists: Sequence[ListReport]) -> list[str]:
+    """One row per list: its tag, each member (cell, platform, digest), published or why not."""
+    if not lists:
+        return []
+    lines = ["## Lists", "", "| list | members | publish | why not |", "|---|---|---|---|"]
+    for lr in lists:
+        members = " · ".join(f"{_code(m['cell'])} {_cell(m['platform'])} {_code(m['digest'][:19] or '—')}"
+                              for m in lr.members)
+        state = _cell(lr.publish) + (f" {_code(lr.digest[:19])}" if lr.publish == PUBLISHED else "")
+        lines.append(f"| {_code(lr.ref)} | {members} | {state} | {_cell(lr.reason) or '—'} |")
+    return lines + [""]
+
+
+def summary(reports: list[CellReport], lists: Sequence[ListReport] = ()) -> str:
     """The Markdown summary (GitHub-flavoured, for a step summary): one overview row per cell,
-    then per cell one row per check with a column per launch mode."""
+    the lists, then per cell one row per check with a column per launch mode."""
     lines = ["# imagefactory report", "", _LEGEND, "", *_overview(reports, _modes(reports))]
+    lines += ([""] + _lists(lists)) if lists else []
     for r in reports:
         lines += ([""] if lines[-1] else []) + _section(r)
     return "\n".join(lines).rstrip("\n") + "\n"

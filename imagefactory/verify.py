@@ -22,15 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from imagefactory import provenance, refs, sbom, signing
+from imagefactory import provenance, refs, registry_http, sbom, signing
 from imagefactory.errors import ImageFactoryError
 from imagefactory.recipe import HASH_LABEL
 
 DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
 HASH_RE = re.compile(r"[0-9a-f]{64}")
-MANIFEST_TYPES = ("application/vnd.oci.image.manifest.v1+json", "application/vnd.docker.distribution.manifest.v2+json")
-INDEX_TYPES = ("application/vnd.oci.image.index.v1+json", "application/vnd.docker.distribution.manifest.list.v2+json")
-MAX_BYTES = 4 << 20
+MANIFEST_TYPES, INDEX_TYPES, MAX_BYTES = registry_http.MANIFEST_TYPES, registry_http.INDEX_TYPES, registry_http.MAX_BYTES
 Auth = dict[str, str]
 
 
@@ -50,37 +48,14 @@ class Verdict:
         return {"ref": self.ref, "ok": self.ok, "digest": self.digest, "kind": self.kind, "line": self.line}
 
 
-# -- the registry: digests and labels ------------------------------------------------------------
+# -- the registry: digests and labels (its HTTP API: registry_http.py) ------------------------
 
-def _scheme(registry: str) -> str:
-    host = registry.split("]", 1)[0] + "]" if registry.startswith("[") else registry.rsplit(":", 1)[0]
-    return "http" if host in ("localhost", "[::1]") or re.fullmatch(r"127(?:\.[0-9]{1,3}){3}", host) else "https"
+_scheme, _api = registry_http.scheme, registry_http.api
 
 
-def _api(registry: str) -> str:
-    host = "registry-1.docker.io" if registry == refs.DOCKER_HUB else registry
-    return f"{_scheme(registry)}://{host}/v2"
-
-
-def _get(url: str, auth: Auth | None, accept: str = "", method: str = "GET") -> Any:
-    """One registry request, answering a Basic or Bearer challenge once."""
-    import requests
-
-    headers = {"Accept": accept} if accept else {}
-    r = requests.request(method, url, headers=headers, timeout=30)
-    if r.status_code == 401:
-        challenge = r.headers.get("WWW-Authenticate", "")
-        basic = (auth["username"], auth["password"]) if auth else None
-        if challenge.lower().startswith("bearer"):
-            params = dict(re.findall(r'(\w+)="([^"]*)"', challenge))
-            token = requests.get(params.get("realm", ""), params={k: v for k, v in params.items() if k != "realm"},
-                                 auth=basic, timeout=30)
-            body = token.json() if token.ok else {}
-            headers["Authorization"] = f"Bearer {body.get('token') or body.get('access_token') or ''}"
-            r = requests.request(method, url, headers=headers, timeout=30)
-        elif basic:
-            r = requests.request(method, url, headers=headers, auth=basic, timeout=30)
-    return r
+def _get(url: str, auth: Auth | None, accept: str = "", method: str = "GET") -> registry_http.Reply:
+    """One registry request (a challenge answered once), its body bounded."""
+    return registry_http.request(method, url, auth, accept)
 
 
 def manifest_digest(ref: str, auth: Auth | None) -> str | None:

@@ -19,9 +19,9 @@ from typing import Any, Callable
 
 from imagefactory.context import UI, Options, RunContext, Silent
 from imagefactory import platforms
-from imagefactory.engine_api import (Builder, BuildProgress, BuildRequest, ContainerEngine, EngineInfo, PushOutcome,
-                                     RunResult, is_transient, refuse_foreign)
-from imagefactory.errors import BuildError, Cancelled, EngineError, EngineGone, PushError
+from imagefactory.engine_api import (Builder, BuildProgress, BuildRequest, ContainerEngine, EngineInfo, Manifest,
+                                     PushOutcome, RunResult, is_transient, refuse_foreign)
+from imagefactory.errors import BuildError, Cancelled, EngineError, EngineGone, PushError, RegistryError
 from imagefactory.interrupt import Interrupt
 from imagefactory.schedule import instructions
 
@@ -58,6 +58,11 @@ class World:
     pushes: dict[str, list[str]] = field(default_factory=dict)  # ref -> behaviour per try (default "ok")
     wrong_digest: set[str] = field(default_factory=set)  # refs the registry serves another digest for
     wrong_arch: set[str] = field(default_factory=set)  # cells whose builds come out linux/amd64 whatever was asked
+    # the registry's HTTP API (lists): what was PUT, by ref and by repo@digest; what each PUT of a ref does,
+    # try by try ("ok", "transient", "refused", "hang"); refs whose index the registry serves altered
+    manifests: dict[str, Manifest] = field(default_factory=dict)
+    puts: dict[str, list[str]] = field(default_factory=dict)
+    altered: set[str] = field(default_factory=set)
     label_lookup_fails: bool = False
     images: dict[str, Image] = field(default_factory=dict)
     registry: dict[str, str] = field(default_factory=dict)  # ref -> digest served (base images too)
@@ -295,6 +300,43 @@ class FakeEngine:
         if served and ref in self.world.wrong_digest:
             return "sha256:" + "0" * 64
         return served
+
+    # -- the registry's HTTP API --------------------------------------------------------------
+    def registry_manifest(self, ref: str, *, auth_config: dict[str, str] | None = None) -> Manifest | None:
+        """A pushed tag serves a Docker schema 2 manifest of its digest; a PUT ref what was put
+        (`altered`: the same index with its first member's digest changed, a digest of its own)."""
+        self.interrupt.check()
+        self.world.record("registry_manifest", ref)
+        self.world.record("manifest_auth", (ref, auth_config))
+        put = self.world.manifests.get(ref)
+        if put is not None and ref in self.world.altered:
+            doc = json.loads(put.body)
+            doc["manifests"][0]["digest"] = "sha256:" + "e" * 64
+            body = json.dumps(doc).encode()
+            return Manifest(put.media_type, "sha256:" + hashlib.sha256(body).hexdigest(), body)
+        if put is not None:
+            return put
+        digest = self.registry_digest(ref, auth_config=auth_config)
+        if digest is None:
+            return None
+        return Manifest("application/vnd.docker.distribution.manifest.v2+json", digest,
+                        json.dumps({"schemaVersion": 2, "for": digest}).encode())
+
+    def put_manifest(self, ref: str, manifest: Manifest, *, auth_config: dict[str, str] | None = None) -> str:
+        self.interrupt.check()
+        self.world.record("put_manifest", ref)
+        self.world.record("put_auth", (ref, auth_config))
+        tries = self.world.puts.get(ref, [])
+        behaviour = tries.pop(0) if tries else "ok"
+        if behaviour == "hang":
+            self._hang()
+        if behaviour == "transient":
+            raise RegistryError(f"putting {ref}: the registry answered HTTP 503", transient=True)
+        if behaviour == "refused":
+            raise RegistryError(f"putting {ref}: the registry answered HTTP 400 MANIFEST_INVALID", transient=False)
+        self.world.manifests[ref] = manifest
+        self.world.registry[ref] = manifest.digest
+        return manifest.digest
 
     def local_repo_digests(self, ref: str) -> list[str]:
         """`world.local`, else: every base image is here, pulled from its registry, one repo digest

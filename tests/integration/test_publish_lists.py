@@ -1,0 +1,128 @@
+"""Issue 23 part 5 against the real engine and the real authenticated registry: two tiny images of
+two architectures (FROM scratch + one file, built with buildx), pushed per-arch by publish.py,
+merged into one list by publish_lists.py; `docker pull --platform` of the list then gets, for each
+platform, the image whose digest was pushed for that cell. A list with a failed member is not put."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import requests
+
+from imagefactory import engines, platforms, publish, tags
+from imagefactory.context import Options, RunContext, Silent
+from imagefactory.interrupt import Interrupt
+from imagefactory.model import Cell, Matrix
+from imagefactory.report import CHECK_FAILED, PASSED, CellReport
+from tests.integration.helpers import RUN_ID, TEST_PASSWORD, TEST_REGISTRY, TEST_USER, buildx_or_skip
+
+pytestmark = [pytest.mark.docker, pytest.mark.registry]
+
+LIST_TYPES = "application/vnd.docker.distribution.manifest.list.v2+json, application/vnd.oci.image.index.v1+json"
+
+
+def _docker(*args: str, config: Path | None = None, stdin: str | None = None) -> str:
+    head = ["docker", "--config", str(config)] if config else ["docker"]
+    r = subprocess.run([*head, *args], capture_output=True, text=True, timeout=120, input=stdin)
+    assert r.returncode == 0, f"docker {' '.join(args)}: {r.stderr[-2000:]}"
+    return r.stdout
+
+
+@pytest.fixture
+def logged_in(tmp_path) -> Path:
+    """A Docker config of this test's own, logged in to the test registry (the machine's stays as it is)."""
+    config = tmp_path / "docker-config"
+    config.mkdir()
+    _docker("login", "-u", TEST_USER, "--password-stdin", TEST_REGISTRY, config=config, stdin=TEST_PASSWORD)
+    return config
+
+
+@pytest.fixture(scope="module")
+def tiny(module_images, tmp_path_factory) -> dict[str, str]:
+    """platform -> image id of a FROM-scratch image holding one file, built for that platform."""
+    buildx_or_skip()
+    out = {}
+    for platform in ("linux/amd64", "linux/arm64"):
+        context = tmp_path_factory.mktemp(platform.replace("/", "-"))
+        (context / "hello.txt").write_text(f"hello from {platform} ({RUN_ID})\n")
+        (context / "Dockerfile").write_text("FROM scratch\nCOPY hello.txt /\n")
+        tag = f"imagefactory-test/tiny-{RUN_ID}:{platform.split('/')[1]}"
+        labels = [a for k, v in module_images.labels.items() for a in ("--label", f"{k}={v}")]
+        _docker("buildx", "build", "--platform", platform, "--load", "-t", tag, *labels, str(context))
+        out[platform] = _docker("image", "inspect", "--format", "{{.Id}}", tag).strip()
+        assert _docker("image", "inspect", "--format", "{{.Os}}/{{.Architecture}}", tag).strip() == platform
+    return out
+
+
+def _matrix(tmp_path: Path, repo: str) -> Matrix:
+    cells = [Cell(python="3.11", cuda=None, blas="openblas", installer="pip", torch="2.10.0", threads=1,
+                  base_image="scratch", platform=p) for p in (platforms.AMD64, platforms.ARM64)]
+    image = f"{TEST_REGISTRY}/{repo}"
+    template = Matrix(tmp_path / "matrix.yaml", image, ()).tag_template
+    own, lists = tags.plan([(c, tags.release_tag(template, image, c)) for c in cells])
+    cells = [Cell(**{**c.__dict__, "tags": (t,)}) for c, t in zip(cells, own)]
+    return Matrix(tmp_path / "matrix.yaml", image, tuple(cells), lists=lists)
+
+
+def _publish(matrix: Matrix, tiny: dict[str, str], status: dict[str, str], monkeypatch, *, env_login: bool = True):
+    if env_login:
+        monkeypatch.setenv("IMAGEFACTORY_REGISTRY_USER", TEST_USER)
+        monkeypatch.setenv("IMAGEFACTORY_REGISTRY_PASSWORD", TEST_PASSWORD)
+    reports = [CellReport(c.id, status=status.get(c.platform.oci, PASSED), image_id=tiny[c.platform.oci],
+                          content_hash=hashlib.sha256(f"{RUN_ID}{c.id}".encode()).hexdigest()) for c in matrix.cells]
+    interrupt = Interrupt()
+    run = RunContext(Options(backoff=0), Silent(), interrupt, engines.docker_factory(interrupt))
+    return {r.cell: r for r in reports}, publish.publish(matrix, reports, run)
+
+
+def _served(ref: str) -> requests.Response:
+    repo, tag = ref.split("/", 1)[1].rsplit(":", 1)
+    return requests.get(f"http://{TEST_REGISTRY}/v2/{repo}/manifests/{tag}", auth=(TEST_USER, TEST_PASSWORD),
+                        headers={"Accept": LIST_TYPES}, timeout=10)
+
+
+def test_a_list_of_two_real_architectures_is_merged_and_each_platform_pulls_its_cell(
+        tiny, test_registry, logged_in, tmp_path, monkeypatch):
+    matrix = _matrix(tmp_path, f"lists-{RUN_ID}/hello")
+    reports, (lr,) = _publish(matrix, tiny, {}, monkeypatch)
+    assert all(r.publish == "published" for r in reports.values()), [r.error for r in reports.values()]
+    assert lr.publish == "published", lr.reason
+    pushed = {m["platform"]: m["digest"] for m in lr.members}
+    served = _served(lr.ref)
+    assert served.status_code == 200 and served.headers["Docker-Content-Digest"] == lr.digest
+    index = served.json()
+    assert {f"{d['platform']['os']}/{d['platform']['architecture']}": d["digest"] for d in index["manifests"]} == pushed
+    for platform, image_id in tiny.items():
+        _docker("pull", "--platform", platform, lr.ref, config=logged_in)
+        got = json.loads(_docker("image", "inspect", lr.ref))[0]
+        assert got["Id"] == image_id and f"{got['Os']}/{got['Architecture']}" == platform
+        repo = lr.ref.rsplit(":", 1)[0]
+        assert f"{repo}@{pushed[platform]}" in got["RepoDigests"], got["RepoDigests"]
+        other = next(d for p, d in pushed.items() if p != platform)
+        assert f"{repo}@{other}" not in got["RepoDigests"]
+
+
+def test_a_list_whose_arm64_cell_failed_is_not_put_and_amd64_keeps_its_tag(tiny, test_registry, tmp_path,
+                                                                          monkeypatch):
+    matrix = _matrix(tmp_path, f"lists-{RUN_ID}/half")
+    reports, (lr,) = _publish(matrix, tiny, {"linux/arm64": CHECK_FAILED}, monkeypatch)
+    amd, arm = matrix.cells
+    assert reports[amd.id].publish == "published" and _served(amd.tags[0]).status_code == 200
+    assert lr.publish == "not-published" and arm.id in lr.reason
+    assert _served(lr.ref).status_code == 404 and _served(arm.tags[0]).status_code == 404
+
+
+def test_with_docker_login_only_the_list_gets_the_login_the_pushes_got(tiny, test_registry, logged_in, tmp_path,
+                                                                       monkeypatch):
+    for name in ("IMAGEFACTORY_REGISTRY_USER", "IMAGEFACTORY_REGISTRY_PASSWORD"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("DOCKER_CONFIG", str(logged_in))
+    matrix = _matrix(tmp_path, f"lists-{RUN_ID}/login")
+    reports, (lr,) = _publish(matrix, tiny, {}, monkeypatch, env_login=False)
+    assert all(r.publish == "published" for r in reports.values()), [r.error for r in reports.values()]
+    assert lr.publish == "published", lr.reason
+    assert _served(lr.ref).headers["Docker-Content-Digest"] == lr.digest
