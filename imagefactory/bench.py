@@ -10,6 +10,10 @@ file and a Markdown table next to it (build/bench.json, build/bench.md).
 
 A figure that fails inside the image (no C++ compiler for torch.compile, say) is
 reported as failed; only a cell that could not be measured at all fails the run.
+
+A cell of another platform than the engine's own would run emulated (binfmt/QEMU, about ten
+times slower, and not evenly so): its ratios would say nothing about the image. It is not run:
+its status is `not-judged`, its error says "emulated: not judged" and where to bench it.
 """
 
 from __future__ import annotations
@@ -18,12 +22,12 @@ import json
 import math
 import re
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any, Callable
 
-from imagefactory import build, fsutil, render, smoke
+from imagefactory import build, checks, fsutil, render, smoke
 from imagefactory.context import DEFAULT_BENCH_BUDGET, Options, Pull, RunContext
 from imagefactory.engine_api import ContainerEngine
 from imagefactory.errors import Cancelled, EngineError
@@ -35,6 +39,7 @@ OVERSUB_CPUS = 1.0
 GRACE = 30.0  # container start and interpreter start on top of the workload's own budget
 MAIN_SECTIONS = "gemm,dataloader,compile,gpu"
 MEASURED, NOT_BUILT, FAILED, INTERRUPTED = "measured", "not-built", "failed", "interrupted"
+NOT_JUDGED = "not-judged"  # a foreign-platform cell: emulated figures would mean nothing (see above)
 FIGURE_STATES = ("ok", "failed", "skipped")
 UNITS = ("GFLOP/s", "TFLOP/s", "samples/s", "ms/step")
 NAME_RE = re.compile(r"[a-z][a-z0-9_]{0,20}(?:\.[a-z0-9_]{1,20}){0,2}")
@@ -157,9 +162,23 @@ def _why(result, timeout: float) -> str:
     return f"exit code {result.exit_code}, no workload JSON: {tail}"[:TEXT_MAX * 2]
 
 
+def refuse_emulated(engine: ContainerEngine, cell: Cell) -> CellBench | None:
+    """The `not-judged` result of a cell that would run emulated on `engine`; None natively."""
+    emulation = smoke.emulation_of(engine, cell)
+    if emulation is None:
+        return None
+    return CellBench(cell.id, NOT_JUDGED, error=f"{checks.EMULATED}: on this engine it would run under {emulation}, "
+                     f"about {emulation.slowdown:g}x slower, so its ratios would not be the image's; bench "
+                     f"{cell.platform.oci} cells on a {cell.platform.oci} host")
+
+
 def bench_image(engine: ContainerEngine, cell: Cell, image: str, *, budget: float, gpus: bool,
                 host_cores: int) -> CellBench:
-    """Both containers for one image; the CellBench says what came out."""
+    """Both containers for one image; the CellBench says what came out (`not-judged`, nothing
+    run, for a cell of another platform than the engine's)."""
+    refused = refuse_emulated(engine, cell)
+    if refused is not None:
+        return replace(refused, image=image)
     out = CellBench(cell.id, status=MEASURED, image=image)
     main_budget, oversub_budget = budget * (1 - OVERSUB_SHARE), budget * OVERSUB_SHARE
     runs: tuple[tuple[str, float, str, list[str], float | None], ...] = (
@@ -215,6 +234,10 @@ def bench(matrix: Matrix, cells: list[Cell], run: RunContext, *,
 
 def _bench_cell(engine: ContainerEngine, matrix: Matrix, ctx: render.Context, options: Options, gpus: bool,
                 host_cores: int, say: Callable[[str], None]) -> CellBench:
+    refused = refuse_emulated(engine, ctx.cell)
+    if refused is not None:
+        say(f"{ctx.cell.id}: {refused.error}")
+        return refused
     image = build.find_built(engine, matrix, ctx.cell, ctx.content_hash)
     if image is None:
         say(f"{ctx.cell.id}: not built")
@@ -250,7 +273,7 @@ def markdown(results: list[CellBench], host_cores: int, budget: float) -> str:
     for r in results:
         lines += [f"## `{r.cell}`: {r.status}", ""]
         if r.error:
-            lines += [f"**error**: {_md(r.error)}", ""]
+            lines += [f"**{'not judged' if r.status == NOT_JUDGED else 'error'}**: {_md(r.error)}", ""]
             continue
         if r.cpus:
             lines += [f"CPUs seen by the workload: {_md(json.dumps(r.cpus))}", ""]

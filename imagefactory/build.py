@@ -198,9 +198,13 @@ class _Cell:
             r.checks, r.status, r.error = [wrong], CHECK_FAILED, wrong.detail
             self.log(wrong.detail)
             return False
+        emulation = smoke.emulation_of(self.engine, cell)  # a foreign cell: probed through binfmt/QEMU
+        r.emulated = str(emulation or "")
+        if emulation:
+            self.log(f"probed emulated: {emulation}; speed checks not judged")
         vdir = self.options.verdicts_dir or verdicts.cache_dir()
         vkey = verdicts.key(r.image_id or self.engine.image_id(image) or "", cell, gpus=self.gpus,
-                            shm=self.options.probe_shm)
+                            shm=self.options.probe_shm, emulation=emulation)
         hit = None if self.options.retest else verdicts.lookup(vdir, vkey, cell)
         if hit is not None:
             r.checks, r.status, r.verdicts, r.verdicts_at = hit.checks, PASSED, CACHED, hit.at
@@ -209,7 +213,7 @@ class _Cell:
             return True
         self.ui.status(cell.id, "testing")
         result = smoke.test_image(self.engine, cell, image, gpus=self.gpus, timeout=self.options.probe_timeout,
-                                  shm=self.options.probe_shm)
+                                  shm=self.options.probe_shm, emulation=emulation)
         r.verdicts = "probed"
         if result.passed and result.probe is not None:
             r.verdicts_at = verdicts.store(vdir, vkey, result.probe) or ""

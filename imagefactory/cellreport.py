@@ -42,6 +42,9 @@ class CellReport:
     provenance: str = ""  # build/provenance/<cell>.intoto.json
     signing: str = ""  # signed | sign-failed | not-signed | "" (no --sign asked)
     signatures: list[dict] = field(default_factory=list)  # per pushed digest: .sig/.att tags and digests
+    # how the probe ran when not natively: "qemu-aarch64 (QEMU_CPU=neoverse-n1) on linux/amd64"
+    # (platforms.Emulated); "" natively or untested
+    emulated: str = ""
 
     @property
     def launches(self) -> dict[str, str]:

@@ -2,19 +2,30 @@
 
 Every expectation comes from the Cell, never from the image. judge() never raises:
 a probe from a broken image (missing keys, wrong types, {}) yields failing checks.
+
+A probe that ran emulated (binfmt/QEMU on a host of another platform, platforms.Emulated) is
+judged the same, but for what only means something natively: its timings are NOT_JUDGED
+("emulated: not judged"), never passed or failed.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Final, Iterable, Literal
 
 import math
 import os
 
+from imagefactory import platforms
 from imagefactory.model import AUTO, Cell
 
-PASS, FAIL, SKIP, INFO = "pass", "fail", "skip", "info"  # info: a measurement, never a verdict
+Verdict = Literal["pass", "fail", "skip", "info", "not-judged"]
+PASS: Final = "pass"
+FAIL: Final = "fail"
+SKIP: Final = "skip"  # not checked for this cell (openblas cell: no MKL check), with why
+INFO: Final = "info"  # a measurement, never a verdict
+NOT_JUDGED: Final = "not-judged"  # a measurement only a native run gives meaning (emulated: not judged)
+EMULATED = "emulated: not judged"  # what a NOT_JUDGED check says, before what was measured
 
 
 @dataclass(frozen=True)
@@ -22,7 +33,7 @@ class Check:
     name: str
     expected: str
     actual: str
-    verdict: str  # "pass" | "fail" | "skip" | "info"
+    verdict: Verdict
     detail: str = ""  # one line, why, for failures
     mode: str = ""  # the launch mode whose probe this judges (smoke.MODES), "" when judged alone
 
@@ -88,11 +99,37 @@ def _torch_problem(torch: Any) -> str | None:
     return None
 
 
-def judge(cell: Cell, probe: dict, *, gpu_required: bool) -> list[Check]:
+def judge(cell: Cell, probe: dict, *, gpu_required: bool, emulation: platforms.Emulated | None = None) -> list[Check]:
+    """Every check of `probe` against `cell`; under `emulation` the timings are not judged."""
     try:
-        return _judge(cell, probe if isinstance(probe, dict) else {}, gpu_required)
+        found = _judge(cell, probe if isinstance(probe, dict) else {}, gpu_required)
     except Exception as exc:  # a bug here must not hide the image's verdict
         return [_check("probe.judge", "judged", "crashed", False, f"{type(exc).__name__}: {exc}")]
+    return [not_judged(c, emulation) if emulation and c.name in NATIVE_ONLY else c for c in found]
+
+
+# The checks whose value is a speed: under emulation (about ten times slower, platforms.Emulation)
+# it says nothing about the image. Every other check is functional and judged as natively.
+NATIVE_ONLY = frozenset({"probe.import_time"})
+
+
+def not_judged(c: Check, emulation: platforms.Emulated) -> Check:
+    """`c` as an emulated run reports it: NOT_JUDGED, its measurement kept after the words."""
+    return Check(c.name, c.expected, _one_line(f"{EMULATED} ({emulation}): {c.actual}"), NOT_JUDGED,
+                 f"measured under {emulation}: speed only means something on a {emulation.target.oci} host",
+                 c.mode)
+
+
+def _machine(cell: Cell, python: Any) -> Check:
+    """The machine the probe's interpreter runs on (`uname -m`) is the cell's platform's: an image
+    of another platform fails here even where the engine ran it (under binfmt/QEMU)."""
+    machine = _get(python, "machine")
+    seen = platforms.native(machine) if isinstance(machine, str) and machine else None
+    want = cell.platform.arch
+    return _check("platform.machine", want, machine if isinstance(machine, str) and machine else "not reported",
+                  seen == cell.platform,
+                  f"the probe ran on {machine} (uname -m), the cell is {cell.platform.oci} ({want}): the image's "
+                  f"binaries are not the cell's platform's" if machine else "the probe reported no machine")
 
 
 def _judge(cell: Cell, probe: dict, gpu_required: bool) -> list[Check]:
@@ -105,6 +142,7 @@ def _judge(cell: Cell, probe: dict, gpu_required: bool) -> list[Check]:
     py = _major_minor(_get(probe, "python", "version"))
     checks.append(_check("python.version", cell.python, py or "not reported", py == cell.python,
                          f"python {py} in the image, cell wants {cell.python}" if py else "no python version reported"))
+    checks.append(_machine(cell, probe.get("python")))
 
     uid = _get(probe, "user", "uid")
     checks.append(_check("user.non_root", "uid != 0", f"uid {uid}" if uid is not None else "not reported",

@@ -263,19 +263,22 @@ class Engine:
 
     def run(self, image: str, command: list[str], *, timeout: float, gpus: bool = False,
             environment: dict[str, str] | None = None, cpus: float | None = None,
-            options: dict[str, Any] | None = None) -> RunResult:
+            options: dict[str, Any] | None = None, platform: platforms.Platform | None = None) -> RunResult:
         """Run `command` in a fresh container of `image` as the image's default user, with no
         network; kill it after `timeout` seconds (or when the run is interrupted). The
         container is always removed. `cpus` is `docker run --cpus` (a CFS quota); `options`
         are more container-create options (a launch mode's: entrypoint, user, read_only,
-        tmpfs, cpuset_cpus, shm_size, ipc_mode; see smoke.LaunchMode)."""
+        tmpfs, cpuset_cpus, shm_size, ipc_mode; see smoke.LaunchMode). `platform`: the create
+        request's platform (an emulated run's; none is sent without it)."""
         device_requests = [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])] if gpus else None
-        limits = {"nano_cpus": int(cpus * 1e9)} if cpus else {}
+        extra: dict[str, Any] = {"nano_cpus": int(cpus * 1e9)} if cpus else {}  # docker run --cpus
+        if platform is not None:
+            extra["platform"] = platform.oci
         self.interrupt.check()
         try:
             container = self.client.containers.create(
                 image, command=command, network_mode="none", detach=True,
-                device_requests=device_requests, environment=environment or {}, **limits, **(options or {}),
+                device_requests=device_requests, environment=environment or {}, **extra, **(options or {}),
             )
         except _SDK_ERRORS as e:
             self._failed(f"could not create a container of {image}", e)

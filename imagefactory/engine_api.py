@@ -130,14 +130,20 @@ class ContainerEngine(Protocol):
         build `request.platform` (the classic builder: any platform but the engine's own)."""
         ...
 
+    def native_platform(self) -> Platform | None:
+        """The platform of the engine's own host (docker info Architecture); None if not in the table."""
+        ...
+
     def gpus_available(self) -> bool: ...
 
     def run(self, image: str, command: list[str], *, timeout: float, gpus: bool = False,
             environment: dict[str, str] | None = None, cpus: float | None = None,
-            options: dict[str, Any] | None = None) -> RunResult:
+            options: dict[str, Any] | None = None, platform: Platform | None = None) -> RunResult:
         """Run `command` in a fresh, network-less container of `image`; kill it after
         `timeout` s (exit_code None). `cpus` is `docker run --cpus` (a CFS quota); `options`
-        are more container-create options (a launch mode's, see smoke.LaunchMode)."""
+        are more container-create options (a launch mode's, see smoke.LaunchMode). `platform`:
+        create it as that platform (`docker run --platform`, API 1.41), for an image of another
+        platform than the engine's own, run through binfmt/QEMU; None: the engine's default."""
         ...
 
     def push(self, ref: str, *, auth_config: dict[str, str] | None = None,

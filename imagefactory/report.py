@@ -60,11 +60,17 @@ def _code(text: str) -> str:
     return f"{fence} {body} {fence}" if fence == "``" else f"`{body}`"
 
 
-_ICON = {"pass": "✅", "fail": "❌", "skip": "➖", "info": "ℹ️"}
-_ORDER = {"fail": 0, "pass": 1, "skip": 1, "info": 2}  # failing checks first, information last
+_ICON = {"pass": "✅", "fail": "❌", "skip": "➖", "info": "ℹ️", "not-judged": "❔"}
+_ORDER = {"fail": 0, "pass": 1, "skip": 1, "info": 2, "not-judged": 2}  # failing checks first, information last
 _ALONE = "all"  # the column of checks judged alone, not per launch mode
-_LEGEND = ("✅ pass · ❌ fail · ➖ skipped · ℹ️ information, per launch mode. A check's value is shown "
+_LEGEND = ("✅ pass · ❌ fail · ➖ skipped · ℹ️ information{}, per launch mode. A check's value is shown "
            "once; a mode shows its own value only where it saw another.")
+_LEGEND_EMULATED = " · ❔ not judged (a speed measured under emulation, binfmt/QEMU)"  # only where a cell ran so
+
+
+def _legend(reports: list[CellReport]) -> str:
+    emulated = any(c.verdict == "not-judged" for r in reports for c in r.checks)
+    return _LEGEND.format(_LEGEND_EMULATED if emulated else "")
 
 
 def _modes(reports: list[CellReport]) -> list[str]:
@@ -96,7 +102,7 @@ def _failing(r: CellReport) -> str:
 
 
 def _status(r: CellReport) -> str:
-    return r.status + (" (cached)" if r.cached and not r.pulled else "") + (
+    return r.status + (" (emulated)" if r.emulated else "") + (" (cached)" if r.cached and not r.pulled else "") + (
         " (pulled, not built)" if r.pulled else "") + (
         f" (verdicts cached from {_cell(r.verdicts_at)})" if r.verdicts == CACHED else "")
 
@@ -141,6 +147,8 @@ def _section(r: CellReport) -> list[str]:
     lines = [f"## {_code(r.cell)}: {r.status}", ""]
     if r.builder:
         lines += [f"builder: {_cell(r.builder)}", ""]
+    if r.emulated:
+        lines += [f"probed emulated: {_cell(r.emulated)}; its speed is not judged", ""]
     if r.error:
         lines += [f"**{_cell(r.failed_step or 'error')}**: {_cell(r.error)}", ""]
         if r.log_tail:
@@ -170,7 +178,7 @@ def _lists(lists: Sequence[ListReport]) -> list[str]:
 def summary(reports: list[CellReport], lists: Sequence[ListReport] = ()) -> str:
     """The Markdown summary (GitHub-flavoured, for a step summary): one overview row per cell,
     the lists, then per cell one row per check with a column per launch mode."""
-    lines = ["# imagefactory report", "", _LEGEND, "", *_overview(reports, _modes(reports))]
+    lines = ["# imagefactory report", "", _legend(reports), "", *_overview(reports, _modes(reports))]
     lines += ([""] + _lists(lists)) if lists else []
     for r in reports:
         lines += ([""] if lines[-1] else []) + _section(r)

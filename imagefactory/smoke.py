@@ -16,6 +16,11 @@ Each check names its mode; a cell passes only if every mode passes.
 
 The probe containers get a proper /dev/shm (`--shm-size 1g` by default; `host` is
 `--ipc=host`, `default` is Docker's 64 MB, which the DataLoader check does not fit in).
+
+A cell of another platform than the engine's own (platforms.emulated) is probed emulated, in
+every mode: its containers are created with the cell's platform and QEMU_CPU (the platform
+table's CPU model), the container's timeout and the probe's own are scaled by the table's
+slowdown, and the checks that judge speed say "emulated: not judged" (checks.NOT_JUDGED).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from dataclasses import dataclass, replace
 from importlib import resources
 from typing import Any
 
-from imagefactory import checks
+from imagefactory import checks, platforms
 from imagefactory.context import DEFAULT_PROBE_SHM, DEFAULT_PROBE_TIMEOUT
 from imagefactory.engine_api import ContainerEngine, RunResult
 from imagefactory.errors import ConfigError, EngineError, EngineGone
@@ -123,6 +128,7 @@ class SmokeResult:
     probe: dict | None  # {mode: the probe's JSON}, None unless every mode reported one
     stdout: str
     stderr: str
+    emulation: platforms.Emulated | None = None  # how the probe ran when not natively
 
     @property
     def passed(self) -> bool:
@@ -143,19 +149,25 @@ def parse_probe_output(stdout: str) -> dict | None:
 
 def run_probe(engine: ContainerEngine, image: str, *, timeout: float = DEFAULT_TIMEOUT,
               gpus: bool = False, compile_check: bool = True, mode: str = "docker",
-              shm: str = DEFAULT_SHM) -> RunResult:
+              shm: str = DEFAULT_SHM, emulation: platforms.Emulated | None = None) -> RunResult:
     """Run the probe in `image`, launched as `mode` says. Without `compile_check` the probe
-    leaves out its torch.compile child (a cell built without a compiler: the check is skipped)."""
+    leaves out its torch.compile child (a cell built without a compiler: the check is skipped).
+    With `emulation` the container is created as its target platform with its QEMU_CPU, and the
+    probe scales its own timeouts by its slowdown (`timeout`, the container's, is the caller's)."""
     launch = MODES[mode]
-    args = [] if compile_check else ["--no-compile"]
+    args = ([] if compile_check else ["--no-compile"]) + (
+        ["--slowdown", f"{emulation.slowdown:g}"] if emulation else [])
     command = ["-c", probe_source(), *args] if not launch.entrypoint else ["python", "-c", probe_source(), *args]
-    return engine.run(image, command, timeout=timeout, gpus=gpus, environment=launch.environment(),
-                      options=launch.options(shm))
+    environment = {**launch.environment(), **(emulation.environment if emulation else {})}
+    return engine.run(image, command, timeout=timeout, gpus=gpus, environment=environment,
+                      options=launch.options(shm), platform=emulation.target if emulation else None)
 
 
-def judge(cell: Cell, probes: dict[str, Any], *, gpu_required: bool) -> list[checks.Check]:
+def judge(cell: Cell, probes: dict[str, Any], *, gpu_required: bool,
+          emulation: platforms.Emulated | None = None) -> list[checks.Check]:
     """Every mode's probe judged against `cell`, each check tagged with its mode. A mode
-    without a probe (or with anything but a dict) fails as not run."""
+    without a probe (or with anything but a dict) fails as not run. An emulated probe's speed
+    is not judged (checks.judge)."""
     out: list[checks.Check] = []
     for name in probes:
         mode = MODES.get(name)
@@ -164,17 +176,19 @@ def judge(cell: Cell, probes: dict[str, Any], *, gpu_required: bool) -> list[che
             out.append(checks.Check("probe.ran", "probe JSON on stdout", "no probe", checks.FAIL,
                                     f"no probe report for launch mode {name}", mode=name))
             continue
-        judged = checks.judge(cell, probe, gpu_required=gpu_required) + [checks.launch_conditions(mode.expect(), probe)]
+        judged = checks.judge(cell, probe, gpu_required=gpu_required, emulation=emulation) + [
+            checks.launch_conditions(mode.expect(), probe)]
         out += [replace(c, mode=name) for c in judged]
     return out
 
 
 def _one(engine: ContainerEngine, cell: Cell, image: str, mode: str, *, gpus: bool, timeout: float,
-         shm: str) -> tuple[list[checks.Check], dict | None, str, str]:
+         shm: str, emulation: platforms.Emulated | None) -> tuple[list[checks.Check], dict | None, str, str]:
     """One mode: (checks, probe or None, stdout, stderr). A probe that could not run
     (timeout, crash, no JSON) is itself a failing check, never an exception."""
     try:
-        result = run_probe(engine, image, timeout=timeout, gpus=gpus, compile_check=cell.compiler, mode=mode, shm=shm)
+        result = run_probe(engine, image, timeout=timeout, gpus=gpus, compile_check=cell.compiler, mode=mode, shm=shm,
+                           emulation=emulation)
     except EngineGone:  # not the image's fault: the run reports a lost engine (build.py, exit 3)
         raise
     except EngineError as e:  # e.g. no `python` in the image, or GPUs asked of a host without any
@@ -190,19 +204,28 @@ def _one(engine: ContainerEngine, cell: Cell, image: str, mode: str, *, gpus: bo
     if why is not None or probe is None:
         failed = checks.Check("probe.ran", "probe JSON on stdout", str(why), checks.FAIL, str(why), mode=mode)
         return [failed], None, result.stdout, result.stderr
-    return judge(cell, {mode: probe}, gpu_required=gpus), probe, result.stdout, result.stderr
+    return judge(cell, {mode: probe}, gpu_required=gpus, emulation=emulation), probe, result.stdout, result.stderr
+
+
+def emulation_of(engine: ContainerEngine, cell: Cell) -> platforms.Emulated | None:
+    """How `cell`'s containers run on `engine`: None natively (platforms.emulated)."""
+    return platforms.emulated(cell.platform, engine.native_platform())
 
 
 def test_image(engine: ContainerEngine, cell: Cell, image: str, *, gpus: bool, timeout: float = DEFAULT_TIMEOUT,
-               modes: tuple[str, ...] = DEFAULT_MODES, shm: str = DEFAULT_SHM) -> SmokeResult:
+               modes: tuple[str, ...] = DEFAULT_MODES, shm: str = DEFAULT_SHM,
+               emulation: platforms.Emulated | None = None) -> SmokeResult:
     """Run the probe in `image` once per launch mode, the modes' containers concurrently
-    (each under `timeout`), and judge each against `cell`."""
+    (each under `timeout`, times the slowdown under `emulation`: see emulation_of()), and judge
+    each against `cell`."""
     unknown = [m for m in modes if m not in MODES]
     if unknown or not modes:
         raise ConfigError(f"launch modes {', '.join(unknown) or '(none)'}: allowed: {', '.join(MODES)}")
     check_shm(shm)
+    timeout *= emulation.slowdown if emulation else 1.0
     with ThreadPoolExecutor(max_workers=len(modes), thread_name_prefix="probe") as pool:
-        futures = {m: pool.submit(_one, engine, cell, image, m, gpus=gpus, timeout=timeout, shm=shm) for m in modes}
+        futures = {m: pool.submit(_one, engine, cell, image, m, gpus=gpus, timeout=timeout, shm=shm,
+                                  emulation=emulation) for m in modes}
         done = {m: f.result() for m, f in futures.items()}  # a Cancelled in any mode propagates
     found: list[checks.Check] = []
     probes: dict[str, dict] = {}
@@ -213,5 +236,6 @@ def test_image(engine: ContainerEngine, cell: Cell, image: str, *, gpus: bool, t
             probes[m] = probe
         stdout.append(f"--- launch mode {m} ---\n{out.rstrip()}")
         stderr.append(f"--- launch mode {m} ---\n{err.rstrip()}")
-    return SmokeResult(found, probes if len(probes) == len(modes) else None, "\n".join(stdout), "\n".join(stderr))
+    return SmokeResult(found, probes if len(probes) == len(modes) else None, "\n".join(stdout), "\n".join(stderr),
+                       emulation)
 

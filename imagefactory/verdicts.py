@@ -1,8 +1,9 @@
 """Verdict cache: an image that already passed the probe is not probed again.
 
 A record says: image <id>, probed by probe <version> (and exact probe text), with GPUs
-given or not, at <threads> threads, in launch modes <modes> with /dev/shm <shm>, passed at
-<time>; it keeps each mode's raw probe JSON. A record from before the launch modes (no
+given or not, at <threads> threads, in launch modes <modes> with /dev/shm <shm>, natively or
+emulated as <emulated> (platforms.Emulated; the key has no "emulated" for a native probe),
+passed at <time>; it keeps each mode's raw probe JSON. A record from before the launch modes (no
 "modes" in its key) never matches: that image is probed again in every mode.
 
 Where the records live, and why: one JSON file per image id under
@@ -30,7 +31,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from imagefactory import checks, fsutil, inputs, smoke
+from imagefactory import checks, fsutil, inputs, platforms, smoke
 from imagefactory.model import Cell, Threads
 from imagefactory.smoke import DEFAULT_MODES, DEFAULT_SHM
 
@@ -62,15 +63,17 @@ class Key:
     threads: Threads  # a count, or "auto" (the entrypoint's budget)
     modes: tuple[str, ...] = DEFAULT_MODES  # launch modes (smoke.MODES), each proven
     shm: str = DEFAULT_SHM  # the probe containers' /dev/shm setting
+    emulation: platforms.Emulated | None = None  # how the probe ran when not natively
 
     def as_dict(self) -> dict:
-        return {"image_id": self.image_id, "probe_version": self.probe_version,
-                "gpus": self.gpus, "threads": self.threads, "modes": list(self.modes), "shm": self.shm}
+        out = {"image_id": self.image_id, "probe_version": self.probe_version,
+               "gpus": self.gpus, "threads": self.threads, "modes": list(self.modes), "shm": self.shm}
+        return {**out, "emulated": str(self.emulation)} if self.emulation else out
 
 
 def key(image_id: str, cell: Cell, *, gpus: bool, modes: tuple[str, ...] = DEFAULT_MODES,
-        shm: str = DEFAULT_SHM) -> Key:
-    return Key(image_id, probe_version(), gpus, cell.threads, tuple(modes), shm)
+        shm: str = DEFAULT_SHM, emulation: platforms.Emulated | None = None) -> Key:
+    return Key(image_id, probe_version(), gpus, cell.threads, tuple(modes), shm, emulation)
 
 
 @dataclass(frozen=True)
@@ -111,7 +114,7 @@ def lookup(directory: Path, k: Key, cell: Cell) -> Hit | None:
             continue
         if not isinstance(probe, dict) or sorted(probe) != sorted(k.modes):  # {mode: probe JSON}
             continue
-        judged = smoke.judge(cell, {m: probe[m] for m in k.modes}, gpu_required=k.gpus)
+        judged = smoke.judge(cell, {m: probe[m] for m in k.modes}, gpu_required=k.gpus, emulation=k.emulation)
         if checks.passed(judged):
             return Hit(judged, at, probe)
     return None

@@ -219,17 +219,21 @@ class FakeEngine:
         return image.id
 
     # -- run -----------------------------------------------------------------------------
+    def native_platform(self) -> platforms.Platform | None:
+        return platforms.native(self.world.info.architecture)
+
     def gpus_available(self) -> bool:
         return self.world.gpus
 
     def run(self, image: str, command: list[str], *, timeout: float, gpus: bool = False,
             environment: dict[str, str] | None = None, cpus: float | None = None,
-            options: dict[str, Any] | None = None) -> RunResult:
+            options: dict[str, Any] | None = None, platform: platforms.Platform | None = None) -> RunResult:
         self.interrupt.check()
         self.world.record("run", image)
         self.world.record("run_options", (image, dict(options or {}), dict(environment or {})))
         self.world.run_calls.append({"image": image, "command": command, "timeout": timeout, "gpus": gpus,
-                                     "cpus": cpus, "environment": environment, "options": options})
+                                     "cpus": cpus, "environment": environment, "options": options,
+                                     "platform": platform})
         if self.world.run_outputs:
             out = self.world.run_outputs.pop(0)
             if isinstance(out, Exception):

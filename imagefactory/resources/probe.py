@@ -17,10 +17,12 @@ early and run concurrently with the rest. The "launch" section says how the cont
 started as seen from inside (HOME, read-only root, /tmp, the size of /dev/shm). The probe's own imports of
 NumPy and torch are timed (information; the children run meanwhile).
 
-    python probe.py [--no-compile]
+    python probe.py [--no-compile] [--slowdown N]
 
 --no-compile leaves out the torch.compile child (for an image built without a compiler,
-whose check is skipped anyway: the child would only cost time).
+whose check is skipped anyway: the child would only cost time). --slowdown N multiplies
+every timeout of its own (the children's, the DataLoader's, gloo's): the host passes it when
+the probe runs emulated (binfmt/QEMU), about ten times slower.
 """
 
 import contextlib
@@ -35,10 +37,11 @@ import subprocess
 import sys
 import time
 
-PROBE_VERSION = 4
+PROBE_VERSION = 5
 ENV_VARS = (
     "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_THREADING_LAYER",
     "MKL_INTERFACE_LAYER", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "CXX", "CC",
+    "QEMU_CPU",  # set by the host for an emulated probe: the CPU model qemu-user emulates
 )
 BLAS_KEYS = ("internal_api", "version", "num_threads", "threading_layer", "filepath", "architecture")
 OPENMP_KEYS = ("prefix", "filepath", "version", "num_threads", "internal_api")
@@ -60,7 +63,8 @@ def _pick(entry, keys):
 
 
 def probe_python():
-    return {"version": platform.python_version(), "executable": sys.executable}
+    """The interpreter, and the machine it runs on (`uname -m`: aarch64 under qemu-aarch64 too)."""
+    return {"version": platform.python_version(), "executable": sys.executable, "machine": platform.machine()}
 
 
 def probe_user():
@@ -393,7 +397,7 @@ SECTIONS = {
         "        return 2\n"
         "    def __getitem__(self, i):\n"
         "        return torch.full((MIB << 18,), float(i + 1))\n"
-        "loader = DataLoader(Big(), batch_size=None, num_workers=2, prefetch_factor=1, timeout=20,\n"
+        "loader = DataLoader(Big(), batch_size=None, num_workers=2, prefetch_factor=1, timeout=20 * SLOWDOWN,\n"
         "                    multiprocessing_context=mp.get_context('fork'))\n"
         "got = sorted(float(b[0]) + float(b[-1]) for b in loader)\n"
         "assert got == [2.0, 4.0], 'batches came back as %r' % (got,)\n"
@@ -408,7 +412,7 @@ SECTIONS = {
         "WORLD = 2\n"
         "def rank_main(rank):\n"
         "    dist.init_process_group('gloo', init_method='file://' + store, rank=rank, world_size=WORLD,\n"
-        "                            timeout=datetime.timedelta(seconds=60))\n"
+        "                            timeout=datetime.timedelta(seconds=60 * SLOWDOWN))\n"
         "    try:\n"
         "        t = torch.full((1024,), float(rank + 1))\n"
         "        dist.all_reduce(t)\n"
@@ -466,11 +470,21 @@ CHILDREN = {
     "nccl": ("nccl_all_reduce",),
 }
 CHILD_TIMEOUT = {"numpy": 120, "torch": 120, "compile": 240, "launch": 150, "nccl": 180}
+SLOWDOWN = 1.0  # --slowdown: every timeout of the probe's own is multiplied by it (emulated runs)
+
+
+def slowdown(argv):
+    """The factor after --slowdown (at least 1; 1 when absent or not a number)."""
+    args = list(argv)
+    try:
+        return max(1.0, float(args[args.index("--slowdown") + 1]))
+    except (ValueError, IndexError):
+        return 1.0
 
 
 def child_code(sections):
     """A fresh interpreter's program: every section in its own try block, in order."""
-    parts = [_REPORT]
+    parts = [_REPORT, "SLOWDOWN = %r\n" % SLOWDOWN]
     for name in sections:
         body = "".join("    " + line + "\n" for line in SECTIONS[name].splitlines())
         parts.append("SECTION = %r\ntry:\n%sexcept BaseException as exc:\n    failed(exc)\n" % (name, body))
@@ -598,7 +612,7 @@ def _run_sections(sections, fd):
         def report(name=name, **kw):
             write(dict(ok=True, section=name, info=kw))
         try:
-            exec(compile(SECTIONS[name], "<probe section %s>" % name, "exec"), {"report": report})
+            exec(compile(SECTIONS[name], "<probe section %s>" % name, "exec"), {"report": report, "SLOWDOWN": SLOWDOWN})
         except BaseException as exc:
             write(dict(ok=False, section=name, error=_err(exc)))
         finally:
@@ -862,12 +876,14 @@ def _sections(result, steps):
 
 def _start(children, result, how, name):
     try:
-        children.append(how(CHILDREN[name], CHILD_TIMEOUT[name]))
+        children.append(how(CHILDREN[name], CHILD_TIMEOUT[name] * SLOWDOWN))
     except Exception as exc:
         result.setdefault("compute_errors", []).append("%s: %s" % (name, _err(exc)))
 
 
 def run(argv=()):
+    global SLOWDOWN
+    SLOWDOWN = slowdown(argv)
     result = {"probe_version": PROBE_VERSION}
     children = []
     if "--no-compile" not in argv:  # the longest child starts first

@@ -65,8 +65,8 @@ def good_probe(cell: Cell, *, gpu: bool = False, cpus: int = 8) -> dict:
     ok = {"ok": True, "returncode": 0, "error": None, "info": {}}
     local = "+cpu" if cell.cuda is None else "+cu" + cell.cuda.replace(".", "")
     return {
-        "probe_version": 4,
-        "python": {"version": cell.python + ".7", "executable": "/opt/venv/bin/python"},
+        "probe_version": 5,
+        "python": {"version": cell.python + ".7", "executable": "/opt/venv/bin/python", "machine": cell.platform.arch},
         "user": {"uid": 1000, "gid": 1000, "name": "trainer"},
         "cpus": {"os_cpu_count": cpus, "affinity": cpus, "cgroup_quota": None, "physical_cores": cpus},
         "env": {"OMP_NUM_THREADS": t, "MKL_NUM_THREADS": t, "OPENBLAS_NUM_THREADS": t,

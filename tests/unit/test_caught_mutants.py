@@ -190,7 +190,7 @@ class ProbeFails(FakeEngine):
 
     def run(self, image: str, command: list[str], *, timeout: float, gpus: bool = False,
             environment: dict[str, str] | None = None, cpus: float | None = None,
-            options: dict | None = None) -> RunResult:
+            options: dict | None = None, platform=None) -> RunResult:
         self.world.record("run", image)
         raise self.error
 

@@ -19,6 +19,7 @@ ALL_NAMES = {
     "user.non_root", "probe.numpy", "probe.torch", "numpy.matmul", "torch.matmul",
     "numpy.complex_blas", "torch.complex_blas", "torch.compile", "python.bytecode", "env.activation",
     "probe.import_time", "packages.locked", "shm.dataloader", "torch.distributed.gloo", "torch.distributed.nccl",
+    "platform.machine",
 }
 
 
@@ -368,7 +369,7 @@ def test_empty_probe_fails_without_raising():
         named = by_name(checks)
         assert set(named) == ALL_NAMES
         assert not passed(checks)
-        for name in ("probe.numpy", "probe.torch", "python.version", "user.non_root", "torch.version",
+        for name in ("probe.numpy", "probe.torch", "python.version", "platform.machine", "user.non_root", "torch.version",
                      "numpy.blas", "env.OMP_NUM_THREADS", "threads.torch", "threads.numpy_blas",
                      "openmp.single_runtime"):
             assert named[name].verdict == "fail", named[name]

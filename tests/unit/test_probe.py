@@ -10,6 +10,7 @@ import ast
 import importlib.util
 import json
 import os
+import platform
 import re
 import subprocess
 import sys
@@ -68,10 +69,11 @@ def test_probe_imports_only_stdlib_and_what_it_inspects():
 
 
 def test_report_shape(report):
-    assert report["probe_version"] == 4
+    assert report["probe_version"] == 5
     for key in ("python", "user", "cpus", "launch", "env", "numpy", "torch", "openmp", "threadpool_info"):
         assert key in report, key
     assert report["python"]["version"].count(".") == 2
+    assert report["python"]["machine"] == platform.machine()  # uname -m: the platform.machine check's input
     assert os.path.isabs(report["python"]["executable"])
     assert report["user"]["uid"] == os.getuid() and report["user"]["gid"] == os.getgid()
     cpus = report["cpus"]
@@ -137,7 +139,7 @@ def test_runs_as_dash_c_from_any_cwd(tmp_path):
     if not _has("numpy"):
         pytest.fail(f"{PYTHON} lacks numpy: install the test extra (pip install -e '.[test]')")
     report, _, _ = run_probe("-c", PROBE.read_text(), cwd=tmp_path)
-    assert report["probe_version"] == 4
+    assert report["probe_version"] == 5
     assert report["env"]["OMP_NUM_THREADS"] is None
 
 
@@ -265,7 +267,7 @@ def test_smoke_runs_the_probe_without_the_compile_child_only_for_compiler_false_
     commands: list[list[str]] = []
 
     class Recorder:
-        def run(self, image, command, *, timeout, gpus=False, environment=None, options=None):
+        def run(self, image, command, *, timeout, gpus=False, environment=None, options=None, platform=None):
             commands.append(command)
             return RunResult(0, "", "")
 

@@ -102,10 +102,11 @@ def test_write_gives_json_and_markdown_and_keeps_the_json_as_it_was(reports, tmp
     assert [c["cell"] for c in doc["cells"]] == [GOOD, BAD] and doc["cells"][1]["launches"]["hpc"] == "fail"
     assert md == tmp_path / "report.md" and md.read_text() == report.summary(reports)
     # report.json is what it was: the fixture's cells come back field for field. The fields
-    # signing added (sbom, provenance, signing, signatures) are new keys, empty when unsigned:
-    # a reader of the old document finds every key it knew, with the same value.
+    # signing added (sbom, provenance, signing, signatures) are new keys, empty when unsigned, and
+    # so is emulated (empty for a native probe): a reader of the old document finds every key it
+    # knew, with the same value.
     fixture = json.loads((FIXTURE / "report.json").read_text())
-    added = {"sbom": "", "provenance": "", "signing": "", "signatures": []}
+    added = {"sbom": "", "provenance": "", "signing": "", "signatures": [], "emulated": ""}
     assert [{k: v for k, v in c.items() if k not in added} for c in doc["cells"]] == fixture["cells"]
     assert all({k: c[k] for k in added} == added for c in doc["cells"])
 
