@@ -241,3 +241,16 @@ def test_uv_missing_is_a_resolve_error_naming_the_cell(tmp_path, monkeypatch):
                                                 "Python 3.11 needs uv"):
         lock._uv_binary(_cell(platforms.ARM64))
     assert os.environ.get("UV_NO_CONFIG") is None  # the host's env is never changed, only the child's
+
+
+def test_pips_pick_must_be_one_of_uvs_files_and_cover_uvs_pins_exactly():
+    resolved = [lockfile.Pin("torch", "2.10.0", ("a" * 64, "b" * 64), 1), lockfile.Pin("bar", "1.0", ("c" * 64,), 2)]
+    cell = _cell(platforms.ARM64)
+    lock._agree([("bar", "1.0", "c" * 64), ("torch", "2.10.0", "b" * 64)], resolved, cell)
+    for picked, why in ([[("bar", "1.0", "c" * 64), ("torch", "2.10.0", "d" * 64)], "pip picked torch 2.10.0"],
+                        [[("bar", "1.0.1", "c" * 64), ("torch", "2.10.0", "a" * 64)], "pip picked bar 1.0.1"],
+                        [[("torch", "2.10.0", "a" * 64)], "pip found no file for bar"],
+                        [[("bar", "1.0", "c" * 64), ("torch", "2.10.0", "a" * 64), ("foo", "1", "e" * 64)],
+                         "pip picked foo 1"]):
+        with pytest.raises(lock.ResolveError, match=why):
+            lock._agree(picked, resolved, cell)
