@@ -57,7 +57,7 @@ app = typer.Typer(
 FIRST_STEPS = """\
 imagefactory: one matrix file in; tested, tagged Docker images out. First steps:
 
-  imagefactory list   --matrix matrix.yaml        the cells: id, torch, base image, release tag, platform
+  imagefactory list   --matrix matrix.yaml        the cells: id, torch, base image, release tag
   imagefactory render --matrix matrix.yaml        one build context (Dockerfile) per cell, to review
   imagefactory build  --matrix matrix.yaml        build and smoke-test every cell (--push publishes)
 
