@@ -298,7 +298,7 @@ def _cell_row(c: Cell) -> dict:
     return {
         "id": c.id, "python": c.python, "cuda": c.cuda or "none", "blas": c.blas,
         "installer": c.installer, "variant": c.variant, "torch": c.torch, "threads": c.threads,
-        "base_image": c.base_image, "tag": c.tags[0] if c.tags else "",
+        "base_image": c.base_image, "tag": c.tags[0] if c.tags else "", "platform": c.platform.oci,
     }
 
 
@@ -310,7 +310,7 @@ def list_cells(
                                       help="table for people; json for scripts; github for a job matrix "
                                            "(`fromJSON` of {\"include\": [...]})."),
 ) -> None:
-    """Show the expanded cells: id, base image, release tag and key settings."""
+    """Show the expanded cells: id, base image, release tag, platform and key settings."""
     rows = [_cell_row(c) for c in inv.cells]
     if format is ListFormat.json:
         print(json.dumps(rows, indent=2))
@@ -320,7 +320,7 @@ def list_cells(
         print(table([list(TABLE_COLUMNS), *([str(r[c]) for c in TABLE_COLUMNS] for r in rows)]), end="")
 
 
-TABLE_COLUMNS = ("id", "torch", "threads", "base_image", "tag")
+TABLE_COLUMNS = ("id", "torch", "threads", "base_image", "tag", "platform")  # platform last: the rest stay put
 
 
 def table(lines: list[list[str]]) -> str:

@@ -6,7 +6,8 @@ each cell is judged against the driver table in resources/cuda_drivers.json:
 - runs here: the driver is at least the toolkit's minimum (or the cell is CPU-only);
 - runs with limits: older than that, but new enough for the CUDA major's
   minor-version compatibility (prebuilt kernels run, newer PTX does not JIT);
-- cannot run: no GPU, a driver too old, or no way to give containers a GPU.
+- cannot run: no GPU, a driver too old, or no way to give containers a GPU; or an image of
+  another platform than this host's (linux/arm64 on an x86_64 machine runs only under QEMU).
 
 Every value read from nvidia-smi, NVML or the engine is matched whole
 (`re.fullmatch`) before it is compared or printed; other lines are ignored.
@@ -17,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import platform as _host
 import re
 import shutil
 import subprocess
@@ -25,7 +27,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Callable
 
-from imagefactory import engines
+from imagefactory import engines, platforms
 from imagefactory.engine_api import EngineFactory
 from imagefactory.errors import ImageFactoryError
 from imagefactory.model import Cell, Matrix
@@ -34,6 +36,7 @@ RUNS, LIMITS, CANNOT = "runs", "runs-with-limits", "cannot-run"
 VERDICT_TEXT = {RUNS: "runs here", LIMITS: "runs with limits", CANNOT: "cannot run"}
 DRIVER_RE = re.compile(r"[0-9]{2,4}(?:\.[0-9]{1,4}){0,2}")
 GPU_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9 ._()/+\-]{0,99}")
+MACHINE_RE = re.compile(r"[A-Za-z0-9_.-]{1,32}")  # `uname -m`
 ENGINE_VERSION_RE = re.compile(r"[0-9]+\.[0-9]+(?:\.[0-9]+)?(?:[-+~][A-Za-z0-9.+~-]{1,40})?")
 NVIDIA_SMI_ARGS = ("--query-gpu=driver_version,name", "--format=csv,noheader")
 NVIDIA_SMI_TIMEOUT = 20.0
@@ -309,6 +312,19 @@ def _driver_verdict(cell: Cell, driver: Driver, table: DriverTable) -> CellVerdi
     return v
 
 
+def _foreign(cell: Cell, cells: list[Cell], host: platforms.Platform | None, machine: str) -> CellVerdict | None:
+    """The verdict on a cell of another platform than this host's: it would run only emulated."""
+    if cell.platform == host:
+        return None
+    here = str(host) if host is not None else f"{machine} (not a platform imagefactory builds)"
+    v = CellVerdict(cell.id, cell.cuda, cell.tags[0] if cell.tags else "", CANNOT,
+                    f"{cell.platform} image on a {here} host: runs only emulated (QEMU), not for training here")
+    twin = next((c for c in cells if c.platform == host and (c.python, c.cuda, c.blas, c.installer, c.variant)
+                 == (cell.python, cell.cuda, cell.blas, cell.installer, cell.variant)), None)
+    v.fix = f"run it on a {cell.platform} node" + (f", or use the {host} cell ({twin.id})" if twin else "")
+    return v
+
+
 def _alternative(cell: Cell, cells: list[Cell], verdicts: dict[str, CellVerdict]) -> Cell | None:
     """The newest-CUDA cell that runs here, preferring one with the same python, BLAS and installer."""
     ok = [c for c in cells if c.cuda is not None and verdicts[c.id].verdict == RUNS]
@@ -318,8 +334,12 @@ def _alternative(cell: Cell, cells: list[Cell], verdicts: dict[str, CellVerdict]
     return max(same or ok, key=lambda c: version_tuple(c.cuda or "") or ())
 
 
-def judge(cells: list[Cell], driver: Driver, engine: EngineFacts, table: DriverTable) -> list[CellVerdict]:
-    verdicts = {c.id: _driver_verdict(c, driver, table) for c in cells}
+def judge(cells: list[Cell], driver: Driver, engine: EngineFacts, table: DriverTable,
+          host: platforms.Platform | None = platforms.DEFAULT, machine: str = "") -> list[CellVerdict]:
+    """Each cell's verdict on a host of platform `host` (`machine`: its `uname -m`, named when the
+    platform table has none for it; diagnose passes this host's)."""
+    verdicts = {c.id: _foreign(c, cells, host, machine) or _driver_verdict(c, driver, table) for c in cells}
+    cells_here = [c for c in cells if c.platform == host]
     plumbing = engine.nvidia_runtime or engine.cdi
     for c in cells:
         v = verdicts[c.id]
@@ -336,7 +356,7 @@ def judge(cells: list[Cell], driver: Driver, engine: EngineFacts, table: DriverT
         alt = _alternative(c, cells, verdicts)
         if driver.version is None:
             v.fix = "run it on a node with an NVIDIA GPU" + (f" and driver >= {v.min_driver}" if v.min_driver else "")
-            cpu = [x for x in cells if x.cuda is None]
+            cpu = [x for x in cells_here if x.cuda is None]
             twin = [x for x in cpu if (x.python, x.blas, x.installer) == (c.python, c.blas, c.installer)]
             v.fix += f", or use a CPU cell ({(twin or cpu)[0].id})" if cpu else ""
         else:
@@ -355,7 +375,7 @@ def recommend(cells: list[Cell], verdicts: list[CellVerdict]) -> str | None:
         if gpu:
             best = max(gpu, key=lambda v: version_tuple(by_id[v.cell].cuda or "") or ())
             return best.tag or None
-    cpu = [v for v in verdicts if v.cuda is None]
+    cpu = [v for v in verdicts if v.cuda is None and v.verdict != CANNOT]  # not another platform's
     return cpu[0].tag if cpu else None
 
 
@@ -370,6 +390,8 @@ class Report:
     recommended: str | None
     launch: LaunchFlags | None = None
     verification: list[dict] = field(default_factory=list)  # `doctor --verify`: verify.Verdict.as_dict() per tag
+    machine: str = ""  # this host's `uname -m` (MACHINE_RE, else "(unreadable)")
+    platform: str | None = None  # its platform ("linux/amd64"); None: not one imagefactory builds
     docker_host: str = field(default_factory=lambda: os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock"))
 
     @property
@@ -384,7 +406,8 @@ class Report:
         return 1 if unverified or any(v.verdict == CANNOT for v in self.cells) else 0
 
     def to_json(self) -> dict:
-        return {"exit_code": self.exit_code, "engine": asdict(self.engine), "docker_host": self.docker_host,
+        return {"exit_code": self.exit_code, "host": {"machine": self.machine, "platform": self.platform},
+                "engine": asdict(self.engine), "docker_host": self.docker_host,
                 "driver": asdict(self.driver), "gpu": self.gpu, "matrix": self.matrix,
                 "cells": [asdict(v) for v in self.cells], "recommended": self.recommended,
                 "launch": None if self.launch is None else {**asdict(self.launch), "line": self.launch.line},
@@ -392,19 +415,26 @@ class Report:
 
 
 def diagnose(matrix: Matrix | None, *, engine_factory: EngineFactory | None = None,
-             driver_query: Callable[[], Driver] = query_driver, table: DriverTable | None = None) -> Report:
+             driver_query: Callable[[], Driver] = query_driver, table: DriverTable | None = None,
+             machine: str | None = None) -> Report:
+    """The report on this host (`machine`: its `uname -m`, read here unless given)."""
     table = table or load_table()
     engine, driver = engine_facts(engine_factory), driver_query()
+    raw = machine if machine is not None else _host.machine()
+    machine = raw if MACHINE_RE.fullmatch(raw) else "(unreadable)"
+    host = platforms.native(raw) if MACHINE_RE.fullmatch(raw) else None
     cells = list(matrix.cells) if matrix else []
-    verdicts = judge(cells, driver, engine, table)
+    verdicts = judge(cells, driver, engine, table, host=host, machine=machine)
     return Report(engine=engine, driver=driver, matrix=str(matrix.path) if matrix else None,
                   cells=verdicts, recommended=recommend(cells, verdicts) if cells else None,
-                  launch=launch_flags(engine, driver) if engine.reachable else None)
+                  launch=launch_flags(engine, driver) if engine.reachable else None,
+                  machine=machine, platform=host.oci if host else None)
 
 
 def text(report: Report) -> str:
     e, d = report.engine, report.driver
-    lines = []
+    lines = [f"host:     {report.platform or 'not a platform imagefactory builds'} (uname -m: {report.machine})"
+             ] if report.machine else []
     if e.reachable:
         lines.append(f"engine:   Docker {e.version} (API {e.api_version}) at {report.docker_host}")
         lines.append(f"runtime:  NVIDIA runtime {'yes' if e.nvidia_runtime else 'no'}, "

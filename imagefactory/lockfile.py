@@ -18,8 +18,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from imagefactory import availability, platforms
 from imagefactory import inputs as files
-from imagefactory import platforms
 from imagefactory.errors import ConfigError
 from imagefactory.model import Cell, Matrix
 
@@ -244,6 +244,22 @@ def _logical_lines(text: str) -> list[tuple[int, str]]:
     return out
 
 
+def requirement_pins(text: str) -> tuple[list[Pin], list[tuple[int, str]]]:
+    """The `name==version --hash=sha256:...` lines of a requirements text (a resolver's output;
+    comments skipped, several hashes allowed), and every other line, located: what lock.py checks
+    of a resolver's answer before any of it is used."""
+    pins, other = [], []
+    for number, line in _logical_lines(text):
+        if not line or line.startswith("#"):
+            continue
+        pin = _pip_pin(line, number)
+        if pin is None:
+            other.append((number, line))
+        else:
+            pins.append(pin)
+    return pins, other
+
+
 def _pip_pin(line: str, number: int) -> Pin | None:
     m = _PIP_LINE_RE.fullmatch(" ".join(line.split()))
     if not m:
@@ -364,12 +380,15 @@ def _pip_variant(lock: Lock, matrix: Matrix, cell: Cell, where: str, fix: str) -
     """The build variant: a local version such as +cu129 must be the cell's; a CPU cell pins no
     NVIDIA package; torch is the build the cell's index serves (+cpu, +cuXY, or PyPI's plain one)."""
     variant = "cpu" if cell.cuda is None else "cu" + cell.cuda.replace(".", "")
-    torch_local = variant if (matrix.pip.torch_index_url or cell.cuda is None) else None
+    plain_cpu = cell.cuda is None and availability.pypi_serves_cpu(cell.torch, cell.python, cell.platform)
+    torch_local = variant if matrix.pip.torch_index_url or (cell.cuda is None and not plain_cpu) else None
     out = []
     for pin in lock.pins:
         local = pin.version.split("+", 1)[1] if "+" in pin.version else None
         if pin.name == "torch" and local != torch_local:
-            want = f"+{torch_local}" if torch_local else "no local version (PyPI's default CUDA build)"
+            want = f"+{torch_local}" if torch_local else ("no local version (PyPI's CPU build for "
+                                                          f"{cell.platform})" if plain_cpu else
+                                                          "no local version (PyPI's default CUDA build)")
             out.append(f"{where}:{pin.line}: torch: cell {cell.id} wants the {want} build, the lock pins "
                        f"{pin.version}; {fix}")
         elif local is not None and _LOCAL_VARIANT.fullmatch(local) and local != variant:

@@ -39,6 +39,24 @@ def test_list_json_and_only():
     assert [row["id"] for row in rows] == ["py3.11-cu12.9-mkl-conda"] and rows[0]["cuda"] == "12.9"
 
 
+def test_list_shows_each_cells_platform_last_and_in_json(write_matrix):
+    path = write_matrix("""
+        image: registry.example.com/ml/train
+        matrix: {python: ["3.11"], cuda: ["none"], blas: [openblas], installer: [pip],
+                 platform: [linux/amd64, linux/arm64]}
+        torch: "2.10.0"
+        pip: {torch_index_url: "https://download.pytorch.org/whl/{variant}"}
+    """)
+    table = cli("list", "--matrix", str(path)).stdout.splitlines()
+    assert table[0].split() == ["id", "torch", "threads", "base_image", "tag", "platform"]
+    assert [line.split()[0::5] for line in table[1:]] == [["py3.11-cpu-openblas-pip", "linux/amd64"],
+                                                          ["py3.11-cpu-openblas-pip-arm64", "linux/arm64"]]
+    rows = json.loads(cli("list", "--matrix", str(path), "--format", "json").stdout)
+    assert [r["platform"] for r in rows] == ["linux/amd64", "linux/arm64"]
+    assert list(rows[0])[:-1] == ["id", "python", "cuda", "blas", "installer", "variant", "torch", "threads",
+                                  "base_image", "tag"]  # the keys it had, in their order; platform added last
+
+
 def test_schema_is_json_schema():
     doc = json.loads(cli("schema").stdout)
     assert doc["$schema"].startswith("https://json-schema.org/") and "matrix" in doc["properties"]

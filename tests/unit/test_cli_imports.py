@@ -79,8 +79,8 @@ def test_the_table_is_what_rich_printed(tmp_path, monkeypatch, capsys):
     from imagefactory import cli
 
     lines = [list(cli.TABLE_COLUMNS), ["py3.11-cpu-openblas-pip", "2.13.0", "2", "python:3.11-slim-bookworm",
-                                       "registry.example.com/ml/train:2.13.0-py3.11-cpu-openblas-pip"],
-             ["py3.12-cu12.9-mkl-conda", "2.12.1", "auto", "mambaorg/micromamba:2-debian12", ""]]
+                                       "registry.example.com/ml/train:2.13.0-py3.11-cpu-openblas-pip", "linux/amd64"],
+             ["py3.12-cu12.9-mkl-conda", "2.12.1", "auto", "mambaorg/micromamba:2-debian12", "", "linux/arm64"]]
     t = Table(show_header=True, header_style="bold", box=None)
     for col in lines[0]:
         t.add_column(col)

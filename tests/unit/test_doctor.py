@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from imagefactory import doctor
+from imagefactory import doctor, platforms
 from imagefactory.doctor import CANNOT, LIMITS, RUNS, Driver, EngineFacts
 from imagefactory.engine_api import EngineInfo
 from imagefactory.errors import DockerUnavailable
@@ -214,8 +214,10 @@ def test_exit_codes():
     from pathlib import Path
     m = Matrix(path=Path("/x/matrix.yaml"), image="reg.example/ml/train", cells=tuple(CELLS))
     here = World(info=EngineInfo("27.3.1", "1.47", ("nvidia",), ())).engine
-    assert doctor.diagnose(m, engine_factory=here, driver_query=lambda: Driver("580.65.06", ["H200"])).exit_code == 0
-    assert doctor.diagnose(m, engine_factory=here, driver_query=lambda: Driver("560.35.03", ["A100"])).exit_code == 1
+    assert doctor.diagnose(m, engine_factory=here, driver_query=lambda: Driver("580.65.06", ["H200"]),
+                           machine="x86_64").exit_code == 0
+    assert doctor.diagnose(m, engine_factory=here, driver_query=lambda: Driver("560.35.03", ["A100"]),
+                           machine="x86_64").exit_code == 1
     assert doctor.diagnose(None, engine_factory=here, driver_query=lambda: Driver(error="none")).exit_code == 0
 
 
@@ -224,6 +226,68 @@ def test_text_says_plainly_there_is_no_gpu():
                            cells=[], recommended=None)
     out = doctor.text(report)
     assert "only CPU cells can run here" in out and "host facts only" in out
+
+
+# -- the host's platform -----------------------------------------------------------------------------
+
+def pip_cell(platform: platforms.Platform, cuda: str | None = None) -> Cell:
+    accel = "cpu" if cuda is None else f"cu{cuda}"
+    return Cell(python="3.11", cuda=cuda, blas="openblas", installer="pip", torch="2.10.0", threads=4,
+                base_image="python:3.11-slim-bookworm", platform=platform,
+                tags=(f"reg.example/ml/train:{platform.arch}-2.10.0-py3.11-{accel}-openblas-pip",))
+
+
+BOTH = [pip_cell(platforms.AMD64), pip_cell(platforms.ARM64), pip_cell(platforms.AMD64, "12.9"),
+        pip_cell(platforms.ARM64, "12.9")]
+
+
+def _diagnose(cells: list[Cell], machine: str, driver: Driver = Driver("580.65.06", ["H200"])) -> doctor.Report:
+    from pathlib import Path
+
+    from imagefactory.model import Matrix
+    m = Matrix(path=Path("/x/matrix.yaml"), image="reg.example/ml/train", cells=tuple(cells))
+    here = World(info=EngineInfo("27.3.1", "1.47", ("nvidia",), ())).engine
+    return doctor.diagnose(m, engine_factory=here, driver_query=lambda: driver, machine=machine)
+
+
+def test_a_cell_of_another_platform_cannot_run_here_and_says_why():
+    report = _diagnose(BOTH, "x86_64")
+    v = {x.cell: x for x in report.cells}
+    arm = v["py3.11-cpu-openblas-pip-arm64"]
+    assert arm.verdict == CANNOT
+    assert arm.reason == "linux/arm64 image on a linux/amd64 host: runs only emulated (QEMU), not for training here"
+    assert arm.fix == "run it on a linux/arm64 node, or use the linux/amd64 cell (py3.11-cpu-openblas-pip)"
+    assert v["py3.11-cu12.9-openblas-pip-arm64"].verdict == CANNOT
+    assert v["py3.11-cpu-openblas-pip"].verdict == RUNS and v["py3.11-cu12.9-openblas-pip"].verdict == RUNS
+    assert report.exit_code == 1  # a refusal, as for a driver too old
+    assert report.recommended == BOTH[2].tags[0]
+
+
+def test_on_an_arm64_host_the_amd64_cells_are_refused_and_an_arm64_tag_is_recommended():
+    report = _diagnose(BOTH, "aarch64", Driver(error="nvidia-smi: not found"))
+    v = {x.cell: x for x in report.cells}
+    assert v["py3.11-cpu-openblas-pip"].verdict == CANNOT
+    assert "linux/amd64 image on a linux/arm64 host: runs only emulated (QEMU)" in v["py3.11-cpu-openblas-pip"].reason
+    assert v["py3.11-cpu-openblas-pip-arm64"].verdict == RUNS
+    assert "use a CPU cell (py3.11-cpu-openblas-pip-arm64)" in v["py3.11-cu12.9-openblas-pip-arm64"].fix
+    assert report.recommended == BOTH[1].tags[0]  # never the amd64 CPU tag, though it comes first
+
+
+def test_the_host_architecture_is_in_text_and_json():
+    report = _diagnose(BOTH, "aarch64")
+    assert report.to_json()["host"] == {"machine": "aarch64", "platform": "linux/arm64"}
+    out = doctor.text(report)
+    assert out.startswith("host:     linux/arm64 (uname -m: aarch64)\n")
+    assert "py3.11-cpu-openblas-pip  " in out and "linux/amd64 image on a linux/arm64 host" in out
+
+
+@pytest.mark.parametrize("machine,shown", [("riscv64", "riscv64"), ("x86_64\x1b[2J", "(unreadable)"), ("", "(unreadable)")])
+def test_a_host_of_no_known_platform_runs_no_cell_and_its_machine_is_shown_checked(machine, shown):
+    report = _diagnose(BOTH[:1], machine)
+    assert report.to_json()["host"] == {"machine": shown, "platform": None}
+    (v,) = report.cells
+    assert v.verdict == CANNOT and f"linux/amd64 image on a {shown} (not a platform imagefactory builds) host" in v.reason
+    assert report.exit_code == 1 and "\x1b" not in doctor.text(report)
 
 
 # -- launch flags --------------------------------------------------------------------------------------

@@ -94,14 +94,15 @@ def test_auto_is_a_choice_no_engine_is_made_of(monkeypatch):
         engines.docker_engine(builder=Builder.auto)
 
 
-def test_an_arm64_pip_cell_is_refused_by_lock_rather_than_locked_for_this_host(tmp_path):
-    """pip's --platform reads markers on this host: an aarch64 torch would lock x86 CUDA wheels."""
+def test_an_arm64_pip_cell_on_this_host_is_resolved_by_uv_not_by_pip(tmp_path, monkeypatch):
+    """pip's --platform reads markers on this host (an aarch64 torch would lock x86 CUDA wheels): a
+    cell of another platform goes to uv (tests/unit/test_lock_platforms.py locks one for real)."""
     from imagefactory import lock
-    from imagefactory.errors import ConfigError
     from imagefactory.model import Matrix
 
     cell = Cell(python="3.11", cuda=None, blas="openblas", installer="pip", torch="2.10.0", threads=2,
                 base_image="python:3.11-slim-bookworm", platform=platforms.ARM64)
     m = Matrix(path=tmp_path / "matrix.yaml", image="r.example.com/ml/train", cells=(cell,))
-    with pytest.raises(ConfigError, match="linux/arm64 pip cell cannot be locked here yet"):
-        lock.resolve(m, cell, {})
+    monkeypatch.setattr(platforms, "native", lambda machine=None: platforms.AMD64)
+    monkeypatch.setattr(lock, "resolve_uv", lambda m, c, held: ("uv-body", "uv"))
+    assert lock.resolve(m, cell, {}) == ("uv-body", "uv")
