@@ -152,7 +152,9 @@ def publish(matrix: Matrix, reports: list[CellReport], run: RunContext) -> list[
             continue
         r.publish = PUBLISHED
     lists = publish_lists.start(matrix, reports, options)  # after the per-arch pushes: their digests
-    publish_lists.publish_lists(lists, reports, run, lambda ref: auth_for(ref, creds), lambda t: _redact(t, creds))
+    by_cell = {r.cell: r for r in reports}
+    publish_lists.publish_lists(lists, run, lambda ref: auth_for(ref, creds), lambda t: _redact(t, creds),
+                                lambda lr: publish_lists.blocked(lr, by_cell))
     if options.sign and not interrupt.is_set():  # every push verified: sign what was published
         from imagefactory import supply
 
