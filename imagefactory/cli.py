@@ -299,7 +299,7 @@ def _cell_row(c: Cell) -> dict:
     return {
         "id": c.id, "python": c.python, "cuda": c.cuda or "none", "blas": c.blas,
         "installer": c.installer, "variant": c.variant, "torch": c.torch, "threads": c.threads,
-        "base_image": c.base_image, "tag": c.tags[0] if c.tags else "",
+        "base_image": c.base_image, "tag": c.tags[0] if c.tags else "", "platform": c.platform.oci,
     }
 
 

@@ -228,3 +228,9 @@ def test_the_refusal_reuses_the_member_check_of_the_in_run_merge(project):
     assert merge.refusal(m, lr, {}).count("has no report") == 2
     assert tagging.list_of(m, m.cell(ARM)) is m.lists[0]
 
+
+def test_list_github_rows_carry_the_platform(project, monkeypatch, capsys):
+    code, out, _ = run_cli(["list", "--matrix", str(project / "matrix.yaml"), "--format", "github"],
+                           monkeypatch, capsys)
+    rows = json.loads(out)["include"]
+    assert code == 0 and {(r["cell"], r["platform"]) for r in rows} == {(AMD, "linux/amd64"), (ARM, "linux/arm64")}
