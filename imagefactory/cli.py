@@ -30,6 +30,7 @@ from imagefactory.model import Cell
 if TYPE_CHECKING:
     from imagefactory import build as build_mod
     from imagefactory.engine_api import ContainerEngine
+    from imagefactory.report import CellReport, ListReport
 
 # Each command imports the pipeline steps it runs (build, render, publish, lock, the engine, Jinja2,
 # tenacity) when it runs: `imagefactory --help` and `imagefactory list` import none of them, and
@@ -461,6 +462,46 @@ def push(inv: Invocation) -> None:
         return outcome
 
     _pipeline(inv, steps)
+
+
+@app.command("merge", epilog=example("imagefactory merge --matrix matrix.yaml --reports reports/ "
+                                     "--report build/report-merge.json"))
+@shared("matrix", "report", "live", "push_tries", "retry_delay", push=True)
+def merge_cmd(
+    inv: Invocation,
+    reports: List[Path] = typer.Option(..., "--reports", metavar="PATH",
+                                       help="A cell job's report.json, or a folder of them (repeatable)."),
+) -> None:
+    """Publish the matrix's lists from the reports of per-cell jobs (`build --only CELL --push`).
+
+    A list is merged only when, for every platform it declares, one report shows its cell passed
+    and pushed the per-arch tag this matrix plans (a digest, the same under its content-hash tag);
+    otherwise it is refused in one line naming the cell. Exit codes: 0 every list published; 1 a
+    list refused or not merged; 2 bad configuration or an unreadable report; 3 no Docker engine."""
+    from imagefactory import merge as merge_mod
+
+    found = merge_mod.load(inv.matrix, reports)  # every report checked before the registry is asked
+    with _run(inv, inv.options.report) as run:
+        lists = merge_mod.merge(inv.matrix, found, run)
+    _merged(merge_mod.members(found), lists, inv.options.report, run.interrupt)
+
+
+def _merged(cells: list[CellReport], lists: list[ListReport], report_path: Path, interrupt: Interrupt) -> None:
+    """`merge`'s report (the member cells as read, and the lists), a line per list, its exit."""
+    from imagefactory import report as report_mod
+
+    json_path, md_path = report_mod.write(cells, report_path, gpus=False, lists=lists)
+    for lr in lists:
+        print(f"{lr.ref}\t{lr.publish}\t{lr.digest if lr.publish == 'published' else lr.reason}")
+    print(f"report: {json_path} and {md_path}", file=sys.stderr)
+    if interrupt.signum is not None:
+        raise Interrupted(interrupt.signum, "the report says which lists were published")
+    unpublished = [lr.ref for lr in lists if lr.publish != "published"]
+    if unpublished:
+        raise CellFailure(f"{len(unpublished)} of {len(lists)} list(s) not published: {', '.join(unpublished)}")
+    if not lists:
+        print("merge: the matrix has no lists (no release tag is shared by cells of several platforms)",
+              file=sys.stderr)
 
 
 @app.command("test", epilog=example("imagefactory test --only py3.11-cpu-openblas-pip --retest"))

@@ -103,7 +103,7 @@ def tags_for(matrix: Matrix, cell_id: str, content_hash: str, options: Options) 
     return list(dict.fromkeys(release + [immutable] + extras))
 
 
-def _redact(text: str, creds: dict[str, Auth | None]) -> str:
+def redact(text: str, creds: dict[str, Auth | None]) -> str:
     for auth in creds.values():
         if auth and auth.get("password"):
             text = text.replace(auth["password"], "***")
@@ -147,12 +147,14 @@ def publish(matrix: Matrix, reports: list[CellReport], run: RunContext) -> list[
             continue
         except (PushError, EngineError) as e:
             r.publish = PUBLISH_FAILED
-            r.error = _redact(e.message, creds)
+            r.error = redact(e.message, creds)
             ui.status(r.cell, f"publish failed: {r.error}")
             continue
         r.publish = PUBLISHED
     lists = publish_lists.start(matrix, reports, options)  # after the per-arch pushes: their digests
-    publish_lists.publish_lists(lists, reports, run, lambda ref: auth_for(ref, creds), lambda t: _redact(t, creds))
+    by_cell = {r.cell: r for r in reports}
+    publish_lists.publish_lists(lists, run, lambda ref: auth_for(ref, creds), lambda t: redact(t, creds),
+                                lambda lr: publish_lists.blocked(lr, by_cell))
     if options.sign and not interrupt.is_set():  # every push verified: sign what was published
         from imagefactory import supply
 
@@ -185,7 +187,7 @@ def _push_with_retries(engine: ContainerEngine, ref: str, auth: dict[str, str] |
         e = state.outcome.exception() if state.outcome else None
         wait = state.next_action.sleep if state.next_action else 0
         ui.status(cell, f"push of {ref} failed (try {state.attempt_number}/{options.attempts}): "
-                        f"{_redact(str(e), {ref: auth})}; retrying in {wait:.0f}s")
+                        f"{redact(str(e), {ref: auth})}; retrying in {wait:.0f}s")
 
     layers: set[str] = set()
 

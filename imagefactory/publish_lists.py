@@ -16,6 +16,10 @@ registry must serve exactly the index put, its manifests exactly the members, ea
 resolving to its cell's digest. A list is claimed published only once every tag of it was read
 back; an interrupt or a failure leaves it interrupted or publish-failed, `pushed` saying which
 of its tags the registry took.
+
+Two callers share this one merge: publish.py, after the per-arch pushes of its own run, and
+merge.py, after the per-arch pushes of other jobs (one CI job per cell, on a runner of its
+platform), from the reports they wrote. Each hands `publish_lists` its own refusal.
 """
 
 from __future__ import annotations
@@ -58,18 +62,23 @@ def start(matrix: Matrix, reports: list[CellReport], options: Options) -> list[L
             for t in matrix.lists]
 
 
+def member_blocked(m: dict, r: CellReport | None, absent: str = "was not part of this run") -> str:
+    """Why one member keeps its list back ("" when it does not): its cell did not pass, or its
+    per-arch tag was not pushed; `absent` says what a missing report means to the caller."""
+    name = f"{m['cell']} ({m['platform']})"
+    if r is None:
+        return f"{name} {absent}"
+    if r.status != PASSED:
+        return f"{name} did not pass ({r.status})"
+    if r.publish != PUBLISHED or not m["digest"]:
+        return f"{name}: its per-arch tag {m['tag']} was not published ({r.publish or 'not pushed'})"
+    return ""
+
+
 def blocked(lr: ListReport, by_cell: dict[str, CellReport]) -> str:
     """Why the list may not be published ("" when it may): each member that did not pass, was not
     pushed, or was not part of this run."""
-    why = []
-    for m in lr.members:
-        r, name = by_cell.get(m["cell"]), f"{m['cell']} ({m['platform']})"
-        if r is None:
-            why.append(f"{name} was not part of this run")
-        elif r.status != PASSED:
-            why.append(f"{name} did not pass ({r.status})")
-        elif r.publish != PUBLISHED or not m["digest"]:
-            why.append(f"{name}: its per-arch tag {m['tag']} was not published ({r.publish or 'not pushed'})")
+    why = [w for w in (member_blocked(m, by_cell.get(m["cell"])) for m in lr.members) if w]
     return ("not published: every platform must pass; " + "; ".join(why)) if why else ""
 
 
@@ -78,13 +87,14 @@ def refuse_all(lists: list[ListReport], reason: str) -> None:
         lr.publish, lr.reason = NOT_PUBLISHED, reason
 
 
-def publish_lists(lists: list[ListReport], reports: list[CellReport], run: RunContext, auth_for: AuthFor,
-                  redact: Callable[[str], str]) -> None:
-    """Merge, put and verify every list whose members all passed and were pushed; update each in place."""
-    by_cell = {r.cell: r for r in reports}
+def publish_lists(lists: list[ListReport], run: RunContext, auth_for: AuthFor, redact: Callable[[str], str],
+                  refusal: Callable[[ListReport], str]) -> None:
+    """Merge, put and verify every list that `refusal` lets through ("" for it: its members all passed
+    and were pushed); update each in place. The one merge of both paths: after this run's per-arch
+    pushes (publish.py: refusal is `blocked`) and after other jobs' (merge.py: from their reports)."""
     engine: ContainerEngine | None = None
     for lr in lists:
-        why = "not published: the run was interrupted" if run.interrupt.is_set() else blocked(lr, by_cell)
+        why = "not published: the run was interrupted" if run.interrupt.is_set() else refusal(lr)
         if why:
             lr.publish, lr.reason = NOT_PUBLISHED, why
             run.ui.status(lr.ref, why)

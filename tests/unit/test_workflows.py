@@ -789,3 +789,51 @@ def test_the_input_check_refuses_a_broken_step(step, needle):
     problems = action_input_problems(text)
     assert len(problems) == 1 and needle in problems[0], problems
     assert action_input_problems(text.replace(step, f"- uses: {UPLOAD} # v4.6.2\n        with: {{path: x}}")) == []
+
+
+# --------------------------------------------------------------------------- per-platform jobs and the merge
+
+def _runner(cell_job: dict, platform: str) -> str:
+    """The runner the cell job's `runs-on` expression picks for a cell of `platform`: the expression
+    `matrix.platform == 'P' && 'R' || 'D'` evaluated as GitHub would (a literal is taken as is)."""
+    runs_on = cell_job["runs-on"]
+    m = re.fullmatch(r"\$\{\{\s*matrix\.platform\s*==\s*'([^']+)'\s*&&\s*'([^']+)'\s*\|\|\s*'([^']+)'\s*\}\}",
+                     runs_on)
+    if m is None:
+        return runs_on
+    return m.group(2) if platform == m.group(1) else m.group(3)
+
+
+def test_each_cell_job_runs_on_a_native_runner_of_its_platform():
+    doc = _load(WORKFLOW_DIR / "publish.yml")
+    result = CliRunner().invoke(app, ["list", "--matrix", str(REPO / "matrix.yaml"), "--format",
+                                      "github"])
+    assert result.exit_code == 0, result.output
+    assert {e["platform"] for e in json.loads(result.stdout)["include"]} <= {"linux/amd64", "linux/arm64"}
+    assert _runner(doc["jobs"]["cell"], "linux/arm64") == "ubuntu-24.04-arm"
+    assert _runner(doc["jobs"]["cell"], "linux/amd64") == "ubuntu-latest"
+
+
+def test_the_merge_job_runs_after_every_cell_job_and_merges_their_reports():
+    doc = _load(WORKFLOW_DIR / "publish.yml")
+    merge = doc["jobs"]["merge"]
+    needs = [merge["needs"]] if isinstance(merge["needs"], str) else merge["needs"]
+    assert "cell" in needs and "always()" in merge["if"]  # a failed cell job refuses its list, by name
+    download = next(s for s in merge["steps"] if s.get("uses", "").startswith("actions/download-artifact@"))
+    folder = download["with"]["path"]
+    # the artifacts the cell jobs upload are the ones the merge job downloads
+    upload = next(s for s in doc["jobs"]["cell"]["steps"] if s.get("uses", "").startswith("actions/upload-artifact@"))
+    prefix = download["with"]["pattern"].rstrip("*")
+    assert upload["with"]["name"].startswith(prefix) and "report-" in upload["with"]["path"]
+    runs = [s["run"] for s in merge["steps"] if "imagefactory merge" in s.get("run", "")]
+    assert len(runs) == 1 and re.search(rf"--reports\s+{re.escape(folder)}\b", runs[0]), runs
+    assert "--matrix matrix.yaml" in runs[0]
+    # the registry login reaches the command through env:, from the secrets, as the cell job's does
+    assert merge["env"] == doc["jobs"]["cell"]["env"]
+    assert "permissions" not in merge  # the workflow's contents: read holds
+
+
+def test_the_runner_check_can_fail():
+    job = {"runs-on": "${{ matrix.platform == 'linux/arm64' && 'ubuntu-latest' || 'ubuntu-latest' }}"}
+    assert _runner(job, "linux/arm64") != "ubuntu-24.04-arm"
+    assert _runner({"runs-on": "ubuntu-latest"}, "linux/arm64") == "ubuntu-latest"
