@@ -34,7 +34,7 @@ _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _INSIDE = (("Python", "python.version"), ("torch", "torch.version"), ("CUDA", "torch.cuda_build"),
            ("BLAS loaded by NumPy", "numpy.blas"), ("OpenMP runtime", "openmp.single_runtime"),
            ("MKL threading layer", "mkl.threading_layer"), ("threads", "env.OMP_NUM_THREADS"),
-           ("user", "user.non_root"))
+           ("user", "user.non_root"), ("architecture", "platform.machine"))
 
 
 # --------------------------------------------------------------------------- reading a report
@@ -195,7 +195,9 @@ def _inside(r: CellReport) -> list[tuple[str, str]]:
         if c.name not in seen or c.mode == "docker":
             seen[c.name] = c.actual
     facts = [(label, seen[name]) for label, name in _INSIDE if name in seen]
-    return facts + [(label, value) for label, value in (("base image", r.base_image), ("built with", r.builder)) if value]
+    more = (("probed", f"emulated: {r.emulated}" if r.emulated else ""), ("base image", r.base_image),
+            ("built with", r.builder))
+    return facts + [(label, value) for label, value in more if value]
 
 
 def _launch_ref(r: CellReport) -> tuple[str, str]:

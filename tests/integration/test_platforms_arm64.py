@@ -135,3 +135,23 @@ def test_the_classic_builder_refuses_an_arm64_cell_and_makes_no_image(tmp_path, 
     assert cell["status"] == "build-failed" and not cell["image_id"], cell
     assert "the classic builder builds only for the engine's own platform (linux/amd64), not linux/arm64" in cell["error"]
     assert not cell["candidate"] or not engine.client.images.list(filters={"reference": cell["candidate"]})
+
+
+def test_the_registry_cache_pulls_the_arm64_cells_content_tag_instead_of_building_it(arm64_run, arm64_background,
+                                                                                    engine):
+    """Content tags are per platform: with the arm64 image gone from the engine, a second
+    `build --push` of that cell pulls its content-hash tag (an arm64 image on this amd64
+    engine) instead of building it, and its platform is checked before it is judged."""
+    _, report, _ = arm64_run
+    cell = report[ARM64_CELL]
+    engine.client.images.remove(cell["image_id"], force=True)
+    work = arm64_background.root / "again"
+    result = run_cli("build", "--matrix", str(arm64_background.matrix), "--plain", "--builder", "buildkit", "--push",
+                     "--only", ARM64_CELL, "--gpus", "none", "--report", str(work / "report.json"),
+                     "--work-dir", str(work), env=CREDS, timeout=3600)
+    again = report_of(work / "report.json")[ARM64_CELL]
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert again["status"] == "passed" and again["pulled"], again
+    assert again["content_hash"] == cell["content_hash"] and again["image_id"] == cell["image_id"]
+    assert engine.image_platform(again["image_id"]) == "linux/arm64"
+    assert again["pulled"].split("@", 1)[0].rsplit(":", 1)[1].startswith("sha-")

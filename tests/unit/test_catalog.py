@@ -118,3 +118,18 @@ def test_a_field_a_newer_cell_report_declares_is_read_by_its_declared_kind(tmp_p
     (tmp_path / "report.json").write_text(json.dumps(doc))
     with pytest.raises(ConfigError, match=r"cells\[0\]\.signatures: expected list"):
         catalog.read_report(tmp_path / "report.json")
+
+
+def test_an_emulated_cell_says_so_and_every_cell_its_architecture(reports):
+    """What the probe saw: the machine inside (platform.machine), and for a cell probed under
+    QEMU the report's emulated words; a native cell says nothing of emulation."""
+    from dataclasses import replace as with_
+
+    from imagefactory.checks import PASS, Check
+
+    arm = with_(reports[0], cell="py3.11-cpu-openblas-pip-arm64", emulated="qemu-aarch64 (QEMU_CPU=neoverse-n1) on linux/amd64",
+                checks=[*reports[0].checks, Check("platform.machine", "aarch64", "aarch64", PASS, mode="docker")])
+    page = catalog.render([arm, reports[1]], {})
+    assert "<td>architecture</td><td>aarch64</td>" in page
+    assert "<td>probed</td><td>emulated: qemu-aarch64 (QEMU_CPU=neoverse-n1) on linux/amd64</td>" in page
+    assert page.count("<td>probed</td>") == 1
