@@ -17,7 +17,7 @@ import pytest
 import requests
 
 from tests.integration.helpers import (ARM64_CELL, LIST_TEMPLATE, TEST_PASSWORD, TEST_REGISTRY, TEST_USER,
-                                      arm64_matrix_text, binfmt_or_unavailable, buildx_or_skip, report_of, run_cli)
+                                      arm64_matrix_text, report_of, run_cli)
 
 pytestmark = [pytest.mark.docker, pytest.mark.registry]
 
@@ -122,9 +122,9 @@ def test_a_failing_arm64_cell_keeps_its_list_from_being_published(arm64_run, tmp
     assert _served_list(_list_tag(image)) is None
 
 
-def test_the_classic_builder_refuses_an_arm64_cell_and_makes_no_image(tmp_path, wheelhouse, engine):
-    binfmt_or_unavailable()
-    buildx_or_skip()
+def test_the_classic_builder_refuses_an_arm64_cell_and_makes_no_image(arm64_background, tmp_path, wheelhouse, engine):
+    """(It asks for arm64_background only to run with the module's other tests, last: a module
+    whose tests are split ends twice, and its first end would remove the background's images.)"""
     path = tmp_path / "matrix.yaml"
     path.write_text(arm64_matrix_text(wheelhouse, f"{TEST_REGISTRY}/it-classic/multiarch"))
     report_path = tmp_path / "report.json"
