@@ -199,7 +199,11 @@ def cpu_build(request, tmp_path_factory, engine, base_registry, wheelhouse, sess
         _start_cuda(tmp_path_factory, wheelhouse)
     if any("arm64_background" in getattr(item, "fixturenames", ()) for item in request.session.items):
         # The arm64 cell's emulated build and probes take ~10 minutes of one core: beside the rest too.
-        _start_arm64(tmp_path_factory, wheelhouse)
+        # Without QEMU or buildx only the arm64 tests skip (or fail, in CI), when they ask for it.
+        try:
+            _start_arm64(tmp_path_factory, wheelhouse)
+        except (pytest.skip.Exception, pytest.fail.Exception):
+            pass
     return build
 
 
