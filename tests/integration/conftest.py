@@ -33,7 +33,7 @@ from imagefactory.errors import DockerUnavailable
 from tests.integration.helpers import (
     BASE_REGISTRY, CACHE, FIXTURES, INDEX_USER, PACKAGE, Background, BkBuild, DyingPush, Index, LEFTOVERS, Leftovers, ModuleImages, RUN_ID, RUN_LABEL, RUN_STARTED,
     TEST_PASSWORD, TEST_REGISTRY, TEST_USER, TORCH_CPU, Build, arm64_matrix_text, binfmt_or_unavailable, buildkit_args,
-    buildx_or_skip, cuda_matrix_text,
+    buildx_or_skip, cuda_matrix_text, docker_cli, tiny_images,
     free_port, index_matrix, make_wheel, prune_build_cache, remove_run_images, run_cli,
     unavailable)
 
@@ -288,6 +288,22 @@ def cuda_background(engine, base_registry, tmp_path_factory, wheelhouse, created
     that both do not race through their common steps: two builds of the same step at once
     leave two copies, and later builds pick either one as their cache), or now."""
     return _start_cuda(tmp_path_factory, wheelhouse)
+
+
+@pytest.fixture
+def logged_in(tmp_path) -> Path:
+    """A Docker config of the test's own, logged in to the test registry (the machine's stays as it is)."""
+    config = tmp_path / "docker-config"
+    config.mkdir()
+    docker_cli("login", "-u", TEST_USER, "--password-stdin", TEST_REGISTRY, config=config, stdin=TEST_PASSWORD)
+    return config
+
+
+@pytest.fixture(scope="module")
+def tiny(module_images, request, tmp_path_factory) -> dict[str, str]:
+    """helpers.tiny_images, made once per module that asks, as that module's own images."""
+    name = request.module.__name__.rsplit(".", 1)[-1].replace("_", "-")
+    return tiny_images(module_images, tmp_path_factory.mktemp("tiny"), name)
 
 
 ARM64_MODULE = ModuleImages("tests.integration.test_platforms_arm64", build_cache=True)

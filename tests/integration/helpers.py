@@ -437,6 +437,44 @@ def binfmt_or_unavailable() -> None:
         unavailable("binfmt_misc has no enabled qemu-aarch64 handler: arm64 images cannot run here")
 
 
+# --------------------------------------------------------------------------- tiny images and lists
+
+def docker_cli(*args: str, config: Path | None = None, stdin: str | None = None) -> str:
+    """`docker ARGS` (with `--config CONFIG`: a login of the test's own); its stdout, asserted to succeed."""
+    head = ["docker", "--config", str(config)] if config else ["docker"]
+    r = subprocess.run([*head, *args], capture_output=True, text=True, timeout=120, input=stdin)
+    assert r.returncode == 0, f"docker {' '.join(args)}: {r.stderr[-2000:]}"
+    return r.stdout
+
+
+def tiny_images(module: "ModuleImages", root: Path, name: str) -> dict[str, str]:
+    """platform -> image id of a FROM-scratch image holding one file, built with buildx for each of
+    linux/amd64 and linux/arm64 (no RUN: nothing runs emulated), labelled as `module`'s own, so
+    conftest removes it, and every tag given to it, when the module ends."""
+    buildx_or_skip()
+    out = {}
+    for platform in ("linux/amd64", "linux/arm64"):
+        context = root / platform.replace("/", "-")
+        context.mkdir(parents=True)
+        (context / "hello.txt").write_text(f"{name} {platform} ({RUN_ID})\n")
+        (context / "Dockerfile").write_text("FROM scratch\nCOPY hello.txt /\n")
+        tag = f"imagefactory-test/{name}-{RUN_ID}:{platform.split('/')[1]}"
+        labels = [a for k, v in module.labels.items() for a in ("--label", f"{k}={v}")]
+        docker_cli("buildx", "build", "--platform", platform, "--load", "-t", tag, *labels, str(context))
+        out[platform] = docker_cli("image", "inspect", "--format", "{{.Id}}", tag).strip()
+        assert docker_cli("image", "inspect", "--format", "{{.Os}}/{{.Architecture}}", tag).strip() == platform
+    return out
+
+
+def served_list(ref: str) -> requests.Response:
+    """GET of `ref` on the test registry (with its login), asking for a list (an index)."""
+    from imagefactory import registry_http
+
+    repo, tag = ref.split("/", 1)[1].rsplit(":", 1)
+    return requests.get(f"http://{TEST_REGISTRY}/v2/{repo}/manifests/{tag}", auth=(TEST_USER, TEST_PASSWORD),
+                        headers={"Accept": ", ".join(registry_http.INDEX_TYPES)}, timeout=10)
+
+
 # --------------------------------------------------------------------------- registries
 
 def free_port() -> int:

@@ -13,16 +13,14 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import requests
 
 from imagefactory import matrix as matrix_mod
 from imagefactory import tags
-from tests.integration.helpers import (RUN_ID, TEST_PASSWORD, TEST_REGISTRY, TEST_USER, buildx_or_skip,
-                                       registry_digest, run_cli)
+from tests.integration.helpers import (RUN_ID, TEST_PASSWORD, TEST_REGISTRY, TEST_USER, docker_cli, registry_digest,
+                                       run_cli, served_list)
 
 pytestmark = [pytest.mark.docker, pytest.mark.registry]
 
-LIST_TYPES = "application/vnd.docker.distribution.manifest.list.v2+json, application/vnd.oci.image.index.v1+json"
 MATRIX = """\
 image: {image}
 matrix:
@@ -35,39 +33,6 @@ torch: "2.10.0"
 threads: 1
 pip: {{torch_index_url: null, wheelhouse: wheels}}
 """
-
-
-def _docker(*args: str, config: Path | None = None, stdin: str | None = None) -> str:
-    head = ["docker", "--config", str(config)] if config else ["docker"]
-    r = subprocess.run([*head, *args], capture_output=True, text=True, timeout=120, input=stdin)
-    assert r.returncode == 0, f"docker {' '.join(args)}: {r.stderr[-2000:]}"
-    return r.stdout
-
-
-@pytest.fixture
-def logged_in(tmp_path) -> Path:
-    """A Docker config of this test's own, logged in to the test registry (the machine's stays as it is)."""
-    config = tmp_path / "docker-config"
-    config.mkdir()
-    _docker("login", "-u", TEST_USER, "--password-stdin", TEST_REGISTRY, config=config, stdin=TEST_PASSWORD)
-    return config
-
-
-@pytest.fixture(scope="module")
-def tiny(module_images, tmp_path_factory) -> dict[str, str]:
-    """platform -> image id of a FROM-scratch image holding one file, built for that platform (labelled
-    as this module's, so conftest removes it, and every tag given to it, when the module ends)."""
-    buildx_or_skip()
-    out = {}
-    for platform in ("linux/amd64", "linux/arm64"):
-        context = tmp_path_factory.mktemp(platform.replace("/", "-"))
-        (context / "hello.txt").write_text(f"merge job {platform} ({RUN_ID})\n")
-        (context / "Dockerfile").write_text("FROM scratch\nCOPY hello.txt /\n")
-        tag = f"imagefactory-test/merge-{RUN_ID}:{platform.split('/')[1]}"
-        labels = [a for k, v in module_images.labels.items() for a in ("--label", f"{k}={v}")]
-        _docker("buildx", "build", "--platform", platform, "--load", "-t", tag, *labels, str(context))
-        out[platform] = _docker("image", "inspect", "--format", "{{.Id}}", tag).strip()
-    return out
 
 
 def _project(tmp_path: Path, repo: str) -> matrix_mod.Matrix:
@@ -84,8 +49,8 @@ def _cell_job(m: matrix_mod.Matrix, cell_id: str, image_id: str, config: Path, r
     content_hash = hashlib.sha256(f"{RUN_ID}{cell_id}".encode()).hexdigest()
     pushed = []
     for ref in (tags.hash_tag(m.hash_tag_template, m.image, cell, content_hash), cell.tags[0]):
-        _docker("tag", image_id, ref)
-        _docker("push", ref, config=config)
+        docker_cli("tag", image_id, ref)
+        docker_cli("push", ref, config=config)
         repo, tag = ref.split("/", 1)[1].rsplit(":", 1)
         pushed.append({"ref": ref, "digest": registry_digest(TEST_REGISTRY, repo, tag)})
     assert pushed[0]["digest"] == pushed[1]["digest"] and pushed[0]["digest"]
@@ -105,30 +70,24 @@ def _merge(tmp_path: Path) -> subprocess.CompletedProcess:
                    timeout=300)
 
 
-def _served(ref: str) -> requests.Response:
-    repo, tag = ref.split("/", 1)[1].rsplit(":", 1)
-    return requests.get(f"http://{TEST_REGISTRY}/v2/{repo}/manifests/{tag}", auth=(TEST_USER, TEST_PASSWORD),
-                        headers={"Accept": LIST_TYPES}, timeout=10)
-
-
 def test_the_merge_job_publishes_the_list_of_two_cell_jobs_and_each_platform_pulls_its_cell(
         tiny, test_registry, logged_in, tmp_path):
     m = _project(tmp_path, f"merge-{RUN_ID}/hello")
     (taglist,) = m.lists
     digests = {platform: _cell_job(m, cell, tiny[platform], logged_in, tmp_path / "reports")
                for cell, platform, _ in taglist.members}
-    assert _served(taglist.ref).status_code == 404  # no cell job put the list
+    assert served_list(taglist.ref).status_code == 404  # no cell job put the list
     done = _merge(tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    served = _served(taglist.ref)
+    served = served_list(taglist.ref)
     assert served.status_code == 200
     index = served.json()
     assert {f"{d['platform']['os']}/{d['platform']['architecture']}": d["digest"] for d in index["manifests"]} == digests
     (lr,) = json.loads((tmp_path / "out" / "report-merge.json").read_text())["lists"]
     assert lr["publish"] == "published" and served.headers["Docker-Content-Digest"] == lr["digest"]
     for platform, image_id in tiny.items():
-        _docker("pull", "--platform", platform, taglist.ref, config=logged_in)
-        got = json.loads(_docker("image", "inspect", taglist.ref))[0]
+        docker_cli("pull", "--platform", platform, taglist.ref, config=logged_in)
+        got = json.loads(docker_cli("image", "inspect", taglist.ref))[0]
         assert got["Id"] == image_id and f"{got['Os']}/{got['Architecture']}" == platform
         assert f"{taglist.ref.rsplit(':', 1)[0]}@{digests[platform]}" in got["RepoDigests"], got["RepoDigests"]
 
@@ -143,4 +102,4 @@ def test_without_the_arm64_report_the_list_is_refused_naming_the_cell_and_not_pu
     done = _merge(tmp_path)
     assert done.returncode == 1, done.stderr[-3000:]
     assert f"{arm} (linux/arm64) has no report" in done.stdout
-    assert _served(taglist.ref).status_code == 404
+    assert served_list(taglist.ref).status_code == 404

@@ -14,16 +14,14 @@ from __future__ import annotations
 import json
 
 import pytest
-import requests
 
 from tests.integration.helpers import (ARM64_CELL, LIST_TEMPLATE, TEST_PASSWORD, TEST_REGISTRY, TEST_USER,
-                                      arm64_matrix_text, report_of, run_cli)
+                                      arm64_matrix_text, report_of, run_cli, served_list)
 
 pytestmark = [pytest.mark.docker, pytest.mark.registry]
 
 AMD64_CELL = "py3.11-cpu-openblas-pip"
 CREDS = {"IMAGEFACTORY_REGISTRY_USER": TEST_USER, "IMAGEFACTORY_REGISTRY_PASSWORD": TEST_PASSWORD}
-INDEX_TYPES = "application/vnd.oci.image.index.v1+json, application/vnd.docker.distribution.manifest.list.v2+json"
 MISSING = "imagefactory-no-such-package-4b1d"
 
 
@@ -33,9 +31,7 @@ def _list_tag(image: str) -> str:
 
 def _served_list(ref: str) -> dict | None:
     """The index the test registry serves under `ref`, or None (404)."""
-    repo, tag = ref.split("/", 1)[1].rsplit(":", 1)
-    r = requests.get(f"http://{TEST_REGISTRY}/v2/{repo}/manifests/{tag}", auth=(TEST_USER, TEST_PASSWORD),
-                     headers={"Accept": INDEX_TYPES}, timeout=10)
+    r = served_list(ref)
     if r.status_code == 404:
         return None
     r.raise_for_status()

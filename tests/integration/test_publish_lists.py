@@ -7,55 +7,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
-import requests
 
 from imagefactory import engines, platforms, publish, tags
 from imagefactory.context import Options, RunContext, Silent
 from imagefactory.interrupt import Interrupt
 from imagefactory.model import Cell, Matrix
 from imagefactory.report import CHECK_FAILED, PASSED, CellReport
-from tests.integration.helpers import RUN_ID, TEST_PASSWORD, TEST_REGISTRY, TEST_USER, buildx_or_skip
+from tests.integration.helpers import RUN_ID, TEST_PASSWORD, TEST_REGISTRY, TEST_USER, docker_cli, served_list
 
 pytestmark = [pytest.mark.docker, pytest.mark.registry]
-
-LIST_TYPES = "application/vnd.docker.distribution.manifest.list.v2+json, application/vnd.oci.image.index.v1+json"
-
-
-def _docker(*args: str, config: Path | None = None, stdin: str | None = None) -> str:
-    head = ["docker", "--config", str(config)] if config else ["docker"]
-    r = subprocess.run([*head, *args], capture_output=True, text=True, timeout=120, input=stdin)
-    assert r.returncode == 0, f"docker {' '.join(args)}: {r.stderr[-2000:]}"
-    return r.stdout
-
-
-@pytest.fixture
-def logged_in(tmp_path) -> Path:
-    """A Docker config of this test's own, logged in to the test registry (the machine's stays as it is)."""
-    config = tmp_path / "docker-config"
-    config.mkdir()
-    _docker("login", "-u", TEST_USER, "--password-stdin", TEST_REGISTRY, config=config, stdin=TEST_PASSWORD)
-    return config
-
-
-@pytest.fixture(scope="module")
-def tiny(module_images, tmp_path_factory) -> dict[str, str]:
-    """platform -> image id of a FROM-scratch image holding one file, built for that platform."""
-    buildx_or_skip()
-    out = {}
-    for platform in ("linux/amd64", "linux/arm64"):
-        context = tmp_path_factory.mktemp(platform.replace("/", "-"))
-        (context / "hello.txt").write_text(f"hello from {platform} ({RUN_ID})\n")
-        (context / "Dockerfile").write_text("FROM scratch\nCOPY hello.txt /\n")
-        tag = f"imagefactory-test/tiny-{RUN_ID}:{platform.split('/')[1]}"
-        labels = [a for k, v in module_images.labels.items() for a in ("--label", f"{k}={v}")]
-        _docker("buildx", "build", "--platform", platform, "--load", "-t", tag, *labels, str(context))
-        out[platform] = _docker("image", "inspect", "--format", "{{.Id}}", tag).strip()
-        assert _docker("image", "inspect", "--format", "{{.Os}}/{{.Architecture}}", tag).strip() == platform
-    return out
 
 
 def _matrix(tmp_path: Path, repo: str) -> Matrix:
@@ -79,12 +42,6 @@ def _publish(matrix: Matrix, tiny: dict[str, str], status: dict[str, str], monke
     return {r.cell: r for r in reports}, publish.publish(matrix, reports, run)
 
 
-def _served(ref: str) -> requests.Response:
-    repo, tag = ref.split("/", 1)[1].rsplit(":", 1)
-    return requests.get(f"http://{TEST_REGISTRY}/v2/{repo}/manifests/{tag}", auth=(TEST_USER, TEST_PASSWORD),
-                        headers={"Accept": LIST_TYPES}, timeout=10)
-
-
 def test_a_list_of_two_real_architectures_is_merged_and_each_platform_pulls_its_cell(
         tiny, test_registry, logged_in, tmp_path, monkeypatch):
     matrix = _matrix(tmp_path, f"lists-{RUN_ID}/hello")
@@ -92,13 +49,13 @@ def test_a_list_of_two_real_architectures_is_merged_and_each_platform_pulls_its_
     assert all(r.publish == "published" for r in reports.values()), [r.error for r in reports.values()]
     assert lr.publish == "published", lr.reason
     pushed = {m["platform"]: m["digest"] for m in lr.members}
-    served = _served(lr.ref)
+    served = served_list(lr.ref)
     assert served.status_code == 200 and served.headers["Docker-Content-Digest"] == lr.digest
     index = served.json()
     assert {f"{d['platform']['os']}/{d['platform']['architecture']}": d["digest"] for d in index["manifests"]} == pushed
     for platform, image_id in tiny.items():
-        _docker("pull", "--platform", platform, lr.ref, config=logged_in)
-        got = json.loads(_docker("image", "inspect", lr.ref))[0]
+        docker_cli("pull", "--platform", platform, lr.ref, config=logged_in)
+        got = json.loads(docker_cli("image", "inspect", lr.ref))[0]
         assert got["Id"] == image_id and f"{got['Os']}/{got['Architecture']}" == platform
         repo = lr.ref.rsplit(":", 1)[0]
         assert f"{repo}@{pushed[platform]}" in got["RepoDigests"], got["RepoDigests"]
@@ -111,9 +68,9 @@ def test_a_list_whose_arm64_cell_failed_is_not_put_and_amd64_keeps_its_tag(tiny,
     matrix = _matrix(tmp_path, f"lists-{RUN_ID}/half")
     reports, (lr,) = _publish(matrix, tiny, {"linux/arm64": CHECK_FAILED}, monkeypatch)
     amd, arm = matrix.cells
-    assert reports[amd.id].publish == "published" and _served(amd.tags[0]).status_code == 200
+    assert reports[amd.id].publish == "published" and served_list(amd.tags[0]).status_code == 200
     assert lr.publish == "not-published" and arm.id in lr.reason
-    assert _served(lr.ref).status_code == 404 and _served(arm.tags[0]).status_code == 404
+    assert served_list(lr.ref).status_code == 404 and served_list(arm.tags[0]).status_code == 404
 
 
 def test_with_docker_login_only_the_list_gets_the_login_the_pushes_got(tiny, test_registry, logged_in, tmp_path,
@@ -125,4 +82,4 @@ def test_with_docker_login_only_the_list_gets_the_login_the_pushes_got(tiny, tes
     reports, (lr,) = _publish(matrix, tiny, {}, monkeypatch, env_login=False)
     assert all(r.publish == "published" for r in reports.values()), [r.error for r in reports.values()]
     assert lr.publish == "published", lr.reason
-    assert _served(lr.ref).headers["Docker-Content-Digest"] == lr.digest
+    assert served_list(lr.ref).headers["Docker-Content-Digest"] == lr.digest

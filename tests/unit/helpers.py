@@ -147,3 +147,31 @@ def run_cli(args: list[str], monkeypatch, capsys) -> tuple[int, str, str]:
         cli.main()
     out, err = capsys.readouterr()
     return int(e.value.code or 0), out, err
+
+
+# A two-platform pip matrix (tests of lists, the merge job and emulation): the same cell for
+# linux/amd64 and linux/arm64, one list tag for both.
+PIP_BOTH = """\
+image: registry.example.com/ml/train
+matrix:
+  python: ["3.11"]
+  cuda: ["none"]
+  blas: [openblas]
+  installer: [pip]
+  platform: [linux/amd64, linux/arm64]
+torch: "2.10.0"
+threads: 2
+pip: {torch_index_url: null, wheelhouse: wheels}
+"""
+AMD, ARM = "py3.11-cpu-openblas-pip", "py3.11-cpu-openblas-pip-arm64"
+BASE = "registry.example.com/ml/train:"
+LIST = BASE + "2.10.0-py3.11-cpu-openblas-pip"
+AMD_TAG, ARM_TAG = BASE + "x86_64-2.10.0-py3.11-cpu-openblas-pip", BASE + "aarch64-2.10.0-py3.11-cpu-openblas-pip"
+
+
+def pip_both_project(root):
+    """`root` as PIP_BOTH's project: its wheelhouse (one stand-in torch wheel) and matrix.yaml."""
+    (root / "wheels").mkdir(exist_ok=True)
+    (root / "wheels" / "torch-2.10.0+cpu-cp311-cp311-linux_x86_64.whl").write_bytes(b"x")
+    (root / "matrix.yaml").write_text(PIP_BOTH)
+    return root

@@ -18,23 +18,10 @@ from imagefactory.cellreport import PASSED, CellReport
 from imagefactory.engine import Engine
 from imagefactory.engine_api import RunResult
 from tests.fake_engine import ENGINE_INFO, Image, World, as_launched
-from tests.unit.helpers import CPU_OPENBLAS, by_name, good_probe, only_failure
+from tests.unit.helpers import AMD, ARM, CPU_OPENBLAS, by_name, good_probe, only_failure, pip_both_project
 
 ARM_CELL = replace(CPU_OPENBLAS, platform=platforms.ARM64)
 ON_AMD64 = platforms.emulated(platforms.ARM64, platforms.AMD64)
-PIP_BOTH = """\
-image: registry.example.com/ml/train
-matrix:
-  python: ["3.11"]
-  cuda: ["none"]
-  blas: [openblas]
-  installer: [pip]
-  platform: [linux/amd64, linux/arm64]
-torch: "2.10.0"
-threads: 2
-pip: {torch_index_url: null, wheelhouse: wheels}
-"""
-ARM, AMD = "py3.11-cpu-openblas-pip-arm64", "py3.11-cpu-openblas-pip"
 
 
 # -- the platform table says how -----------------------------------------------------------------
@@ -153,10 +140,7 @@ def test_every_mode_of_an_emulated_probe_is_judged_so():
 
 @pytest.fixture
 def both(tmp_path: Path):
-    (tmp_path / "wheels").mkdir()
-    (tmp_path / "wheels" / "torch-2.10.0+cpu-cp311-cp311-linux_x86_64.whl").write_bytes(b"x")
-    (tmp_path / "matrix.yaml").write_text(PIP_BOTH)
-    return tmp_path, matrix.load(tmp_path / "matrix.yaml")
+    return tmp_path, matrix.load(pip_both_project(tmp_path) / "matrix.yaml")
 
 
 def _build(project: Path, m, world: World, command=build.build):

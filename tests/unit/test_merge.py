@@ -14,32 +14,13 @@ import pytest
 from imagefactory import build, engines, inputs, matrix, merge, publish, report
 from imagefactory import tags as tagging
 from tests.fake_engine import World
-from tests.unit.helpers import good_probe, run_cli
+from tests.unit.helpers import AMD, AMD_TAG, ARM, ARM_TAG, BASE, LIST, PIP_BOTH, good_probe, pip_both_project, run_cli
 
-PIP_BOTH = """\
-image: registry.example.com/ml/train
-matrix:
-  python: ["3.11"]
-  cuda: ["none"]
-  blas: [openblas]
-  installer: [pip]
-  platform: [linux/amd64, linux/arm64]
-torch: "2.10.0"
-threads: 2
-pip: {torch_index_url: null, wheelhouse: wheels}
-"""
-AMD, ARM = "py3.11-cpu-openblas-pip", "py3.11-cpu-openblas-pip-arm64"
-BASE = "registry.example.com/ml/train:"
-LIST = BASE + "2.10.0-py3.11-cpu-openblas-pip"
-AMD_TAG, ARM_TAG = BASE + "x86_64-2.10.0-py3.11-cpu-openblas-pip", BASE + "aarch64-2.10.0-py3.11-cpu-openblas-pip"
 
 
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
-    (tmp_path / "wheels").mkdir()
-    (tmp_path / "wheels" / "torch-2.10.0+cpu-cp311-cp311-linux_x86_64.whl").write_bytes(b"x")
-    (tmp_path / "matrix.yaml").write_text(PIP_BOTH)
-    (tmp_path / "reports").mkdir()
+    (pip_both_project(tmp_path) / "reports").mkdir()
     return tmp_path
 
 
