@@ -15,7 +15,7 @@ import json
 
 import pytest
 
-from tests.integration.helpers import (ARM64_CELL, LIST_TEMPLATE, TEST_PASSWORD, TEST_REGISTRY, TEST_USER,
+from tests.integration.helpers import (ARM64_CELL, LIST_TEMPLATE, RUN_ID, TEST_PASSWORD, TEST_REGISTRY, TEST_USER,
                                       arm64_matrix_text, report_of, run_cli, served_list)
 
 pytestmark = [pytest.mark.docker, pytest.mark.registry]
@@ -100,7 +100,7 @@ def test_the_list_is_published_and_each_platform_pulls_the_image_that_was_probed
 def test_a_failing_arm64_cell_keeps_its_list_from_being_published(arm64_run, tmp_path, wheelhouse, created_images):
     """The arm64 cell fails at its packages step (after torch, a cache hit on the background
     build); the amd64 cell is a cache hit too. Its per-arch tag is pushed, the list is not."""
-    image = f"{TEST_REGISTRY}/it-fail-{tmp_path.name[-8:]}/multiarch"
+    image = f"{TEST_REGISTRY}/it-fail-{RUN_ID}/multiarch"  # this run's own repository: no earlier run's tags
     path = tmp_path / "matrix.yaml"
     path.write_text(arm64_matrix_text(wheelhouse, image, arm64_extra=f', packages: ["{MISSING}"]'))
     report_path = tmp_path / "report.json"
@@ -122,7 +122,7 @@ def test_the_classic_builder_refuses_an_arm64_cell_and_makes_no_image(arm64_back
     """(It asks for arm64_background only to run with the module's other tests, last: a module
     whose tests are split ends twice, and its first end would remove the background's images.)"""
     path = tmp_path / "matrix.yaml"
-    path.write_text(arm64_matrix_text(wheelhouse, f"{TEST_REGISTRY}/it-classic/multiarch"))
+    path.write_text(arm64_matrix_text(wheelhouse, f"{TEST_REGISTRY}/it-classic-{RUN_ID}/multiarch"))
     report_path = tmp_path / "report.json"
     result = run_cli("build", "--matrix", str(path), "--plain", "--builder", "classic", "--only", ARM64_CELL,
                      "--report", str(report_path), "--work-dir", str(tmp_path / "work"))
