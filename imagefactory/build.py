@@ -354,17 +354,32 @@ def build(matrix: Matrix, cells: list[Cell], run: RunContext) -> Outcome:
     return _run(matrix, cells, run, work)
 
 
+def find_built_by_any(engine: ContainerEngine, matrix: Matrix, ctx: render.Context) -> \
+        tuple[str, render.Variant] | None:
+    """The local image built from the cell's current content by either builder (render.variants:
+    the hash this run's builder renders first), and how it was built; None when there is none."""
+    for variant in render.variants(matrix, ctx):
+        image = find_built(engine, matrix, ctx.cell, variant.content_hash)
+        if image is not None:
+            return image, variant
+    return None
+
+
 def test(matrix: Matrix, cells: list[Cell], run: RunContext) -> Outcome:
-    """Re-test the images already built for the cells' current content."""
+    """Re-test the images already built for the cells' current content, whichever builder built them."""
 
     def work(c: _Cell) -> bool:
-        image = find_built(c.engine, matrix, c.ctx.cell, c.ctx.content_hash)
-        if image is None:
-            c.report.status = NOT_BUILT
-            c.report.error = "no image for this cell's current content; run `imagefactory build` first"
+        r, found = c.report, find_built_by_any(c.engine, matrix, c.ctx)
+        if found is None:
+            r.status = NOT_BUILT
+            r.error = "no image for this cell's current content; run `imagefactory build` first"
             return False
-        c.report.image_id, c.report.cached = image, True
-        c.engine.tag(image, c.report.candidate)
+        image, how = found
+        if how.content_hash != r.content_hash:  # built by the other builder: its hash names it
+            r.content_hash, r.candidate = how.content_hash, tags.candidate(c.ctx.cell, how.content_hash)
+            c.log(f"found the image the {how.builder.value} builder built (content hash {how.content_hash[:12]})")
+        r.image_id, r.cached, r.builder = image, True, how.builder.value
+        c.engine.tag(image, r.candidate)
         return c.test(image)
 
     return _run(matrix, cells, run, work, keep_log=True)

@@ -37,7 +37,7 @@ class CellReport:
     verdicts: str = ""  # probed | cached (an earlier pass of this very image, verdicts.py) | "" (not tested)
     verdicts_at: str = ""  # when the verdicts were made (UTC)
     pulled: str = ""  # name:tag@sha256:... when the image was pulled from the registry instead of built (regcache.py)
-    builder: str = ""  # what built the image: buildkit | classic ("" when none was built this run)
+    builder: str = ""  # what built the image: buildkit | classic (test and push: the one that built the image found)
     sbom: str = ""  # build/sbom/<cell>.cdx.json, written once the cell passed (supply.py)
     provenance: str = ""  # build/provenance/<cell>.intoto.json
     signing: str = ""  # signed | sign-failed | not-signed | "" (no --sign asked)

@@ -125,9 +125,9 @@ FLAGS: dict[str, tuple[Any, Any]] = {
     "probe_shm": (str, typer.Option(context.DEFAULT_PROBE_SHM, "--probe-shm",
                                     help="The probe's /dev/shm: a size (1g, 512m), host (--ipc=host) or default "
                                          "(Docker's 64 MB: too small).")),
-    "builder": (Builder, typer.Option(Builder.classic, "--builder", metavar="KIND",
-                                      help="classic (the Docker SDK's), buildkit (docker buildx) or auto; test and "
-                                           "push: the one that built.")),
+    "builder": (Builder, typer.Option(Builder.auto, "--builder", metavar="KIND",
+                                      help="auto (BuildKit if `docker buildx` answers), buildkit or classic; "
+                                           "test/push find either's images.")),
     "buildx_builder": (Optional[str], typer.Option(None, "--buildx-builder", metavar="NAME",
                                                    help="With buildkit: the buildx builder (remote ones too).")),
     "sign": (Optional[str], typer.Option(None, "--sign", metavar="KEY",

@@ -225,6 +225,31 @@ def render_cell(matrix: Matrix, cell: Cell, dest: Path, lock: lockfile.Lock | No
     return Context(cell=cell, path=dest, content_hash=digest)
 
 
+@dataclass(frozen=True)
+class Variant:
+    """One way a context can have been built: its Dockerfile differs by builder (BuildKit's has
+    cache mounts) and by whether the install steps mount the netrc secret (BuildKit only)."""
+
+    builder: Builder
+    netrc: bool
+    content_hash: str
+
+
+def variants(matrix: Matrix, ctx: Context) -> list[Variant]:
+    """Every content hash `ctx`'s files can have been built under: the classic builder's, BuildKit's,
+    and BuildKit's with the netrc mounted when the cell installs from a host a netrc can name. The
+    files are the same for each (only the Dockerfile differs), so nothing is written; `ctx`'s own
+    hash comes first. How test and push find an image whichever builder made it."""
+    certs, locked = _cert_names(matrix), (ctx.path / lockfile.CONTEXT_NAME).is_file()
+    ways = [(Builder.classic, False), (Builder.buildkit, False)]
+    if netrc_mod.cell_hosts(matrix, ctx.cell):
+        ways.append((Builder.buildkit, True))
+    found = [Variant(b, n, context_hash(ctx.path, dockerfile_text(matrix, ctx.cell, None, certs, locked=locked,
+                                                                  builder=b, netrc=n)))
+             for b, n in ways]
+    return sorted(found, key=lambda v: v.content_hash != ctx.content_hash)
+
+
 def _check_out(out: Path, cells: list[Cell]) -> None:
     """Refuse an --out that render could not fill completely, before anything is replaced."""
     if out.exists() and not out.is_dir():

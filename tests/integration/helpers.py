@@ -291,9 +291,25 @@ def cli_env(env: dict | None = None) -> dict[str, str]:
     return {**{k: v for k, v in os.environ.items() if not k.startswith("IMAGEFACTORY_REGISTRY_")}, **(env or {})}
 
 
-def run_cli(*args: str, env: dict | None = None, timeout: float = 1800) -> subprocess.CompletedProcess:
+BUILDER_COMMANDS = ("build", "test", "push")
+
+
+def pinned_builder(args: tuple[str, ...]) -> tuple[str, ...]:
+    """`args` with `--builder classic` added to a build, test or push that names no builder. The
+    default is auto (BuildKit here); the suite's shared images are built by name instead, classic
+    ones (cpu_build) and BuildKit ones (bk_build) apart, so that each module's reruns find them.
+    test_default_builder.py runs the default itself (default_builder=True)."""
+    if args and args[0] in BUILDER_COMMANDS and "--builder" not in args:
+        return (args[0], "--builder", "classic", *args[1:])
+    return args
+
+
+def run_cli(*args: str, env: dict | None = None, timeout: float = 1800,
+            default_builder: bool = False) -> subprocess.CompletedProcess:
+    """`python -m imagefactory ARGS`; `default_builder`: leave a missing --builder missing."""
+    argv = args if default_builder else pinned_builder(args)
     try:
-        return subprocess.run([sys.executable, "-m", "imagefactory", *args], capture_output=True, text=True,
+        return subprocess.run([sys.executable, "-m", "imagefactory", *argv], capture_output=True, text=True,
                               env=cli_env(env), timeout=timeout)
     finally:
         work = _work_dir(args)
@@ -315,8 +331,8 @@ class Background:
         root.mkdir(parents=True, exist_ok=True)
         self.root, self.matrix, self.report_path = root, root / "matrix.yaml", root / "report.json"
         self.matrix.write_text(text)
-        self.args = (command, "--matrix", str(self.matrix), "--plain", "--report", str(self.report_path),
-                     "--work-dir", str(root / "work"), *args)
+        self.args = pinned_builder((command, "--matrix", str(self.matrix), "--plain", "--report",
+                                    str(self.report_path), "--work-dir", str(root / "work"), *args))
         self.started = time.monotonic()
         self.proc = subprocess.Popen([sys.executable, "-m", "imagefactory", *self.args], stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, env=cli_env(env))
@@ -576,9 +592,10 @@ class Build:
         return text.replace("  torch_index_url: null\n",
                             "  torch_index_url: null\n  numpy_index_url: https://pypi.org/simple\n")
 
-    def run(self, *args: str, env: dict | None = None, matrix: Path | None = None):
+    def run(self, *args: str, env: dict | None = None, matrix: Path | None = None, default_builder: bool = False):
         return run_cli(*args, "--matrix", str(matrix or self.matrix), "--plain", "--report",
-                       str(self.report_path), "--work-dir", str(self.work_dir), env=env)
+                       str(self.report_path), "--work-dir", str(self.work_dir), env=env,
+                       default_builder=default_builder)
 
     def report(self) -> dict:
         return {c["cell"]: c for c in json.loads(self.report_path.read_text())["cells"]}
@@ -598,8 +615,8 @@ class Run:
     """`python -m imagefactory ARGS` in the background, its output read line by line."""
 
     def __init__(self, *args: str, env: dict | None = None):
-        self.proc = subprocess.Popen([sys.executable, "-m", "imagefactory", *args], stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True, env=cli_env(env))
+        self.proc = subprocess.Popen([sys.executable, "-m", "imagefactory", *pinned_builder(args)],
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=cli_env(env))
         self.lines: list[str] = []
         self.work = next((Path(v) for k, v in zip(args, args[1:]) if k == "--work-dir"), None)
         self._queue: queue.Queue[str] = queue.Queue()

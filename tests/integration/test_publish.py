@@ -23,8 +23,9 @@ def repo_of(image: str) -> str:
 
 @pytest.fixture(scope="module")
 def pushed(cpu_build, test_registry, created_images):
-    """`imagefactory push` of the shared build, with credentials: one cell passed, one never built."""
-    result = cpu_build.run("push", env=CREDS)
+    """`imagefactory push` of the shared build, with credentials: one cell passed, one never built.
+    No --builder: the default (BuildKit here) finds the image the classic builder built."""
+    result = cpu_build.run("push", env=CREDS, default_builder=True)
     report = cpu_build.report()
     for cell in report.values():
         created_images.extend(cell["tags"])
@@ -35,6 +36,8 @@ def test_push_with_credentials_publishes_the_passing_cell_with_matching_digests(
     result, report = pushed
     good = report[Build.GOOD]
     assert good["publish"] == "published", result.stdout + result.stderr
+    # pushed under its own builder's content hash, whatever this run's builder is
+    assert (good["builder"], good["content_hash"]) == ("classic", cpu_build.first_report[Build.GOOD]["content_hash"])
     refs = [p["ref"] for p in good["pushed"]]
     assert refs[0] == f"{cpu_build.image}:sha-{good['content_hash'][:12]}"  # immutable first, release after
     assert refs[1] == f"{cpu_build.image}:2.13.0-py3.11-cpu-openblas-pip"

@@ -172,7 +172,7 @@ def project(tmp_path, monkeypatch):
     return tmp_path
 
 
-def run_cli(project, world, monkeypatch, *args: str) -> tuple[int, dict]:
+def run_cli(project, world, monkeypatch, *args: str, command: str = "build") -> tuple[int, dict]:
     from imagefactory import engines
 
     def engine(interrupt, **kwargs):
@@ -183,7 +183,7 @@ def run_cli(project, world, monkeypatch, *args: str) -> tuple[int, dict]:
 
     monkeypatch.setattr(engines, "docker_engine", engine)
     report = project / "report.json"
-    monkeypatch.setattr("sys.argv", ["imagefactory", "build", "--matrix", str(project / "matrix.yaml"), "--plain",
+    monkeypatch.setattr("sys.argv", ["imagefactory", command, "--matrix", str(project / "matrix.yaml"), "--plain",
                                      "--gpus", "none", "--work-dir", str(project / "work"), "--report", str(report),
                                      *args])
     with pytest.raises(SystemExit) as e:
@@ -232,6 +232,84 @@ def test_auto_without_buildx_falls_back_to_classic_and_says_so_once(project, wor
     assert cells[CELL]["builder"] == "classic" and err.count("builder: classic") == 1
     text = dockerfile(project)
     assert "--mount" not in text and "--no-cache-dir" in text and "PIP_NO_CACHE_DIR=1" in text
+
+
+def test_build_with_no_builder_flag_builds_with_buildkit_where_buildx_answers(project, world, fake_docker,
+                                                                             monkeypatch, capsys):
+    fake_docker("github.com/docker/buildx v0.17.1 abc")
+    w = world(project)
+    code, cells = run_cli(project, w, monkeypatch)
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert cells[CELL]["builder"] == "buildkit" and w.builder is Builder.buildkit
+    assert "builder=buildkit" in err.splitlines()[0] and "builder: classic" not in err  # the settings line
+    assert "--mount=type=cache" in dockerfile(project)
+
+
+def test_build_with_no_builder_flag_and_no_buildx_builds_classic_and_says_so_once(project, world, fake_docker,
+                                                                                 monkeypatch, capsys):
+    fake_docker(None)
+    w = world(project)
+    code, cells = run_cli(project, w, monkeypatch)
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert cells[CELL]["builder"] == "classic" and w.builder is Builder.classic
+    assert err.count("builder: classic (") == 1 and "builder=classic" in err
+
+
+@pytest.mark.parametrize("built_by,tested_by", [("classic", "buildkit"), ("buildkit", "classic")])
+def test_test_and_push_find_the_image_either_builder_built(project, world, fake_docker, monkeypatch, capsys,
+                                                           built_by, tested_by):
+    """The content hash covers the Dockerfile, which differs by builder: test and push under one
+    builder still find (and name by its own hash) the image the other built."""
+    fake_docker("github.com/docker/buildx v0.17.1 abc")
+    w = world(project)
+    code, built = run_cli(project, w, monkeypatch, "--builder", built_by)
+    assert code == 0, capsys.readouterr().err
+    builds = len([c for c in w.calls if c[0] == "build_args"])
+    code, tested = run_cli(project, w, monkeypatch, "--builder", tested_by, command="test")
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert tested[CELL]["status"] == "passed" and tested[CELL]["builder"] == built_by
+    assert tested[CELL]["content_hash"] == built[CELL]["content_hash"]
+    assert tested[CELL]["image_id"] == built[CELL]["image_id"]
+    assert len([c for c in w.calls if c[0] == "build_args"]) == builds  # nothing built
+    assert f"found the image the {built_by} builder built" in (project / "work" / "logs" / f"{CELL}.log").read_text()
+
+
+def test_test_without_the_netrc_finds_the_image_built_with_it(project, world, fake_docker, monkeypatch, capsys):
+    fake_docker("github.com/docker/buildx v0.17.1 abc")
+    netrc = project / "netrc"
+    netrc.write_text("machine pkgs.example.com login me password Sup3r-S3cret\n")
+    w = world(project)
+    code, built = run_cli(project, w, monkeypatch, "--builder", "buildkit", "--netrc", str(netrc))
+    assert code == 0, capsys.readouterr().err
+    code, tested = run_cli(project, w, monkeypatch, command="test")  # test has no --netrc
+    assert code == 0, capsys.readouterr().err
+    assert tested[CELL]["content_hash"] == built[CELL]["content_hash"] and tested[CELL]["builder"] == "buildkit"
+
+
+@pytest.mark.parametrize("builder,netrc", [(Builder.classic, False), (Builder.buildkit, False),
+                                           (Builder.buildkit, True)])
+def test_the_variants_hash_of_a_render_is_its_own_content_hash(project, builder, netrc):
+    """render.variants recomputes the hash render wrote: if the two drifted, test and push would
+    look for a hash no build ever makes."""
+    from imagefactory import matrix as matrix_mod
+    from imagefactory import render
+
+    m = matrix_mod.load(project / "matrix.yaml")
+    ctx = render.render(m, project / "out", builder=builder, netrc_cells=frozenset([CELL] if netrc else []))[0]
+    found = render.variants(m, ctx)
+    assert len({v.content_hash for v in found}) == len(found) == 3  # three Dockerfiles, three hashes
+    assert (found[0].builder, found[0].netrc, found[0].content_hash) == (builder, netrc, ctx.content_hash)
+
+
+def test_test_of_a_cell_never_built_by_either_builder_is_not_built(project, world, fake_docker, monkeypatch,
+                                                                  capsys):
+    fake_docker("github.com/docker/buildx v0.17.1 abc")
+    w = world(project)
+    code, tested = run_cli(project, w, monkeypatch, command="test")
+    assert code != 0 and tested[CELL]["status"] == "not-built", capsys.readouterr().err
 
 
 def test_buildkit_without_buildx_is_exit_2_before_anything_runs(project, world, fake_docker, monkeypatch, capsys):
