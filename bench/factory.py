@@ -171,7 +171,9 @@ class Bench:
         self.base_repo = f"bench-{self.id}/python"
         self.base_ref = f"{BASE_REGISTRY}/{self.base_repo}:3.11-slim-bookworm"
         self.matrix = root / "matrix.yaml"
-        self.env = {"IMAGEFACTORY_CACHE_DIR": str(root / "cache")}
+        # bytecode written once into the bench's folder, as an installed imagefactory has it (bench/cli.py)
+        self.env = {"IMAGEFACTORY_CACHE_DIR": str(root / "cache"), "PYTHONDONTWRITEBYTECODE": "",
+                    "PYTHONPYCACHEPREFIX": str(root / "pycache")}
         self.images: list[str] = []
         self.runs = 0
         certs = json.dumps(sorted(glob.glob("/usr/local/share/ca-certificates/*.crt")))
