@@ -177,3 +177,13 @@ def test_an_unwritable_cache_is_not_fatal(tmp_path, monkeypatch):
     matrix.load(path)
     matrix.load(path)
     assert len(calls) == 2
+
+
+def test_a_build_that_pushes_nothing_imports_no_retry_library():
+    """tenacity is a push's (publish.py, publish_lists.py import it where they retry): the modules
+    a no-op `build` loads leave it out."""
+    code = ("import sys; from imagefactory import build, engine, publish, publish_lists, regcache; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'tenacity'))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stderr
