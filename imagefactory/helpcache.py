@@ -17,7 +17,10 @@ what it was when typer printed it:
 Anything else (another argument, a changed file, a page typer printed with an error or on
 stderr, an unreadable or odd cache file) runs typer as always, which prints the help and
 records it again. A page is recorded only for `--help` or `COMMAND --help` that exited 0 and
-wrote nothing on stderr. This module imports nothing beyond the interpreter's own start-up.
+wrote nothing on stderr. A page file holds the key's sha256, never the key (the environment may
+hold secrets), and a page that holds a character the CLI's output escaping would have written
+out is never replayed. This module imports json and nothing else beyond the interpreter's own
+start-up.
 """
 
 from __future__ import annotations
@@ -99,12 +102,35 @@ def root() -> str | None:
     return os.path.join(env["HOME"], ".cache", "imagefactory") if env.get("HOME") else None
 
 
-def page_path(k: dict[str, Any]) -> str | None:
-    import binascii
+def _sha256(data: bytes) -> str:
+    """hashlib's sha256, from the interpreter's builtin module where it has one (_sha2 from 3.12,
+    _sha256 before): hashlib loads OpenSSL first, a few milliseconds of the replay."""
+    import importlib
 
+    for name in ("_sha2", "_sha256", "hashlib"):
+        try:
+            module: Any = importlib.import_module(name)
+        except ImportError:
+            continue
+        return str(module.sha256(data).hexdigest())
+    raise ImportError("no sha256 implementation")
+
+
+def digest(k: dict[str, Any]) -> str:
+    """What a page file holds of its key: a digest (the environment may hold secrets; the file never does)."""
+    return _sha256(json.dumps(k, sort_keys=True).encode())
+
+
+def page_path(d: str) -> str | None:
     base = root()
-    text = json.dumps(k, sort_keys=True)
-    return None if base is None else os.path.join(base, FOLDER, f"{binascii.crc32(text.encode()):08x}.json")
+    return None if base is None else os.path.join(base, FOLDER, f"{d[:32]}.json")
+
+
+def printable(text: str) -> bool:
+    """Whether inputs.printable_text leaves `text` as it is: a page holds only what the CLI's
+    escaping streams let through, so a planted one cannot drive the terminal."""
+    return (text.isascii() and text.replace("\n", "").replace("\t", "").isprintable()) or all(
+        c.isprintable() or c in "\n\t" for c in text)
 
 
 def _read(path: str) -> Any:
@@ -129,12 +155,13 @@ def lookup(args: list[str]) -> str | None:
     if not cacheable(args):
         return None
     try:
-        k = key(args)
+        d = digest(key(args))
     except OSError:  # no working folder (it was removed)
         return None
-    path = page_path(k)
+    path = page_path(d)
     doc = _read(path) if path is not None else None
-    if not isinstance(doc, dict) or doc.get("key") != k or not isinstance(doc.get("out"), str):
+    if not isinstance(doc, dict) or doc.get("key") != d or not isinstance(doc.get("out"), str) \
+            or not printable(doc["out"]):
         return None
     seen = doc.get("witness")
     if not isinstance(seen, list) or not all(isinstance(w, list) and len(w) == 2 and isinstance(w[0], str)
@@ -155,7 +182,8 @@ def replay(args: list[str]) -> bool:
 
 def record(args: list[str], k: dict[str, Any], out: str) -> None:
     """Keep the page typer printed for `args`; `k`: the key as it was before typer ran. Never fatal."""
-    path = page_path(k)
+    d = digest(k)
+    path = page_path(d)
     if path is None:
         return
     from pathlib import Path
@@ -164,7 +192,7 @@ def record(args: list[str], k: dict[str, Any], out: str) -> None:
 
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        fsutil.atomic_write(Path(path), json.dumps({"key": k, "out": out, "witness": witness()}))
+        fsutil.atomic_write(Path(path), json.dumps({"key": d, "out": out, "witness": witness()}))
         _prune(os.path.dirname(path))
     except (OSError, ValueError):
         pass

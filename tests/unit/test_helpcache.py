@@ -139,11 +139,16 @@ def test_a_new_module_beside_a_loaded_one_misses(cache, monkeypatch):
 
 def test_an_odd_page_file_misses(cache):
     args = ["--help"]
-    k = helpcache.key(args)
+    k = helpcache.digest(helpcache.key(args))
     path = Path(helpcache.page_path(k) or "")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"key": k, "out": "a page\n\tindented\n", "witness": []}))
+    assert helpcache.lookup(args) == "a page\n\tindented\n"  # what a well-formed file gives (the misses below can fail)
     for odd in ("{not json", json.dumps([1]), json.dumps({"key": k, "out": 1, "witness": []}),
-                json.dumps({"key": k, "out": "x", "witness": [["a"]]}), json.dumps({"key": {}, "out": "x", "witness": []})):
-        path.parent.mkdir(parents=True, exist_ok=True)
+                json.dumps({"key": k, "out": "x", "witness": [["a"]]}), json.dumps({"key": "0" * 64, "out": "x",
+                                                                                    "witness": []}),
+                json.dumps({"key": k, "out": "red \x1b[31m", "witness": []}),
+                json.dumps({"key": k, "out": "bidi \u202e", "witness": []})):
         path.write_text(odd)
         assert helpcache.lookup(args) is None
     target = cache / "elsewhere.json"
@@ -151,6 +156,13 @@ def test_an_odd_page_file_misses(cache):
     path.unlink()
     path.symlink_to(target)
     assert helpcache.lookup(args) is None  # a link is never followed
+
+
+def test_a_page_file_holds_no_environment_value(cache, monkeypatch):
+    monkeypatch.setenv("IMAGEFACTORY_REGISTRY_PASSWORD", "s3cret-value-42")
+    helpcache.record(["--help"], helpcache.key(["--help"]), "p")
+    (page,) = (cache / "cache" / helpcache.FOLDER).iterdir()
+    assert "s3cret-value-42" not in page.read_text() and helpcache.lookup(["--help"]) == "p"
 
 
 def test_pages_are_bounded(cache, monkeypatch):
