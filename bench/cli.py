@@ -5,7 +5,7 @@ Each figure is the median of interleaved pairs (A, B, A, B, ...), so a drifting,
 hits both sides alike; it prints one Markdown table. No timing is asserted anywhere: the tests
 check what these commands import instead (tests/unit/test_cli_imports.py).
 
-    python bench/cli.py [--pairs 15] [--no-engine] [--build-pairs 3] [--wheelhouse DIR]
+    python bench/cli.py [--pairs 15] [--no-engine] [--build-pairs 3] [--wheelhouse DIR] [--profile FILE]
 
 Figures:
 - `imagefactory --help` vs `python -c pass` (the floor: the same interpreter, started and stopped).
@@ -97,7 +97,7 @@ def cli_rows(root: Path, n: int) -> list[Row]:
     return rows
 
 
-def build_row(root: Path, n: int, wheelhouse: Path) -> Row:
+def build_row(root: Path, n: int, wheelhouse: Path, profile: Path | None = None) -> Row:
     from factory import Bench
 
     from imagefactory.engine import Engine
@@ -112,11 +112,15 @@ def build_row(root: Path, n: int, wheelhouse: Path) -> Row:
         bench.cli("build")  # built and probed once; every later run is a no-op
         context = str(bench.root / "work" / "contexts" / GOOD)
         docker = ["docker", "build", "-q", context]
-        timed(docker)  # cached from here on
+        built = subprocess.run(docker, capture_output=True, text=True, check=True).stdout.strip()  # cached from here on
+        if built:  # the Docker CLI's builder (BuildKit) makes its own image of the context: removed with the rest
+            bench.images.append(built)
         say("no-op build vs cached docker build")
         a, b = pairs(n, lambda: bench.cli("build"), lambda: timed(docker))
         if bench.report()[GOOD]["cached"] is not True:
             raise SystemExit("the no-op build built something")
+        if profile is not None:  # one more no-op build, under cProfile (not timed)
+            bench.cli("build", python=("-m", "cProfile", "-o", str(profile.resolve())))
         return Row("no-op `build`, 1 cell", "`imagefactory build`", "`docker build -q` (cached, the CLI's default "
                    "builder)", a, b, "≤ 1.0x", note="the same rendered context")
     finally:
@@ -128,6 +132,7 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=15, help="interleaved pairs per start-up figure (default 15)")
     ap.add_argument("--build-pairs", type=int, default=3, help="pairs of the no-op build figure (default 3)")
     ap.add_argument("--no-engine", action="store_true", help="leave out the engine row even if an engine answers")
+    ap.add_argument("--profile", type=Path, help="also write a cProfile of one more no-op build to this file")
     ap.add_argument("--wheelhouse", type=Path,
                     default=Path(os.environ.get("IMAGEFACTORY_CI_CACHE", Path.home() / ".cache/imagefactory-ci"))
                     / "wheels")
@@ -137,7 +142,7 @@ def main() -> None:
     try:
         rows = cli_rows(root, args.pairs)
         if why is None:
-            rows.append(build_row(root, args.build_pairs, args.wheelhouse))
+            rows.append(build_row(root, args.build_pairs, args.wheelhouse, args.profile))
     finally:
         shutil.rmtree(root, ignore_errors=True)
     print(f"\n{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cores, "
