@@ -112,9 +112,11 @@ def build_row(root: Path, n: int, wheelhouse: Path, profile: Path | None = None)
         bench.cli("build")  # built and probed once; every later run is a no-op
         context = str(bench.root / "work" / "contexts" / GOOD)
         docker = ["docker", "build", "-q", context]
-        built = subprocess.run(docker, capture_output=True, text=True, check=True).stdout.strip()  # cached from here on
-        if built:  # the Docker CLI's builder (BuildKit) makes its own image of the context: removed with the rest
-            bench.images.append(built)
+        r = subprocess.run(docker, capture_output=True, text=True)  # cached from here on
+        if r.returncode != 0:
+            raise SystemExit(f"failed ({r.returncode}): {' '.join(docker)}\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
+        if r.stdout.strip():  # the Docker CLI's builder (BuildKit) makes its own image of the context: removed with the rest
+            bench.images.append(r.stdout.strip())
         say("no-op build vs cached docker build")
         a, b = pairs(n, lambda: bench.cli("build"), lambda: timed(docker))
         if bench.report()[GOOD]["cached"] is not True:
