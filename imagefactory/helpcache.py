@@ -1,5 +1,5 @@
 """`imagefactory --help` and `imagefactory COMMAND --help` answered from a cache of what typer
-itself printed, without importing typer (docs/performance.md#the-cli-itself).
+itself printed, without importing typer (docs/performance.md#the-cli-itself-benchclipy).
 
 The help is a pure function of the code that printed it and of what that code reads from the
 process: the modules loaded (their files), the command line, the environment, the working
