@@ -28,8 +28,8 @@ from imagefactory.interrupt import Interrupt
 if TYPE_CHECKING:
     from imagefactory import build as build_mod
     from imagefactory import matrix as matrix_mod  # imported by the commands that read a matrix, not by --help
-    from imagefactory.model import Cell
     from imagefactory.engine_api import ContainerEngine
+    from imagefactory.model import Cell
     from imagefactory.report import CellReport, ListReport
 
 # Each command imports the pipeline steps it runs (build, render, publish, lock, the engine, Jinja2,

@@ -81,8 +81,8 @@ def _stat(path: str) -> list[int] | None:
 def _loaded_files() -> Iterator[str]:
     for module in list(sys.modules.values()):
         path = getattr(module, "__file__", None)
-        if isinstance(path, str) and os.path.isabs(path):
-            yield path
+        if isinstance(path, str):  # a relative one is the working folder's (in the key)
+            yield os.path.abspath(path)
 
 
 def witness() -> list[list[Any]]:
