@@ -5,7 +5,7 @@ Each figure is the median of interleaved pairs (A, B, A, B, ...), so a drifting,
 hits both sides alike; it prints one Markdown table. No timing is asserted anywhere: the tests
 check what these commands import instead (tests/unit/test_cli_imports.py).
 
-    python bench/cli.py [--pairs 15] [--no-engine] [--build-pairs 3] [--wheelhouse DIR]
+    python bench/cli.py [--pairs 15] [--no-engine] [--build-pairs 3] [--wheelhouse DIR] [--profile FILE]
 
 Figures:
 - `imagefactory --help` vs `python -c pass` (the floor: the same interpreter, started and stopped).
@@ -16,7 +16,9 @@ Figures:
   cell (built once first) vs `docker build -q` of its rendered context, fully cached, with the
   Docker CLI's default builder (BuildKit where buildx is installed). Without an engine the table
   says so and has the first rows only.
-All commands run as `python -m imagefactory` from this checkout, with a cache folder of the bench's.
+All commands run as `python -m imagefactory` from this checkout, with a cache folder of the bench's
+(so the first `--help` runs typer and records its page, helpcache.py; the pairs replay it) and
+their bytecode written once, by the warm-up runs, into the bench's folder (PYTHONPYCACHEPREFIX).
 """
 
 from __future__ import annotations
@@ -60,7 +62,11 @@ def engine_reachable() -> str | None:
 
 
 def cli_rows(root: Path, n: int) -> list[Row]:
-    env = {"IMAGEFACTORY_CACHE_DIR": str(root / "cache"), "PYTHONPATH": str(REPO), "COLUMNS": "100"}
+    # .pyc files written (into the bench's folder, not the checkout) even where the caller's
+    # environment says PYTHONDONTWRITEBYTECODE: an installed imagefactory has its bytecode, and a
+    # run that compiles every module from source measures the compiler, not the CLI
+    env = {"IMAGEFACTORY_CACHE_DIR": str(root / "cache"), "PYTHONPATH": str(REPO), "COLUMNS": "100",
+           "PYTHONDONTWRITEBYTECODE": "", "PYTHONPYCACHEPREFIX": str(root / "pycache")}
     matrix = root / "matrix.yaml"
     matrix.write_text(MATRIX)
     py = [sys.executable]
@@ -91,7 +97,7 @@ def cli_rows(root: Path, n: int) -> list[Row]:
     return rows
 
 
-def build_row(root: Path, n: int, wheelhouse: Path) -> Row:
+def build_row(root: Path, n: int, wheelhouse: Path, profile: Path | None = None) -> Row:
     from factory import Bench
 
     from imagefactory.engine import Engine
@@ -106,11 +112,17 @@ def build_row(root: Path, n: int, wheelhouse: Path) -> Row:
         bench.cli("build")  # built and probed once; every later run is a no-op
         context = str(bench.root / "work" / "contexts" / GOOD)
         docker = ["docker", "build", "-q", context]
-        timed(docker)  # cached from here on
+        r = subprocess.run(docker, capture_output=True, text=True)  # cached from here on
+        if r.returncode != 0:
+            raise SystemExit(f"failed ({r.returncode}): {' '.join(docker)}\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
+        if r.stdout.strip():  # the Docker CLI's builder (BuildKit) makes its own image of the context: removed with the rest
+            bench.images.append(r.stdout.strip())
         say("no-op build vs cached docker build")
         a, b = pairs(n, lambda: bench.cli("build"), lambda: timed(docker))
         if bench.report()[GOOD]["cached"] is not True:
             raise SystemExit("the no-op build built something")
+        if profile is not None:  # one more no-op build, under cProfile (not timed)
+            bench.cli("build", python=("-m", "cProfile", "-o", str(profile.resolve())))
         return Row("no-op `build`, 1 cell", "`imagefactory build`", "`docker build -q` (cached, the CLI's default "
                    "builder)", a, b, "≤ 1.0x", note="the same rendered context")
     finally:
@@ -122,6 +134,7 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=15, help="interleaved pairs per start-up figure (default 15)")
     ap.add_argument("--build-pairs", type=int, default=3, help="pairs of the no-op build figure (default 3)")
     ap.add_argument("--no-engine", action="store_true", help="leave out the engine row even if an engine answers")
+    ap.add_argument("--profile", type=Path, help="also write a cProfile of one more no-op build to this file")
     ap.add_argument("--wheelhouse", type=Path,
                     default=Path(os.environ.get("IMAGEFACTORY_CI_CACHE", Path.home() / ".cache/imagefactory-ci"))
                     / "wheels")
@@ -131,7 +144,7 @@ def main() -> None:
     try:
         rows = cli_rows(root, args.pairs)
         if why is None:
-            rows.append(build_row(root, args.build_pairs, args.wheelhouse))
+            rows.append(build_row(root, args.build_pairs, args.wheelhouse, args.profile))
     finally:
         shutil.rmtree(root, ignore_errors=True)
     print(f"\n{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cores, "

@@ -171,7 +171,9 @@ class Bench:
         self.base_repo = f"bench-{self.id}/python"
         self.base_ref = f"{BASE_REGISTRY}/{self.base_repo}:3.11-slim-bookworm"
         self.matrix = root / "matrix.yaml"
-        self.env = {"IMAGEFACTORY_CACHE_DIR": str(root / "cache")}
+        # bytecode written once into the bench's folder, as an installed imagefactory has it (bench/cli.py)
+        self.env = {"IMAGEFACTORY_CACHE_DIR": str(root / "cache"), "PYTHONDONTWRITEBYTECODE": "",
+                    "PYTHONPYCACHEPREFIX": str(root / "pycache")}
         self.images: list[str] = []
         self.runs = 0
         certs = json.dumps(sorted(glob.glob("/usr/local/share/ca-certificates/*.crt")))
@@ -209,8 +211,9 @@ pip:
         self.images.append(self.engine.image_id(self.base_ref) or self.base_ref)
 
     def cli(self, *args: str, work: str = "work", only: str | None = GOOD, check: bool = True,
-            matrix: Path | None = None) -> float:
-        cmd = [sys.executable, "-m", "imagefactory", *args, "--matrix", str(matrix or self.matrix), "--plain",
+            matrix: Path | None = None, python: tuple[str, ...] = ()) -> float:
+        """`imagefactory ARGS` on the bench's cell; `python`: interpreter options (-m cProfile -o F)."""
+        cmd = [sys.executable, *python, "-m", "imagefactory", *args, "--matrix", str(matrix or self.matrix), "--plain",
                "--work-dir", str(self.root / work), "--report", str(self.root / work / "report.json")]
         return timed(cmd + (["--only", only] if only else []), self.env, check)
 

@@ -1,3 +1,18 @@
-from imagefactory.cli import main
+"""`python -m imagefactory` and the `imagefactory` command: a help page typer printed before is
+replayed without importing the CLI (helpcache.py); everything else runs cli.main."""
 
-main()
+import sys
+
+
+def main() -> None:
+    from imagefactory import helpcache
+
+    if helpcache.replay(sys.argv[1:]):
+        return
+    from imagefactory import cli
+
+    cli.main()
+
+
+if __name__ == "__main__":
+    main()

@@ -20,16 +20,16 @@ from typing import TYPE_CHECKING, Any, Callable, List, Optional
 
 import typer
 
-from imagefactory import context, inputs
-from imagefactory import matrix as matrix_mod
+from imagefactory import context, helpcache, inputs
 from imagefactory.context import Builder, Gpus, Network, Pull, RunContext
 from imagefactory.errors import Cancelled, CellFailure, ConfigError, DockerUnavailable, ImageFactoryError, Interrupted
 from imagefactory.interrupt import Interrupt
-from imagefactory.model import Cell
 
 if TYPE_CHECKING:
     from imagefactory import build as build_mod
+    from imagefactory import matrix as matrix_mod  # imported by the commands that read a matrix, not by --help
     from imagefactory.engine_api import ContainerEngine
+    from imagefactory.model import Cell
     from imagefactory.report import CellReport, ListReport
 
 # Each command imports the pipeline steps it runs (build, render, publish, lock, the engine, Jinja2,
@@ -190,6 +190,8 @@ def shared(*names: str, **fixed: Any) -> Callable[[Callable[..., None]], Callabl
 
 
 def _invocation(command: str, values: dict[str, Any], fixed: dict[str, Any]) -> Invocation:
+    from imagefactory import matrix as matrix_mod
+
     m = matrix_mod.load(values["matrix"])
     cells = select(m, values.get("only"))
     settings = {FIELD.get(n, n): v for n, v in values.items() if n not in NOT_OPTIONS}
@@ -537,6 +539,7 @@ def doctor(
 
     Exit codes: 0 every cell can run here; 1 some cannot; 2 bad matrix; 3 no Docker engine."""
     from imagefactory import doctor as doctor_mod
+    from imagefactory import matrix as matrix_mod
 
     path = doctor_mod.default_matrix(matrix)
     m = matrix_mod.load(path) if path is not None else None
@@ -582,6 +585,7 @@ def verify_cmd(
     One line per image. Exit codes: 0 every image verified; 1 one failed (no signature, another
     key, an SBOM for another image, a tampered attestation); 2 bad configuration."""
     from imagefactory import verify as verify_mod
+    from imagefactory import matrix as matrix_mod
 
     if image is not None and only:
         raise ConfigError("--only: selects cells of the matrix; not with an IMAGE reference")
@@ -689,6 +693,8 @@ def lock_cmd(
 @app.command(epilog=example("imagefactory schema > matrix.schema.json"))
 def schema() -> None:
     """Print the JSON Schema of the matrix file (for editors and CI linting)."""
+    from imagefactory import matrix as matrix_mod
+
     print(json.dumps(matrix_mod.schema(), indent=2))
 
 
@@ -732,8 +738,36 @@ def _escaped_output() -> Iterator[None]:
 
 
 def main() -> None:
+    args = sys.argv[1:]
+    if helpcache.cacheable(args):
+        _recording(args)
+        return
     with _escaped_output():
         _main()
+
+
+def _recording(args: list[str]) -> None:
+    """`--help` or `COMMAND --help`, run as always, its page kept for helpcache.replay when it exits
+    0 and writes nothing on stderr."""
+    try:
+        k = helpcache.key(args)
+    except OSError:
+        k = None
+    saved = sys.stdout, sys.stderr
+    out, err = helpcache.Tee(saved[0]), helpcache.Tee(saved[1])
+    sys.stdout, sys.stderr = out, err
+    code: Any = "raised"  # anything but a clean exit records nothing
+    try:
+        with _escaped_output():
+            _main()
+        code = 0
+    except SystemExit as e:
+        code = e.code
+        raise
+    finally:
+        sys.stdout, sys.stderr = saved
+        if k is not None and code in (0, None) and not err.parts:
+            helpcache.record(args, k, "".join(out.parts))
 
 
 def _main() -> None:

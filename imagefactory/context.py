@@ -14,14 +14,16 @@ import datetime as dt
 from dataclasses import dataclass, field, fields
 from enum import Enum
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from imagefactory import engines
-from imagefactory.engine_api import Builder, BuildProgress, EngineFactory
+from imagefactory.engine_api import Builder
 from imagefactory.errors import ConfigError
 from imagefactory.interrupt import Interrupt
-from imagefactory.netrc import Netrc
-from imagefactory.report import CellReport
+
+if TYPE_CHECKING:  # annotations only: the engines, the netrc reader and the report are a run's, not --help's
+    from imagefactory.engine_api import BuildProgress, EngineFactory
+    from imagefactory.netrc import Netrc
+    from imagefactory.report import CellReport
 
 DEFAULT_PROBE_TIMEOUT = 300.0  # seconds the in-image probe may run
 DEFAULT_PUSH_TRIES = 4  # tries per tag, the first included
@@ -150,4 +152,6 @@ class RunContext:
     engine_factory: EngineFactory | None = None
 
     def engines(self) -> EngineFactory:
+        from imagefactory import engines
+
         return self.engine_factory or engines.docker_factory(self.interrupt)

@@ -16,9 +16,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-
-
-import tenacity
+from typing import TYPE_CHECKING
 
 from imagefactory import publish_lists, refs
 from imagefactory import tags as tagging
@@ -29,6 +27,9 @@ from imagefactory.interrupt import Interrupt
 from imagefactory.model import Matrix
 from imagefactory.report import (INTERRUPTED, NOT_PUBLISHED, PASSED, PUBLISH_FAILED, PUBLISHED, CellReport,
                                  ListReport)
+
+if TYPE_CHECKING:
+    import tenacity
 
 USER_ENV = "IMAGEFACTORY_REGISTRY_USER"
 PASSWORD_ENV = "IMAGEFACTORY_REGISTRY_PASSWORD"
@@ -183,6 +184,8 @@ def _publish_cell(engine: ContainerEngine, r: CellReport, order: list[str], cred
 
 def _push_with_retries(engine: ContainerEngine, ref: str, auth: dict[str, str] | None, options: Options, ui: UI,
                        cell: str, interrupt: Interrupt) -> PushOutcome:
+    import tenacity  # a push's only: a build that pushes nothing never imports it
+
     def announce(state: tenacity.RetryCallState) -> None:
         e = state.outcome.exception() if state.outcome else None
         wait = state.next_action.sleep if state.next_action else 0

@@ -28,8 +28,6 @@ import hashlib
 import json
 from typing import Callable
 
-import tenacity
-
 from imagefactory import refs, registry_http
 from imagefactory import tags as tagging
 from imagefactory.cellreport import (INTERRUPTED, NOT_PUBLISHED, PASSED, PUBLISH_FAILED, PUBLISHED, CellReport,
@@ -181,6 +179,8 @@ def _merge(engine: ContainerEngine, lr: ListReport, auth_for: AuthFor, options: 
 
 def _put(engine: ContainerEngine, ref: str, put: Manifest, auth: dict[str, str] | None, options: Options,
          interrupt: Interrupt) -> None:
+    import tenacity  # a list push's only
+
     retrying = tenacity.Retrying(
         stop=tenacity.stop_after_attempt(options.attempts),
         wait=tenacity.wait_exponential(multiplier=options.backoff, max=60),

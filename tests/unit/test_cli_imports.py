@@ -21,7 +21,11 @@ from tests.unit.helpers import TWO_PIP_CELLS
 # render's, tenacity publish's, rich the live display's, packaging a matrix with packages').
 LAZY = ("docker", "requests", "urllib3", "jsonschema", "jinja2", "tenacity", "rich", "packaging",
         "imagefactory.build", "imagefactory.render", "imagefactory.publish", "imagefactory.engine",
-        "imagefactory.lock", "imagefactory.smoke")
+        "imagefactory.lock", "imagefactory.smoke",
+        # context.py's annotations only (TYPE_CHECKING): a run's engines, netrc reader and report
+        "imagefactory.engines", "imagefactory.netrc", "imagefactory.report", "imagefactory.checks")
+# ... and what only a command that reads a matrix imports (PyYAML: inputs.py imports it to parse)
+HELP_LAZY = ("yaml", "imagefactory.matrix", "imagefactory.model", "imagefactory.availability")
 
 RUN = """
 import json, sys
@@ -48,8 +52,8 @@ def imported(args: list[str], cache: os.PathLike | str) -> tuple[set[str], int, 
     return set(json.loads(modules)), int(code.strip() or 0), r.stdout
 
 
-def heavy(modules: set[str]) -> list[str]:
-    return sorted(m for m in LAZY if m in modules)
+def heavy(modules: set[str], lazy: tuple[str, ...] = LAZY) -> list[str]:
+    return sorted(m for m in lazy if m in modules)
 
 
 @pytest.mark.parametrize("args", [["--help"], [], ["list", "--help"], ["build", "--help"]],
@@ -57,7 +61,7 @@ def heavy(modules: set[str]) -> list[str]:
 def test_help_imports_no_pipeline_step(args, tmp_path):
     modules, code, out = imported(args, tmp_path / "cache")
     assert code == 0 and ("Usage" in out or "First steps" in out)
-    assert heavy(modules) == []
+    assert heavy(modules, LAZY + HELP_LAZY) == []
 
 
 def test_list_of_a_validated_matrix_imports_no_pipeline_step(tmp_path):
@@ -173,3 +177,13 @@ def test_an_unwritable_cache_is_not_fatal(tmp_path, monkeypatch):
     matrix.load(path)
     matrix.load(path)
     assert len(calls) == 2
+
+
+def test_a_build_that_pushes_nothing_imports_no_retry_library():
+    """tenacity is a push's (publish.py, publish_lists.py import it where they retry): the modules
+    a no-op `build` loads leave it out."""
+    code = ("import sys; from imagefactory import build, engine, publish, publish_lists, regcache; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'tenacity'))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stderr
