@@ -111,7 +111,9 @@ def build_row(root: Path, n: int, wheelhouse: Path, profile: Path | None = None)
         bench.new_base()
         bench.cli("build")  # built and probed once; every later run is a no-op
         context = str(bench.root / "work" / "contexts" / GOOD)
-        docker = ["docker", "build", "-q", context]
+        # --network host as imagefactory's builds: BuildKit keys a RUN step's cache by its network
+        # too (and this engine has no default bridge), so without it nothing would be a cache hit
+        docker = ["docker", "build", "-q", "--network", "host", context]
         r = subprocess.run(docker, capture_output=True, text=True)  # cached from here on
         if r.returncode != 0:
             raise SystemExit(f"failed ({r.returncode}): {' '.join(docker)}\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
