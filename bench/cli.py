@@ -110,6 +110,7 @@ def build_row(root: Path, n: int, wheelhouse: Path, profile: Path | None = None)
     try:
         bench.new_base()
         bench.cli("build")  # built and probed once; every later run is a no-op
+        bench.report()  # its image is the bench's now: cleanup removes it, whatever fails next
         context = str(bench.root / "work" / "contexts" / GOOD)
         # --network host as imagefactory's builds: BuildKit keys a RUN step's cache by its network
         # too (and this engine has no default bridge), so without it nothing would be a cache hit

@@ -19,7 +19,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from imagefactory import __version__, availability, fsutil, inputs, platforms, refs
+from imagefactory import __version__, availability, inputs, passcache, platforms, refs
 from imagefactory import tags as tagging
 from imagefactory.errors import ConfigError
 from imagefactory.inputs import Located as _Located
@@ -183,9 +183,7 @@ _RANK = {"type": 0, "additionalProperties": 1, "required": 1}  # per value, the 
 # (its validator's rules are code: _fullmatch, the integer type), passes again: `load` skips the
 # schema step for it (and the jsonschema import). The cache holds only keys of files that passed;
 # it is never trusted for anything else, and every other check of `load` runs every time.
-VALIDATED_FILE = "schema-validated.json"
-VALIDATED_MAX = 256
-_VALIDATED_RE = re.compile(r"[0-9a-f]{64}")
+VALIDATED_FILE = "schema-validated.json"  # passcache.py's file for the matrix schema
 
 
 @functools.cache
@@ -200,35 +198,6 @@ def validation_key(text: str) -> str:
     h.update(hashlib.sha256(_schema_text().encode()).digest())
     h.update(text.encode("utf-8"))
     return h.hexdigest()
-
-
-def _validated_path() -> Path | None:
-    try:
-        return fsutil.cache_root() / VALIDATED_FILE
-    except ConfigError:  # no cache folder (no HOME): validate every time
-        return None
-
-
-def _validated_keys(path: Path) -> list[str]:
-    """The keys in the cache file: read bounded, no link or FIFO; anything odd reads as empty."""
-    try:
-        if path.is_symlink() or not path.exists():
-            return []
-        doc = json.loads(inputs.read_regular(path, VALIDATED_MAX * 70 + 64).decode("utf-8"))
-    except (OSError, ValueError, RecursionError):  # inputs.InputError is a ValueError
-        return []
-    if not isinstance(doc, list):
-        return []
-    return [k for k in doc if isinstance(k, str) and _VALIDATED_RE.fullmatch(k)]
-
-
-def _remember_validated(path: Path, key: str) -> None:
-    keys = [k for k in _validated_keys(path) if k != key] + [key]
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fsutil.atomic_write(path, json.dumps(keys[-VALIDATED_MAX:]))
-    except OSError:
-        pass  # never fatal: the next run validates again
 
 
 def _schema_problems(data: Any, loc: _Located) -> list[Problem]:
@@ -264,8 +233,8 @@ def load(path: str | Path) -> Matrix:
         raise ConfigError(_printable(f"{shown}:1: (top level): expected a mapping with keys image, matrix, torch"))
 
     loc = _Located(root)
-    key, cache = validation_key(text), _validated_path()
-    known = cache is not None and key in _validated_keys(cache)
+    key = validation_key(text)
+    known = passcache.passed(VALIDATED_FILE, key)
     problems = [] if known else _schema_problems(data, loc)
     schema_ok = not problems
     problems.extend(odd_integers(data, loc))
@@ -275,8 +244,8 @@ def load(path: str | Path) -> Matrix:
         matrix = _build(path, data, loc, problems)
     if problems:
         raise _config_error(shown, problems)
-    if schema_ok and not known and cache is not None:
-        _remember_validated(cache, key)
+    if schema_ok and not known:
+        passcache.remember(VALIDATED_FILE, key)
     assert matrix is not None
     return matrix
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from imagefactory import __version__, fsutil, refs
+from imagefactory import __version__, fsutil, passcache, refs
 from imagefactory.errors import ImageFactoryError
 from imagefactory.lockfile import Lock
 
@@ -241,14 +241,32 @@ def document(subject: Subject, probe: dict, lock: Lock | None) -> str:
     return text
 
 
-def validate(text: str) -> dict:
-    """The document parsed, once it passed cyclonedx-python-lib's strict 1.6 validator."""
-    from cyclonedx.schema import SchemaVersion
-    from cyclonedx.validation.json import JsonStrictValidator
+VALIDATED_FILE = "sbom-validated.json"  # passcache.py's file for CycloneDX's strict schema
 
-    error = JsonStrictValidator(SchemaVersion.V1_6).validate_str(text)
-    if error is not None:
-        raise SbomError(f"not a valid CycloneDX {SPEC} document: {' '.join(str(error).split())[:300]}")
+
+def validation_key(text: str) -> str:
+    """sha256 of what decides the validator's verdict: the document's bytes and the validator's
+    code (cyclonedx-python-lib's version, which ships the schema)."""
+    from importlib.metadata import version
+
+    h = hashlib.sha256(f"imagefactory-sbom-validated/1\0{SPEC}\0{version('cyclonedx-python-lib')}\0".encode())
+    h.update(text.encode("utf-8"))
+    return h.hexdigest()
+
+
+def validate(text: str) -> dict:
+    """The document parsed, once it passed cyclonedx-python-lib's strict 1.6 validator. A document
+    whose bytes passed it before (passcache.py) is not validated again: an unchanged image's SBOM
+    has the same bytes, and importing the validator costs seconds (jsonschema's format grammars)."""
+    key = validation_key(text)
+    if not passcache.passed(VALIDATED_FILE, key):
+        from cyclonedx.schema import SchemaVersion
+        from cyclonedx.validation.json import JsonStrictValidator
+
+        error = JsonStrictValidator(SchemaVersion.V1_6).validate_str(text)
+        if error is not None:
+            raise SbomError(f"not a valid CycloneDX {SPEC} document: {' '.join(str(error).split())[:300]}")
+        passcache.remember(VALIDATED_FILE, key)
     doc = json.loads(text)
     if doc.get("specVersion") != SPEC:
         raise SbomError(f"CycloneDX {str(doc.get('specVersion'))[:20]}, not {SPEC}")

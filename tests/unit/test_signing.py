@@ -61,6 +61,27 @@ def test_the_sbom_validates_against_cyclonedx_1_6_and_is_byte_identical_for_the_
                                    "cell": CPU_OPENBLAS.id}
 
 
+def test_an_sbom_whose_bytes_passed_before_is_not_validated_again_one_that_failed_always_is(monkeypatch):
+    """The no-op build's SBOM has the same bytes every run: the validator (seconds of jsonschema
+    import) runs for new bytes only, and bytes that failed are never remembered as passing."""
+    from cyclonedx.validation import json as cdx_json
+
+    text = sbom.document(SUBJECT, inventory_probe(), None)  # validated once, remembered
+    seen: list[str] = []
+    real = cdx_json.JsonStrictValidator.validate_str
+    monkeypatch.setattr(cdx_json.JsonStrictValidator, "validate_str", lambda self, t: seen.append(t) or real(self, t))
+    assert sbom.validate(text)["specVersion"] == "1.6" and seen == []
+    doc = json.loads(text)
+    doc["components"][0]["type"] = "rootkit"
+    for tries in (1, 2):
+        with pytest.raises(sbom.SbomError, match="not a valid CycloneDX 1.6"):
+            sbom.validate(json.dumps(doc))
+        assert len(seen) == tries
+    (Path(os.environ["IMAGEFACTORY_CACHE_DIR"]) / sbom.VALIDATED_FILE).write_text("[\"not a key\"]")
+    sbom.validate(text)  # an odd cache file is no pass: validated again
+    assert len(seen) == 3
+
+
 def test_a_tampered_sbom_fails_the_strict_validator():
     doc = json.loads(sbom.document(SUBJECT, inventory_probe(), None))
     doc["components"][0]["type"] = "rootkit"
