@@ -172,6 +172,13 @@ def project(tmp_path, monkeypatch):
     return tmp_path
 
 
+def netrc_file(project: Path) -> Path:
+    """A netrc with a login for the matrix's extra index (its password: Sup3r-S3cret)."""
+    netrc = project / "netrc"
+    netrc.write_text("machine pkgs.example.com login me password Sup3r-S3cret\n")
+    return netrc
+
+
 def run_cli(project, world, monkeypatch, *args: str, command: str = "build") -> tuple[int, dict]:
     from imagefactory import engines
 
@@ -279,8 +286,7 @@ def test_test_and_push_find_the_image_either_builder_built(project, world, fake_
 
 def test_test_without_the_netrc_finds_the_image_built_with_it(project, world, fake_docker, monkeypatch, capsys):
     fake_docker("github.com/docker/buildx v0.17.1 abc")
-    netrc = project / "netrc"
-    netrc.write_text("machine pkgs.example.com login me password Sup3r-S3cret\n")
+    netrc = netrc_file(project)
     w = world(project)
     code, built = run_cli(project, w, monkeypatch, "--builder", "buildkit", "--netrc", str(netrc))
     assert code == 0, capsys.readouterr().err
@@ -322,8 +328,7 @@ def test_buildkit_without_buildx_is_exit_2_before_anything_runs(project, world, 
 
 def test_netrc_is_mounted_only_as_a_secret(project, world, fake_docker, monkeypatch, capsys):
     fake_docker("github.com/docker/buildx v0.17.1 abc")
-    netrc = project / "netrc"
-    netrc.write_text("machine pkgs.example.com login me password Sup3r-S3cret\n")
+    netrc = netrc_file(project)
     w = world(project)
     code, cells = run_cli(project, w, monkeypatch, "--builder", "buildkit", "--netrc", str(netrc))
     err = capsys.readouterr().err
@@ -340,8 +345,7 @@ def test_netrc_is_mounted_only_as_a_secret(project, world, fake_docker, monkeypa
 
 
 def test_netrc_under_the_classic_builder_is_refused_up_front(project, world, fake_docker, monkeypatch, capsys):
-    netrc = project / "netrc"
-    netrc.write_text("machine pkgs.example.com login me password Sup3r-S3cret\n")
+    netrc = netrc_file(project)
     w = world(project)
     code, cells = run_cli(project, w, monkeypatch, "--builder", "classic", "--netrc", str(netrc))
     err = capsys.readouterr().err
