@@ -19,8 +19,10 @@ derived from the document's own content.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import os
 import re
 import uuid
 from dataclasses import dataclass
@@ -214,14 +216,88 @@ def _serialize(bom: Any) -> str:
 
 def document(subject: Subject, probe: dict, lock: Lock | None) -> str:
     """The SBOM's JSON text, validated; the same input gives the same bytes (the serial number is
-    a digest of what the document lists)."""
+    a digest of what the document lists). Bytes made before from the same input are read back
+    (kept_document) instead of made again: cyclonedx-python-lib's import and serializer are most of
+    a no-op build's own time."""
+    if not (SHA256_RE.fullmatch(subject.content_hash) and IMAGE_ID_RE.fullmatch(subject.image_id)):
+        raise SbomError(f"cell {subject.cell}: no content hash or image id to describe")
+    key = document_key(subject, probe, lock)
+    kept = kept_document(key, subject)
+    if kept is not None:
+        return kept
+    text = _made(subject, probe, lock)
+    keep_document(key, text)
+    return text
+
+
+DOCUMENTS = "sbom-documents"  # the cache folder's (fsutil.cache_root) folder of documents made before
+DOCUMENTS_KEPT = 64  # documents kept; the oldest go first
+DOCUMENT_MAX_BYTES = 64 << 20
+
+
+@functools.lru_cache(maxsize=1)
+def _cyclonedx_version() -> str:
+    """The serializer's and validator's code, by its distribution's version (the schema ships with it)."""
+    from importlib.metadata import version
+
+    return version("cyclonedx-python-lib")
+
+
+def document_key(subject: Subject, probe: dict, lock: Lock | None) -> str:
+    """sha256 of everything document() reads: the subject, the probe, the lock's pins, and the code
+    that makes the bytes (imagefactory's and cyclonedx-python-lib's versions)."""
+    pins = None if lock is None else [[p.name, p.version, list(p.hashes)] for p in lock.pins]
+    what = ["imagefactory-sbom-document/1", __version__, _cyclonedx_version(), SPEC, subject.__dict__, probe, pins]
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=repr).encode()).hexdigest()
+
+
+def _document_file(key: str) -> Path | None:
+    folder = passcache.path(DOCUMENTS)
+    return None if folder is None else folder / f"{key}.cdx.json"
+
+
+def kept_document(key: str, subject: Subject) -> str | None:
+    """The document made before from the input `key` names, when its bytes still pass validate()
+    (passcache's key of these very bytes, or the validator) and it describes `subject`; else None.
+    Read bounded, never through a link; anything odd is made again."""
+    from imagefactory import inputs
+
+    file = _document_file(key)
+    if file is None or not SHA256_RE.fullmatch(key):
+        return None
+    try:
+        if file.is_symlink() or not file.exists():
+            return None
+        text = inputs.read_regular(file, DOCUMENT_MAX_BYTES).decode("utf-8")
+        doc = validate(text)
+    except (OSError, ValueError, RecursionError, SbomError):  # inputs.InputError is a ValueError
+        return None
+    want = {"content-hash": subject.content_hash, "image-id": subject.image_id, "cell": subject.cell}
+    return text if described(doc) == want else None
+
+
+def keep_document(key: str, text: str) -> None:
+    """Keep `text` (validated) as the document of the input `key` names; never fatal."""
+    file = _document_file(key)
+    if file is None:
+        return
+    try:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        fsutil.atomic_write(file, text)
+        kept = sorted((e.stat().st_mtime_ns, e.path) for e in os.scandir(file.parent) if e.name.endswith(".cdx.json"))
+        for _, old in kept[:-DOCUMENTS_KEPT]:
+            os.unlink(old)
+    except OSError:
+        pass  # the next run makes it again
+
+
+def _made(subject: Subject, probe: dict, lock: Lock | None) -> str:
+    """document()'s bytes, made by cyclonedx-python-lib and validated."""
     import warnings
 
     from cyclonedx.model.bom import Bom, BomMetaData
     from cyclonedx.model.component import Component, ComponentType
 
-    if not (SHA256_RE.fullmatch(subject.content_hash) and IMAGE_ID_RE.fullmatch(subject.image_id)):
-        raise SbomError(f"cell {subject.cell}: no content hash or image id to describe")
     root = _root(subject)
     tool = Component(type=ComponentType.APPLICATION, name="imagefactory", version=__version__,
                      bom_ref="tool:imagefactory")
@@ -247,9 +323,7 @@ VALIDATED_FILE = "sbom-validated.json"  # passcache.py's file for CycloneDX's st
 def validation_key(text: str) -> str:
     """sha256 of what decides the validator's verdict: the document's bytes and the validator's
     code (cyclonedx-python-lib's version, which ships the schema)."""
-    from importlib.metadata import version
-
-    h = hashlib.sha256(f"imagefactory-sbom-validated/1\0{SPEC}\0{version('cyclonedx-python-lib')}\0".encode())
+    h = hashlib.sha256(f"imagefactory-sbom-validated/1\0{SPEC}\0{_cyclonedx_version()}\0".encode())
     h.update(text.encode("utf-8"))
     return h.hexdigest()
 

@@ -82,6 +82,49 @@ def test_an_sbom_whose_bytes_passed_before_is_not_validated_again_one_that_faile
     assert len(seen) == 3
 
 
+def test_an_sbom_made_before_from_the_same_input_is_read_back_not_made_again(monkeypatch):
+    """The no-op build's SBOM: the same subject, probe and lock give the document kept in the cache
+    folder, without cyclonedx-python-lib; any change to what it reads makes it anew."""
+    probe = inventory_probe()
+    text = sbom.document(SUBJECT, probe, None)
+    made: list[sbom.Subject] = []
+    real = sbom._made
+    monkeypatch.setattr(sbom, "_made", lambda subject, p, lock: made.append(subject) or real(subject, p, lock))
+    assert sbom.document(SUBJECT, copy.deepcopy(probe), None) == text and made == []
+    changed = copy.deepcopy(probe)
+    changed["packages"]["python"]["numpy"] = "2.2.2"
+    assert sbom.document(SUBJECT, changed, None) != text and len(made) == 1
+    lock = Lock(Path("locks/x.txt"), "pip", (), (Pin("torch", "2.13.0+cpu", ("e" * 64,), 3),), "")
+    locked = sbom.document(SUBJECT, probe, lock)
+    assert locked != text and len(made) == 2
+    other = Lock(Path("locks/x.txt"), "pip", (), (Pin("torch", "2.13.0+cpu", ("f" * 64,), 3),), "")
+    assert sbom.document(SUBJECT, probe, other) != locked and len(made) == 3  # another hash: another document
+
+
+def test_a_kept_sbom_is_used_only_for_the_image_it_describes_and_only_while_it_validates(monkeypatch):
+    probe = inventory_probe()
+    text = sbom.document(SUBJECT, probe, None)
+    kept = sbom._document_file(sbom.document_key(SUBJECT, probe, None))
+    assert kept is not None and kept.read_text() == text
+    other = sbom.Subject(SUBJECT.image, SUBJECT.cell, SUBJECT.content_hash, "sha256:" + "9" * 64, BASE)
+    planted = sbom._document_file(sbom.document_key(other, probe, None))
+    assert planted is not None
+    planted.write_text(text)  # another image's document under this image's key
+    doc = sbom.validate(sbom.document(other, probe, None))
+    assert sbom.described(doc)["image-id"] == "sha256:" + "9" * 64
+    broken = json.loads(text)
+    broken["components"][0]["type"] = "rootkit"
+    kept.write_text(json.dumps(broken))  # no longer valid CycloneDX: made again
+    assert sbom.document(SUBJECT, probe, None) == text
+    elsewhere = kept.parent.parent / "elsewhere.cdx.json"
+    elsewhere.write_text(text)  # the right bytes, but behind a link: never followed
+    kept.unlink()
+    kept.symlink_to(elsewhere)
+    monkeypatch.setattr(sbom, "_made", lambda *a: "made")
+    monkeypatch.setattr(sbom, "keep_document", lambda *a: None)
+    assert sbom.document(SUBJECT, probe, None) == "made"
+
+
 def test_a_tampered_sbom_fails_the_strict_validator():
     doc = json.loads(sbom.document(SUBJECT, inventory_probe(), None))
     doc["components"][0]["type"] = "rootkit"
