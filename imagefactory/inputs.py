@@ -136,13 +136,62 @@ def read_real(path: Path, limit: int) -> tuple[Path, bytes]:
     return real, read_regular(real, limit)
 
 
+CERTS_CHECKED = "certificates-checked.json"  # passcache.py's file for certificates()
+
+
 def certificates(path: Path) -> bytes:
     """The X.509 certificates of a PEM file, re-encoded, one after another. Every CERTIFICATE
     block must parse as a certificate (a key or anything else labelled CERTIFICATE is refused);
-    a file with a private key anywhere in it, or a block cut short, is refused whole."""
-    from cryptography import x509  # 30 ms to import: only for matrices with CA files
-    from cryptography.hazmat.primitives import serialization
+    a file with a private key anywhere in it, or a block cut short, is refused whole.
 
+    Bytes that cryptography parsed before, and whose re-encoding was exactly the PEM of their own
+    DER (what _plain_pem makes without cryptography), are not parsed again (passcache.py: the key
+    covers the bytes, that re-encoding and cryptography's version): its import is ~30 ms of every
+    run of a matrix with CA files."""
+    from imagefactory import passcache
+
+    real, data, blocks = _pem_file(path)
+    plain = _plain_pem(blocks)
+    key = _certificates_key(data, plain) if plain is not None else None
+    if key is not None and passcache.passed(CERTS_CHECKED, key):
+        return plain  # type: ignore[return-value]  # key is None whenever plain is
+    out = _parsed_certificates(real, blocks)
+    if key is not None and out == plain:
+        passcache.remember(CERTS_CHECKED, key)
+    return out
+
+
+def _certificates_key(data: bytes, plain: bytes) -> str:
+    import hashlib
+
+    import cryptography  # its own package only (1 ms), for the version
+
+    h = hashlib.sha256(f"imagefactory-certificates/1\0{cryptography.__version__}\0".encode())
+    h.update(hashlib.sha256(plain).digest())
+    h.update(data)
+    return h.hexdigest()
+
+
+def _plain_pem(blocks: list[tuple[str, bytes, int]]) -> bytes | None:
+    """Each CERTIFICATE block's DER as PEM (64 base64 characters a line), or None when a block is
+    not base64 or there is none: what cryptography's public_bytes(PEM) writes for a certificate."""
+    out = []
+    for label, body, _ in blocks:
+        if label != "CERTIFICATE":
+            continue
+        if not _BASE64.fullmatch(body):
+            return None
+        try:
+            b64 = base64.b64encode(base64.b64decode(body, validate=True))
+        except binascii.Error:
+            return None
+        lines = b"\n".join(b64[i:i + 64] for i in range(0, len(b64), 64))
+        out.append(b"-----BEGIN CERTIFICATE-----\n" + lines + b"\n-----END CERTIFICATE-----\n")
+    return b"".join(out) or None
+
+
+def _pem_file(path: Path) -> tuple[Path, bytes, list[tuple[str, bytes, int]]]:
+    """The file's real path, its bytes and its PEM blocks; InputError for a key or a cut block."""
     try:
         path, data = read_real(path, CERT_MAX_BYTES)
     except InputError as e:
@@ -152,9 +201,16 @@ def certificates(path: Path) -> bytes:
         raise InputError(f"{short(path)} holds a private key ({', '.join(keys) or 'PRIVATE KEY'}); "
                          f"give a file with the certificates only")
     try:
-        blocks = pem_blocks(data)
+        return path, data, pem_blocks(data)
     except InputError as e:
         raise InputError(f"{short(path)}: {e}") from None
+
+
+def _parsed_certificates(path: Path, blocks: list[tuple[str, bytes, int]]) -> bytes:
+    """Each CERTIFICATE block parsed by cryptography and re-encoded by it."""
+    from cryptography import x509  # 30 ms to import: only for CA files not checked before
+    from cryptography.hazmat.primitives import serialization
+
     out = []
     for label, body, line in blocks:
         if label != "CERTIFICATE":

@@ -81,6 +81,37 @@ def test_what_enters_the_image_is_the_parsed_certificate(tmp_path):
     assert b"junk" not in out and b"\r" not in out
 
 
+def test_a_certificate_file_parsed_before_is_not_parsed_again_and_gives_the_same_bytes(tmp_path, monkeypatch):
+    """cryptography's import is ~30 ms of every run with CA files: bytes it parsed before (and
+    re-encoded as the plain PEM of their DER) are not parsed again; other bytes always are."""
+    ca = tmp_path / "ca.pem"
+    ca.write_text("junk before\n" + CERT)
+    first = inputs.certificates(ca)
+    parsed: list[Path] = []
+    real = inputs._parsed_certificates
+    monkeypatch.setattr(inputs, "_parsed_certificates", lambda path, blocks: parsed.append(path) or real(path, blocks))
+    assert inputs.certificates(ca) == first and parsed == []
+    ca.write_text("other junk\n" + CERT)  # other bytes, the same certificate: parsed again
+    assert inputs.certificates(ca) == first and len(parsed) == 1
+    key_file = tmp_path / "key.pem"
+    key_file.write_text(f"-----BEGIN CERTIFICATE-----\n{KEY_BODY}\n-----END CERTIFICATE-----\n")
+    for tries in (1, 2):  # refused every time: a refusal is never remembered
+        with pytest.raises(inputs.InputError, match="does not hold an X.509 certificate"):
+            inputs.certificates(key_file)
+        assert len(parsed) == 1 + tries
+
+
+def test_a_certificate_cryptography_re_encodes_otherwise_is_always_parsed(tmp_path, monkeypatch):
+    """The replayed bytes are the plain PEM of the file's DER; where cryptography's re-encoding is
+    anything else, the file is never remembered, so what enters the image is always cryptography's."""
+    ca = tmp_path / "ca.pem"
+    ca.write_text(CERT)
+    calls: list[Path] = []
+    monkeypatch.setattr(inputs, "_parsed_certificates", lambda path, blocks: calls.append(path) or b"other\n")
+    assert inputs.certificates(ca) == b"other\n" and inputs.certificates(ca) == b"other\n"
+    assert len(calls) == 2
+
+
 # --------------------------------------------------------------------------- globs
 
 def test_a_glob_that_walks_directories_is_refused(tmp_path, monkeypatch, capsys):
