@@ -1,0 +1,68 @@
+"""A no-op `build` (nothing changed since the last run) on the real engine does only what a changed
+input would need: it imports no SBOM serializer (cyclonedx: the SBOM made before is read back,
+sbom.py), no X.509 parser (cryptography: the CA files parsed before, inputs.py) and no schema
+validator (jsonschema: the matrix's bytes passed before, matrix.py), and its report and SBOM are
+those of a real run. No timing is asserted: bench/cli.py measures the no-op against a cached
+`docker build` (docs/performance.md).
+
+No build of its own: it takes cpu_build's image, so every run here is a cache hit with cached
+verdicts.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.integration.helpers import LEFTOVERS, Build, cli_env, report_of
+
+pytestmark = [pytest.mark.docker]
+
+CELL = Build.GOOD
+# cyclonedx's and cryptography's own packages are imported, for their versions (the caches' keys)
+SKIPPED = ("cyclonedx.model", "cyclonedx.output", "cyclonedx.validation", "cryptography.x509", "jsonschema")
+RUN = """
+import json, sys
+from imagefactory import cli
+sys.argv = ["imagefactory", *json.loads(sys.argv[1])]
+try:
+    cli.main()
+except SystemExit as e:
+    code = e.code
+else:
+    code = 0
+sys.__stderr__.write("\\nMODULES " + json.dumps(sorted(sys.modules)) + " EXIT " + str(code) + "\\n")
+"""
+
+
+def noop_build(matrix: Path, root: Path) -> tuple[set[str], int, str]:
+    """`imagefactory build` of cpu_build's cell in a fresh interpreter: the modules it loaded, its
+    exit code and its stderr (without the module list)."""
+    args = ["build", "--matrix", str(matrix), "--only", CELL, "--plain", "--gpus", "none", "--builder", "classic",
+            "--report", str(root / "report.json"), "--work-dir", str(root / "work")]
+    try:
+        r = subprocess.run([sys.executable, "-c", RUN, json.dumps(args)], capture_output=True, text=True,
+                           env=cli_env(None), timeout=600)
+    finally:
+        LEFTOVERS.from_work_dir(root / "work")
+    err, sep, tail = r.stderr.rpartition("\nMODULES ")
+    assert sep, r.stderr[-3000:]
+    modules, code = tail.rsplit(" EXIT ", 1)
+    return set(json.loads(modules)), int(code.strip() or 0), err
+
+
+def test_a_no_op_build_imports_no_sbom_serializer_x509_parser_or_schema_validator(cpu_build, tmp_path):
+    first = cpu_build.report()[CELL]
+    for run in ("first", "again"):  # the second in the same work dir: nothing at all changed
+        modules, code, err = noop_build(cpu_build.matrix, tmp_path)
+        assert code == 0, err[-3000:]
+        cell = report_of(tmp_path / "report.json")[CELL]
+        assert cell["status"] == "passed" and cell["cached"] is True and cell["verdicts"] == "cached", (run, cell)
+        assert cell["content_hash"] == first["content_hash"] and cell["image_id"] == first["image_id"]
+        loaded = sorted(m for m in modules if any(m == s or m.startswith(s + ".") for s in SKIPPED))
+        assert loaded == [], (run, loaded)
+        assert Path(cell["sbom"]).read_bytes() == Path(first["sbom"]).read_bytes(), run  # the same document
