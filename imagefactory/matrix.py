@@ -19,7 +19,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from imagefactory import __version__, availability, inputs, passcache, platforms, refs
+from imagefactory import __version__, availability, cacerts, fsutil, inputs, passcache, platforms, refs
 from imagefactory import tags as tagging
 from imagefactory.errors import ConfigError
 from imagefactory.inputs import Located as _Located
@@ -226,18 +226,28 @@ def load(path: str | Path) -> Matrix:
     shown = str(path if not path.is_relative_to(Path.cwd()) else path.relative_to(Path.cwd()))
     try:
         text = _read(path, shown)
-        root, data = _parse(text, shown)
     except ConfigError as e:
         raise ConfigError([_printable(line) for line in e.problems]) from None
-    if not isinstance(data, dict):
-        raise ConfigError(_printable(f"{shown}:1: (top level): expected a mapping with keys image, matrix, torch"))
-
-    loc = _Located(root)
     key = validation_key(text)
     known = passcache.passed(VALIDATED_FILE, key)
-    problems = [] if known else _schema_problems(data, loc)
+    data = kept_data(key) if known else None
+    parsed = None  # the data's JSON text, to keep, when it came from the YAML
+    if data is not None:  # these bytes loaded before: their YAML parses to this, with no odd integer
+        loc = _Located(None, compose=lambda: _parse(text, shown)[0])
+        problems: list[Problem] = []
+    else:
+        try:
+            root, data = _parse(text, shown)
+        except ConfigError as e:
+            raise ConfigError([_printable(line) for line in e.problems]) from None
+        if not isinstance(data, dict):
+            raise ConfigError(_printable(f"{shown}:1: (top level): expected a mapping with keys image, matrix, "
+                                         f"torch"))
+        loc = _Located(root)
+        parsed = _as_json(data)  # before _build, which reads the data as it is
+        problems = [] if known else _schema_problems(data, loc)
+        problems.extend(odd_integers(data, loc))
     schema_ok = not problems
-    problems.extend(odd_integers(data, loc))
 
     matrix = None
     if not problems:
@@ -246,8 +256,59 @@ def load(path: str | Path) -> Matrix:
         raise _config_error(shown, problems)
     if schema_ok and not known:
         passcache.remember(VALIDATED_FILE, key)
+    if parsed is not None:
+        keep_data(key, parsed)
     assert matrix is not None
     return matrix
+
+
+# -- the parsed matrix -----------------------------------------------------------------------------
+# The data of a matrix whose bytes loaded before (under the key above): a pure function of the
+# bytes, so the next load reads it as JSON and imports no YAML parser (`list` and a no-op `build`).
+# The YAML is parsed again only if a problem needs its line (a file the matrix names went away).
+DATA_FOLDER = "matrix-data"  # under the cache folder (fsutil.cache_root)
+DATA_KEPT = 64
+DATA_MAX_BYTES = 16 << 20  # a YAML file is at most inputs.YAML_MAX_BYTES; its aliases can make more
+
+
+def _data_file(key: str) -> Path | None:
+    folder = passcache.path(DATA_FOLDER)
+    return None if folder is None or not passcache.is_key(key) else folder / f"{key}.json"
+
+
+def kept_data(key: str) -> dict[str, Any] | None:
+    """The data the matrix `key` names parsed to, kept by an earlier load; None when there is none
+    or it is odd (then the YAML is parsed). Read bounded, never through a link."""
+    file = _data_file(key)
+    try:
+        if file is None or file.is_symlink() or not file.exists():
+            return None
+        data = json.loads(inputs.read_regular(file, DATA_MAX_BYTES).decode("utf-8"))
+    except (OSError, ValueError, RecursionError):  # inputs.InputError is a ValueError
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _as_json(data: Any) -> str | None:
+    """`data` as JSON text, if JSON holds it exactly (YAML can say more: dates, non-string keys)."""
+    try:
+        text = json.dumps(data)
+    except (TypeError, ValueError, RecursionError):
+        return None
+    return text if json.loads(text) == data else None
+
+
+def keep_data(key: str, text: str) -> None:
+    """Keep what a matrix that loaded parsed to (its JSON text); never fatal."""
+    file = _data_file(key)
+    if file is None:
+        return
+    try:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        fsutil.atomic_write(file, text)
+        passcache.prune(file.parent, ".json", DATA_KEPT)
+    except OSError:
+        pass
 
 
 def _build(path: Path, data: dict[str, Any], loc: _Located, problems: list[Problem]) -> Matrix | None:
@@ -506,7 +567,7 @@ def _certificates(patterns: list[str], base_dir: Path, problem) -> list[Path]:
     certs: list[Path] = []
     for i, rel in enumerate(patterns):
         try:
-            certs += inputs.ca_files(rel, base_dir)  # a glob lists one directory, at most 256 files
+            certs += cacerts.ca_files(rel, base_dir)  # a glob lists one directory, at most 256 files
         except inputs.InputError as e:
             problem(("ca_certificates", i), str(e))
     return certs

@@ -43,6 +43,19 @@ def keys(file: Path) -> list[str]:
     return [k for k in doc if isinstance(k, str) and _KEY_RE.fullmatch(k)]
 
 
+def is_key(key: str) -> bool:
+    return bool(_KEY_RE.fullmatch(key))
+
+
+def prune(folder: Path, suffix: str, kept: int) -> None:
+    """Remove all but the `kept` newest files named *`suffix` in `folder` (a cache of files)."""
+    import os
+
+    files = sorted((e.stat().st_mtime_ns, e.path) for e in os.scandir(folder) if e.name.endswith(suffix))
+    for _, old in files[:-kept]:
+        os.unlink(old)
+
+
 def passed(name: str, key: str) -> bool:
     file = path(name)
     return file is not None and key in keys(file)

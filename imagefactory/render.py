@@ -20,7 +20,7 @@ from typing import Mapping
 
 import jinja2
 
-from imagefactory import digests, inputs, lockfile
+from imagefactory import cacerts, digests, inputs, lockfile
 from imagefactory import netrc as netrc_mod
 from imagefactory.engine_api import Builder
 from imagefactory.errors import ConfigError
@@ -171,7 +171,7 @@ def _write_files(matrix: Matrix, cell: Cell, root: Path, lock: lockfile.Lock | N
         (root / "certs").mkdir()
         for name, src in zip(names, matrix.ca_certificates):
             try:
-                (root / "certs" / name).write_bytes(inputs.certificates(src))
+                (root / "certs" / name).write_bytes(cacerts.certificates(src))
             except inputs.InputError as e:
                 raise ConfigError(inputs.printable(f"ca_certificates: {e}")) from None
     if lock is not None:

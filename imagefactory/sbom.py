@@ -22,7 +22,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
 import re
 import uuid
 from dataclasses import dataclass
@@ -285,9 +284,7 @@ def keep_document(key: str, text: str) -> None:
     try:
         file.parent.mkdir(parents=True, exist_ok=True)
         fsutil.atomic_write(file, text)
-        kept = sorted((e.stat().st_mtime_ns, e.path) for e in os.scandir(file.parent) if e.name.endswith(".cdx.json"))
-        for _, old in kept[:-DOCUMENTS_KEPT]:
-            os.unlink(old)
+        passcache.prune(file.parent, ".cdx.json", DOCUMENTS_KEPT)
     except OSError:
         pass  # the next run makes it again
 

@@ -69,10 +69,10 @@ def test_list_of_a_validated_matrix_imports_no_pipeline_step(tmp_path):
     path.write_text(TWO_PIP_CELLS)
     first, code, out = imported(["list", "--matrix", str(path)], tmp_path / "cache")
     assert code == 0 and "py3.11-cpu-openblas-pip" in out
-    assert "jsonschema" in first  # the first `list` validates (so the check below can fail)
+    assert "jsonschema" in first and "yaml" in first  # the first `list` parses and validates (so the check below can fail)
     again, code, out2 = imported(["list", "--matrix", str(path)], tmp_path / "cache")
     assert code == 0 and out2 == out
-    assert heavy(again) == []
+    assert heavy(again, LAZY + ("yaml",)) == []  # the parsed matrix kept: no YAML parser either
 
 
 def test_the_table_is_what_rich_printed(tmp_path, monkeypatch, capsys):
@@ -165,6 +165,70 @@ def test_a_planted_key_skips_the_schema_only(tmp_path, monkeypatch):
         matrix.load(path)
         assert len(calls) == 1
         assert json.loads(cache.read_text()) == [matrix.validation_key(TWO_PIP_CELLS)]
+
+
+# -- the parsed matrix ------------------------------------------------------------------------------
+def parses(monkeypatch) -> list[str]:
+    calls: list[str] = []
+    real = matrix._parse
+
+    def counted(text, shown):
+        calls.append(shown)
+        return real(text, shown)
+
+    monkeypatch.setattr(matrix, "_parse", counted)
+    return calls
+
+
+def test_bytes_that_loaded_before_are_not_parsed_again(tmp_path, monkeypatch):
+    path = tmp_path / "matrix.yaml"
+    path.write_text(TWO_PIP_CELLS)
+    calls = parses(monkeypatch)
+    first = matrix.load(path)
+    assert matrix.load(path) == first and len(calls) == 1  # the same Matrix, from the kept data
+    path.write_text(TWO_PIP_CELLS.replace("threads: 2", "threads: 3"))
+    assert matrix.load(path) != first and len(calls) == 2  # other bytes: parsed
+
+
+def test_a_problem_after_a_kept_load_still_names_its_line(tmp_path, monkeypatch):
+    """A file the matrix names can go away between runs: the kept data skips the YAML, so the
+    problem's line comes from composing it then."""
+    (tmp_path / "ca.pem").write_text((REPO / "tests" / "golden" / "certs" / "corp-ca.pem").read_text())
+    path = tmp_path / "matrix.yaml"
+    path.write_text(TWO_PIP_CELLS + "ca_certificates: [ca.pem]\n")
+    matrix.load(path)
+    line = TWO_PIP_CELLS.count("\n") + 1
+    (tmp_path / "ca.pem").unlink()
+    calls = parses(monkeypatch)
+    with pytest.raises(matrix.ConfigError) as e:
+        matrix.load(path)
+    assert f"matrix.yaml:{line}: ca_certificates[0]: " in e.value.problems[0], e.value.problems
+    assert len(calls) == 1  # composed for the line only
+
+
+def test_odd_kept_data_is_parsed_again_and_json_must_hold_the_data_exactly(tmp_path, monkeypatch):
+    import datetime
+
+    path = tmp_path / "matrix.yaml"
+    path.write_text(TWO_PIP_CELLS)
+    first = matrix.load(path)
+    kept = matrix._data_file(matrix.validation_key(TWO_PIP_CELLS))
+    assert kept is not None
+    good = json.loads(kept.read_text())
+    assert good["torch"] == "2.13.0"
+    for odd in ("[1, 2]", "{not json", "x" * (matrix.DATA_MAX_BYTES + 1)):
+        kept.write_text(odd)
+        calls = parses(monkeypatch)
+        assert matrix.load(path) == first and len(calls) == 1
+        assert json.loads(kept.read_text()) == good  # kept anew
+    kept.unlink()
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_text(json.dumps({**good, "image": "evil.example.com/ml/x"}))
+    kept.symlink_to(elsewhere)  # never through a link
+    calls = parses(monkeypatch)
+    assert matrix.load(path) == first and len(calls) == 1
+    assert matrix._as_json({"a": datetime.date(2026, 12, 2)}) is None and matrix._as_json({1: "x"}) is None
+    assert matrix._as_json({"a": [1, 2.5, True, None]}) == '{"a": [1, 2.5, true, null]}'
 
 
 def test_an_unwritable_cache_is_not_fatal(tmp_path, monkeypatch):

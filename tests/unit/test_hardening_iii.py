@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from imagefactory import cli, fsutil, inputs, matrix, netrc, smoke
+from imagefactory import cacerts, cli, fsutil, inputs, matrix, netrc, smoke
 from imagefactory.errors import ConfigError
 from tests.unit.helpers import run_cli
 
@@ -596,9 +596,9 @@ def test_a_ca_file_with_a_private_key_whose_begin_line_is_cut_off_is_refused(tmp
     body = "MC4CAQAwBQYDK2VwBCIEIBm5nGyGzDNZm0Ql0sm6yAZdLS0rYH/3wNudt2Wv4nsC"
     (tmp_path / "ca.pem").write_text(cert + body + "\n-----END PRIVATE KEY-----\n")
     with pytest.raises(inputs.InputError, match="private key"):
-        inputs.certificates(tmp_path / "ca.pem")
+        cacerts.certificates(tmp_path / "ca.pem")
     (tmp_path / "ca.pem").write_text(cert)
-    assert inputs.certificates(tmp_path / "ca.pem").startswith(b"-----BEGIN CERTIFICATE-----")
+    assert cacerts.certificates(tmp_path / "ca.pem").startswith(b"-----BEGIN CERTIFICATE-----")
 
 
 class _CacheEngine:

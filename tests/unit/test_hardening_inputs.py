@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from imagefactory import fsutil, inputs, matrix, render
+from imagefactory import cacerts, fsutil, inputs, matrix, render
 from imagefactory.errors import ConfigError
 from tests.conftest import REPO
 from tests.unit.helpers import run_cli
@@ -76,7 +76,7 @@ def test_a_key_labelled_certificate_is_refused(tmp_path, monkeypatch, capsys):
 
 def test_what_enters_the_image_is_the_parsed_certificate(tmp_path):
     (tmp_path / "ca.pem").write_text("junk before\n" + CERT.replace("\n", "\r\n") + "junk after\n")
-    out = inputs.certificates(tmp_path / "ca.pem")
+    out = cacerts.certificates(tmp_path / "ca.pem")
     assert x509.load_pem_x509_certificate(out) == x509.load_pem_x509_certificate(CERT.encode())
     assert b"junk" not in out and b"\r" not in out
 
@@ -86,18 +86,18 @@ def test_a_certificate_file_parsed_before_is_not_parsed_again_and_gives_the_same
     re-encoded as the plain PEM of their DER) are not parsed again; other bytes always are."""
     ca = tmp_path / "ca.pem"
     ca.write_text("junk before\n" + CERT)
-    first = inputs.certificates(ca)
+    first = cacerts.certificates(ca)
     parsed: list[Path] = []
-    real = inputs._parsed_certificates
-    monkeypatch.setattr(inputs, "_parsed_certificates", lambda path, blocks: parsed.append(path) or real(path, blocks))
-    assert inputs.certificates(ca) == first and parsed == []
+    real = cacerts._parsed_certificates
+    monkeypatch.setattr(cacerts, "_parsed_certificates", lambda path, blocks: parsed.append(path) or real(path, blocks))
+    assert cacerts.certificates(ca) == first and parsed == []
     ca.write_text("other junk\n" + CERT)  # other bytes, the same certificate: parsed again
-    assert inputs.certificates(ca) == first and len(parsed) == 1
+    assert cacerts.certificates(ca) == first and len(parsed) == 1
     key_file = tmp_path / "key.pem"
     key_file.write_text(f"-----BEGIN CERTIFICATE-----\n{KEY_BODY}\n-----END CERTIFICATE-----\n")
     for tries in (1, 2):  # refused every time: a refusal is never remembered
         with pytest.raises(inputs.InputError, match="does not hold an X.509 certificate"):
-            inputs.certificates(key_file)
+            cacerts.certificates(key_file)
         assert len(parsed) == 1 + tries
 
 
@@ -107,8 +107,8 @@ def test_a_certificate_cryptography_re_encodes_otherwise_is_always_parsed(tmp_pa
     ca = tmp_path / "ca.pem"
     ca.write_text(CERT)
     calls: list[Path] = []
-    monkeypatch.setattr(inputs, "_parsed_certificates", lambda path, blocks: calls.append(path) or b"other\n")
-    assert inputs.certificates(ca) == b"other\n" and inputs.certificates(ca) == b"other\n"
+    monkeypatch.setattr(cacerts, "_parsed_certificates", lambda path, blocks: calls.append(path) or b"other\n")
+    assert cacerts.certificates(ca) == b"other\n" and cacerts.certificates(ca) == b"other\n"
     assert len(calls) == 2
 
 
