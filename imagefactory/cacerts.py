@@ -24,7 +24,7 @@ def certificates(path: Path) -> bytes:
 
     Bytes that cryptography parsed before, and whose re-encoding was exactly the PEM of their own
     DER (what _plain_pem makes without cryptography), are not parsed again (passcache.py: the key
-    covers the bytes, that re-encoding and cryptography's version): its import is ~30 ms of every
+    covers the bytes, that re-encoding, this module's source and cryptography's version): its import is ~30 ms of every
     run of a matrix with CA files."""
     real, data, blocks = _pem_file(path)
     plain = _plain_pem(blocks)
@@ -43,6 +43,7 @@ def _certificates_key(data: bytes, plain: bytes) -> str:
     import cryptography  # its own package only (1 ms), for the version
 
     h = hashlib.sha256(f"imagefactory-certificates/1\0{cryptography.__version__}\0".encode())
+    h.update(passcache.code_digest(__name__).encode())
     h.update(hashlib.sha256(plain).digest())
     h.update(data)
     return h.hexdigest()

@@ -272,8 +272,13 @@ DATA_MAX_BYTES = 16 << 20  # a YAML file is at most inputs.YAML_MAX_BYTES; its a
 
 
 def _data_file(key: str) -> Path | None:
+    """The kept data of the matrix `key` (validation_key) names, under inputs.py's YAML reader as
+    it is now (its source is in the file's name)."""
     folder = passcache.path(DATA_FOLDER)
-    return None if folder is None or not passcache.is_key(key) else folder / f"{key}.json"
+    if folder is None or not passcache.is_key(key):
+        return None
+    name = hashlib.sha256(f"{key}\0{passcache.code_digest(inputs.__name__)}".encode()).hexdigest()
+    return folder / f"{name}.json"
 
 
 def kept_data(key: str) -> dict[str, Any] | None:

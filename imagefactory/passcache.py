@@ -11,6 +11,8 @@ missing cache folder, or one that cannot be written, costs a validation, never t
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -41,6 +43,20 @@ def keys(file: Path) -> list[str]:
     if not isinstance(doc, list):
         return []
     return [k for k in doc if isinstance(k, str) and _KEY_RE.fullmatch(k)]
+
+
+@functools.lru_cache(maxsize=None)
+def code_digest(*modules: str) -> str:
+    """sha256 of the source files of `modules` (dotted names, as imported): part of a cache key
+    whose verdict is their code's, so that an edit (an editable install, no new version) is a new
+    key. Read from the file each module was loaded from."""
+    import sys
+
+    h = hashlib.sha256()
+    for name in modules:
+        file = getattr(sys.modules.get(name), "__file__", None)
+        h.update(name.encode() + b"\0" + (Path(file).read_bytes() if file else b"?") + b"\0")
+    return h.hexdigest()
 
 
 def is_key(key: str) -> bool:

@@ -245,9 +245,11 @@ def _cyclonedx_version() -> str:
 
 def document_key(subject: Subject, probe: dict, lock: Lock | None) -> str:
     """sha256 of everything document() reads: the subject, the probe, the lock's pins, and the code
-    that makes the bytes (imagefactory's and cyclonedx-python-lib's versions)."""
+    that makes the bytes (imagefactory's version and this module's source, cyclonedx-python-lib's
+    version)."""
     pins = None if lock is None else [[p.name, p.version, list(p.hashes)] for p in lock.pins]
-    what = ["imagefactory-sbom-document/1", __version__, _cyclonedx_version(), SPEC, subject.__dict__, probe, pins]
+    what = ["imagefactory-sbom-document/1", __version__, passcache.code_digest(__name__), _cyclonedx_version(), SPEC,
+            subject.__dict__, probe, pins]
     return hashlib.sha256(json.dumps(what, sort_keys=True, default=repr).encode()).hexdigest()
 
 

@@ -227,6 +227,11 @@ def test_odd_kept_data_is_parsed_again_and_json_must_hold_the_data_exactly(tmp_p
     kept.symlink_to(elsewhere)  # never through a link
     calls = parses(monkeypatch)
     assert matrix.load(path) == first and len(calls) == 1
+    from imagefactory import passcache
+
+    real = passcache.code_digest
+    monkeypatch.setattr(passcache, "code_digest", lambda *names: real(*names) + "-edited")
+    assert matrix._data_file(matrix.validation_key(TWO_PIP_CELLS)) != kept  # inputs.py edited: another file
     assert matrix._as_json({"a": datetime.date(2026, 12, 2)}) is None and matrix._as_json({1: "x"}) is None
     assert matrix._as_json({"a": [1, 2.5, True, None]}) == '{"a": [1, 2.5, true, null]}'
 

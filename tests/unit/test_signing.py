@@ -101,6 +101,35 @@ def test_an_sbom_made_before_from_the_same_input_is_read_back_not_made_again(mon
     assert sbom.document(SUBJECT, probe, other) != locked and len(made) == 3  # another hash: another document
 
 
+def test_an_edit_to_the_code_that_makes_a_kept_document_is_a_new_key(tmp_path, monkeypatch):
+    """An editable install changes code without a new version: the kept SBOMs and certificates are
+    keyed by their module's source too (passcache.code_digest)."""
+    import importlib
+    import sys
+
+    from imagefactory import cacerts, passcache
+
+    mod = tmp_path / "codedigest_probe.py"
+    mod.write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.import_module("codedigest_probe")
+    try:
+        before = passcache.code_digest("codedigest_probe")
+        mod.write_text("X = 2\n")
+        passcache.code_digest.cache_clear()
+        assert passcache.code_digest("codedigest_probe") != before
+    finally:
+        sys.modules.pop("codedigest_probe", None)
+        passcache.code_digest.cache_clear()
+    probe = inventory_probe()
+    key = sbom.document_key(SUBJECT, probe, None)
+    cert_key = cacerts._certificates_key(b"data", b"plain")
+    real = passcache.code_digest
+    monkeypatch.setattr(passcache, "code_digest", lambda *names: real(*names) + "-edited")
+    assert sbom.document_key(SUBJECT, probe, None) != key
+    assert cacerts._certificates_key(b"data", b"plain") != cert_key
+
+
 def test_a_kept_sbom_is_used_only_for_the_image_it_describes_and_only_while_it_validates(monkeypatch):
     probe = inventory_probe()
     text = sbom.document(SUBJECT, probe, None)
