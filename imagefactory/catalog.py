@@ -18,9 +18,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-import jinja2
-
-from imagefactory import fsutil, inputs, refs
+from imagefactory import fsutil, inputs, refs, rendered
 from imagefactory.checks import Check
 from imagefactory.errors import ConfigError
 from imagefactory.cellreport import CellReport
@@ -268,13 +266,19 @@ def image(r: CellReport, figures: list[dict[str, Any]]) -> Image:
 
 def render(reports: list[CellReport], bench: dict[str, list[dict[str, Any]]] | None = None,
            *, title: str = "imagefactory image catalogue") -> str:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(_TEMPLATES), autoescape=True,
-                             undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
     rows, columns, cells = grid(reports)
     images = [image(r, (bench or {}).get(r.cell, [])) for r in reports]
-    return env.get_template("catalog.html.j2").render(
-        title=title, rows=rows, columns=columns, cells=cells, images=images,
-        counts={v: sum(1 for i in images if i.tile.verdict == v) for v in ("pass", "fail", "none")})
+    values = {"title": title, "rows": rows, "columns": columns, "cells": cells, "images": images,
+              "counts": {v: sum(1 for i in images if i.tile.verdict == v) for v in ("pass", "fail", "none")}}
+
+    def make() -> str:
+        import jinja2  # only for a page not kept from an earlier run (rendered.py)
+
+        env = jinja2.Environment(loader=jinja2.FileSystemLoader(_TEMPLATES), autoescape=True,
+                                 undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+        return env.get_template("catalog.html.j2").render(values)
+
+    return rendered.text("catalog.html.j2", values, make, templates=_TEMPLATES, code=(__name__,))
 
 
 def write(reports: list[CellReport], report_path: Path) -> Path:

@@ -16,11 +16,9 @@ import shutil
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
-import jinja2
-
-from imagefactory import cacerts, digests, inputs, lockfile
+from imagefactory import cacerts, digests, inputs, lockfile, rendered
 from imagefactory import netrc as netrc_mod
 from imagefactory.engine_api import Builder
 from imagefactory.errors import ConfigError
@@ -33,6 +31,11 @@ from imagefactory.recipe import (CACHE_DIRS, CERT_BUNDLE, CERT_ENV, CGROUP_ROOT,
                                  image_env, labels, pip_requirements, runtime_env, site_packages,
                                  torch_requirement)
 
+if TYPE_CHECKING:
+    import jinja2
+
+
+@functools.cache
 def templates_dir() -> Path:
     """dockerfiles/ beside the package (a checkout), or inside it (an installed wheel)."""
     here = Path(__file__).resolve().parent
@@ -53,6 +56,8 @@ def _dq(value: object) -> str:
 
 @functools.cache
 def environment() -> jinja2.Environment:
+    import jinja2  # only for a render not kept from an earlier run (template_text)
+
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates_dir())),
         undefined=jinja2.StrictUndefined,
@@ -66,6 +71,18 @@ def environment() -> jinja2.Environment:
     env.filters["kv"] = lambda pair: f"{pair[0]}={_dq(pair[1])}"
     env.filters["yaml_str"] = lambda v: json.dumps(str(v))  # a JSON string is a YAML string: null stays "null"
     return env
+
+
+# What the templates run besides Jinja2: this module's filters, and the recipe's and the model's
+# values and properties (a render kept from before is keyed by their source, rendered.py)
+RENDER_CODE = ("imagefactory.render", "imagefactory.recipe", "imagefactory.model", "imagefactory.platforms")
+
+
+def template_text(name: str, values: Mapping[str, object]) -> str:
+    """What the template `name` of dockerfiles/ renders for `values`; the same render as an
+    earlier run's is read back (rendered.py), without Jinja2."""
+    return rendered.text(name, values, lambda: environment().get_template(name).render(values),
+                         templates=templates_dir(), code=RENDER_CODE)
 
 
 @dataclass(frozen=True)
@@ -107,7 +124,7 @@ def dockerfile_text(matrix: Matrix, cell: Cell, content_hash: str | None, certs:
         values.update(_conda_values(matrix, cell, locked))
     else:
         values.update(_pip_values(matrix, cell, locked))
-    return environment().get_template(f"{cell.installer}.Dockerfile.j2").render(values)
+    return template_text(f"{cell.installer}.Dockerfile.j2", values)
 
 
 def _launch_values(cell: Cell, certs: bool, cgroup_root: str) -> dict[str, object]:
@@ -117,17 +134,17 @@ def _launch_values(cell: Cell, certs: bool, cgroup_root: str) -> dict[str, objec
 
 def entrypoint_text(cell: Cell, certs: bool = False, cgroup_root: str = CGROUP_ROOT) -> str:
     """The ENTRYPOINT script. cgroup_root: where it reads the CPU quota (tests point it elsewhere)."""
-    return environment().get_template("entrypoint.sh.j2").render(_launch_values(cell, certs, cgroup_root))
+    return template_text("entrypoint.sh.j2", _launch_values(cell, certs, cgroup_root))
 
 
 def launch_env_text(cell: Cell, certs: bool = False, cgroup_root: str = CGROUP_ROOT) -> str:
     """The same settings in POSIX sh, for /etc/profile.d/ and /.singularity.d/env/."""
-    return environment().get_template("launch-env.sh.j2").render(_launch_values(cell, certs, cgroup_root))
+    return template_text("launch-env.sh.j2", _launch_values(cell, certs, cgroup_root))
 
 
 def launch_conf_text(cell: Cell, certs: bool = False) -> str:
     """The settings the Python launch hook applies (resources/launch.py reads them)."""
-    return environment().get_template("launch.conf.j2").render(_launch_values(cell, certs, CGROUP_ROOT))
+    return template_text("launch.conf.j2", _launch_values(cell, certs, CGROUP_ROOT))
 
 
 def launch_hook_source() -> str:
@@ -141,8 +158,8 @@ def _write_launch_files(cell: Cell, root: Path, certs: bool) -> None:
         "launch.conf": (launch_conf_text(cell, certs), 0o644),
         LAUNCH_HOOK: (launch_hook_source(), 0o644),
         LAUNCH_PTH: ("import imagefactory_launch\n", 0o644),
-        "python-launcher": (environment().get_template("python-launcher.sh.j2").render(
-            python=f"{ENV_PREFIX[cell.installer]}/bin/python"), 0o755),
+        "python-launcher": (template_text("python-launcher.sh.j2", {"python": f"{ENV_PREFIX[cell.installer]}/bin/python"}),
+                            0o755),
     }
     for name, (text, mode) in files.items():
         (root / name).write_text(text, encoding="utf-8")
@@ -177,8 +194,7 @@ def _write_files(matrix: Matrix, cell: Cell, root: Path, lock: lockfile.Lock | N
     if lock is not None:
         (root / lockfile.CONTEXT_NAME).write_text(lock.text, encoding="utf-8")  # so it is part of the content hash
     if cell.installer == "conda":
-        text = environment().get_template("condarc.j2").render(
-            channels=matrix.conda.channels, certs=names)
+        text = template_text("condarc.j2", {"channels": matrix.conda.channels, "certs": names})
         (root / "condarc").write_text(text, encoding="utf-8")
     elif matrix.pip.wheelhouse is not None:
         (root / "wheelhouse").mkdir()
