@@ -36,7 +36,7 @@ import tempfile
 import threading
 from collections import deque
 from pathlib import Path
-from typing import IO, Callable
+from typing import IO, Any, Callable
 
 from imagefactory import fsutil, inputs
 from imagefactory.engine import Engine
@@ -368,8 +368,9 @@ class BuildxEngine(Engine):
 
     builder = Builder.buildkit
 
-    def __init__(self, *, interrupt: Interrupt | None = None, buildx_builder: str | None = None) -> None:
-        super().__init__(interrupt=interrupt)
+    def __init__(self, *, interrupt: Interrupt | None = None, buildx_builder: str | None = None,
+                 shared: dict[str, Any] | None = None) -> None:
+        super().__init__(interrupt=interrupt, shared=shared)
         self.buildx_builder = check_builder_name(buildx_builder)
 
     def build(self, request: BuildRequest, *, log: Callable[[str], None] = lambda line: None,

@@ -67,13 +67,18 @@ class Engine:
     builder = Builder.classic
 
     def __init__(self, client: docker.DockerClient | None = None, *, timeout: int = 600,
-                 interrupt: Interrupt | None = None):
+                 interrupt: Interrupt | None = None, shared: dict[str, Any] | None = None):
+        """`shared`: what the engines of one run (engines.docker_factory, one per worker) learn
+        once: the API version the first negotiated, and `docker info` (its runtimes and
+        architecture do not change within a run)."""
         where = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+        self._shared = shared if shared is not None else {}
         try:
-            self.client = client or docker.from_env(timeout=timeout)
+            self.client = client or docker.from_env(timeout=timeout, version=self._shared.get("api_version"))
             self.client.ping()
         except _SDK_ERRORS as e:
             raise DockerUnavailable(f"no Docker engine answered at {where} ({_short(e)}); {START_HINT}") from None
+        self._shared.setdefault("api_version", self.client.api.api_version)
         self.api = self.client.api
         self.interrupt = interrupt or Interrupt()
         self._stream: _Stream | None = None
@@ -156,11 +161,17 @@ class Engine:
             self._failed(f"could not inspect {ref}", e)
         return f"{attrs.get('Os') or '?'}/{attrs.get('Architecture') or '?'}"
 
+    def _info(self) -> dict[str, Any]:
+        """`docker info`, asked once for all the engines that share it."""
+        if "info" not in self._shared:
+            self._shared["info"] = self.client.info()
+        return dict(self._shared["info"])
+
     def native_platform(self) -> platforms.Platform | None:
         """The platform of the engine's own host (docker info Architecture); None if not in the table."""
         if self._native is None:
             try:
-                self._native = (platforms.native(str(self.client.info().get("Architecture") or "?")),)
+                self._native = (platforms.native(str(self._info().get("Architecture") or "?")),)
             except _SDK_ERRORS as e:
                 self._failed("could not ask the engine its architecture", e)
         return self._native[0]
@@ -255,7 +266,7 @@ class Engine:
     def gpus_available(self) -> bool:
         """Whether this engine can give containers GPUs (the NVIDIA runtime is registered)."""
         try:
-            info = self.client.info()
+            info = self._info()
         except _SDK_ERRORS as e:
             self._failed("could not ask the engine about its runtimes", e)
         return "nvidia" in (info.get("Runtimes") or {}) or bool(info.get("CDISpecDirs") and

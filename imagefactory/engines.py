@@ -8,27 +8,31 @@ engine (`list`, `render`, `schema`, `lock --check`).
 
 from __future__ import annotations
 
+from typing import Any
+
 from imagefactory.engine_api import Builder, ContainerEngine, EngineFactory
 from imagefactory.interrupt import Interrupt
 
 
 def docker_engine(interrupt: Interrupt | None = None, *, builder: Builder = Builder.classic,
-                  buildx_builder: str | None = None) -> ContainerEngine:
+                  buildx_builder: str | None = None, shared: dict[str, Any] | None = None) -> ContainerEngine:
     """A connected Docker engine that builds with `builder` (engine.Engine, or buildkit.BuildxEngine
-    that runs `docker buildx`; auto must have been resolved by buildkit.select). Raises
-    DockerUnavailable."""
+    that runs `docker buildx`; auto must have been resolved by buildkit.select). `shared`: what
+    the engines of one factory learn once (engine.Engine). Raises DockerUnavailable."""
     if builder is Builder.auto:
         raise ValueError("Builder.auto is a choice: resolve it with buildkit.select first")
     if builder is Builder.buildkit:
         from imagefactory.buildkit import BuildxEngine
 
-        return BuildxEngine(interrupt=interrupt, buildx_builder=buildx_builder)
+        return BuildxEngine(interrupt=interrupt, buildx_builder=buildx_builder, shared=shared)
     from imagefactory.engine import Engine
 
-    return Engine(interrupt=interrupt)
+    return Engine(interrupt=interrupt, shared=shared)
 
 
 def docker_factory(interrupt: Interrupt | None = None, *, builder: Builder = Builder.classic,
                    buildx_builder: str | None = None) -> EngineFactory:
-    """Makes Docker engines that share `interrupt` (one per worker thread)."""
-    return lambda: docker_engine(interrupt, builder=builder, buildx_builder=buildx_builder)
+    """Makes Docker engines that share `interrupt` (one per worker thread), and what the first
+    learnt of the engine: its API version and `docker info`, asked once a run."""
+    shared: dict[str, Any] = {}
+    return lambda: docker_engine(interrupt, builder=builder, buildx_builder=buildx_builder, shared=shared)

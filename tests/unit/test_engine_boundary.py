@@ -83,3 +83,44 @@ def test_the_fake_and_the_docker_engine_implement_the_whole_interface():
         wanted = list(inspect.signature(getattr(ContainerEngine, name)).parameters)
         for impl in (Engine, FakeEngine):
             assert list(inspect.signature(getattr(impl, name)).parameters) == wanted, f"{impl.__name__}.{name}"
+
+
+# --------------------------------------------------------------------------- one run's engines
+class _Client:
+    """What Engine asks of a docker.DockerClient here: ping, the negotiated version, docker info."""
+
+    infos = 0
+
+    def __init__(self, version: str | None):
+        self.api = type("Api", (), {"api_version": version or "1.41"})()
+
+    def ping(self) -> bool:
+        return True
+
+    def info(self) -> dict:
+        _Client.infos += 1
+        return {"Architecture": "x86_64", "Runtimes": {"runc": {}}}
+
+
+def test_the_engines_of_one_factory_negotiate_once_and_ask_docker_info_once(monkeypatch):
+    """A run makes one engine per worker: the second takes the first's API version (no second
+    negotiation round trip) and its `docker info` (runtimes, architecture) instead of asking again."""
+    import docker
+
+    from imagefactory import engines, platforms
+
+    asked: list[str | None] = []
+
+    def from_env(timeout: int, version: str | None = None) -> _Client:
+        asked.append(version)
+        return _Client(version)
+
+    monkeypatch.setattr(docker, "from_env", from_env)
+    _Client.infos = 0
+    factory = engines.docker_factory()
+    first, second = factory(), factory()
+    assert asked == [None, "1.41"]
+    assert not first.gpus_available() and second.native_platform() == platforms.native("x86_64")
+    assert _Client.infos == 1
+    engines.docker_factory()().gpus_available()  # another run's factory asks again
+    assert _Client.infos == 2 and asked[-1] is None
