@@ -78,7 +78,8 @@ class Engine:
             self.client.ping()
         except _SDK_ERRORS as e:
             raise DockerUnavailable(f"no Docker engine answered at {where} ({_short(e)}); {START_HINT}") from None
-        self._shared.setdefault("api_version", self.client.api.api_version)
+        if client is None:  # the version this SDK client negotiated (a given client is the caller's)
+            self._shared.setdefault("api_version", self.client.api.api_version)
         self.api = self.client.api
         self.interrupt = interrupt or Interrupt()
         self._stream: _Stream | None = None
