@@ -19,7 +19,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from imagefactory import __version__, availability, cacerts, fsutil, inputs, passcache, platforms, refs
+from imagefactory import __version__, availability, cacerts, inputs, passcache, platforms, refs
 from imagefactory import tags as tagging
 from imagefactory.errors import ConfigError
 from imagefactory.inputs import Located as _Located
@@ -284,12 +284,10 @@ def _data_file(key: str) -> Path | None:
 def kept_data(key: str) -> dict[str, Any] | None:
     """The data the matrix `key` names parsed to, kept by an earlier load; None when there is none
     or it is odd (then the YAML is parsed). Read bounded, never through a link."""
-    file = _data_file(key)
+    text = passcache.read_kept(_data_file(key), DATA_MAX_BYTES)
     try:
-        if file is None or file.is_symlink() or not file.exists():
-            return None
-        data = json.loads(inputs.read_regular(file, DATA_MAX_BYTES).decode("utf-8"))
-    except (OSError, ValueError, RecursionError):  # inputs.InputError is a ValueError
+        data = json.loads(text) if text is not None else None
+    except (ValueError, RecursionError):
         return None
     return data if isinstance(data, dict) else None
 
@@ -305,15 +303,7 @@ def _as_json(data: Any) -> str | None:
 
 def keep_data(key: str, text: str) -> None:
     """Keep what a matrix that loaded parsed to (its JSON text); never fatal."""
-    file = _data_file(key)
-    if file is None:
-        return
-    try:
-        file.parent.mkdir(parents=True, exist_ok=True)
-        fsutil.atomic_write(file, text)
-        passcache.prune(file.parent, ".json", DATA_KEPT)
-    except OSError:
-        pass
+    passcache.keep(_data_file(key), text, ".json", DATA_KEPT)
 
 
 def _build(path: Path, data: dict[str, Any], loc: _Located, problems: list[Problem]) -> Matrix | None:

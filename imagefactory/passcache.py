@@ -72,6 +72,30 @@ def prune(folder: Path, suffix: str, kept: int) -> None:
         os.unlink(old)
 
 
+def read_kept(file: Path | None, limit: int) -> str | None:
+    """A kept result's text (sbom.py's documents, matrix.py's data, rendered.py's renders): a
+    regular file of at most `limit` bytes, never through a link, UTF-8; None for anything else."""
+    try:
+        if file is None or file.is_symlink() or not file.exists():
+            return None
+        return inputs.read_regular(file, limit).decode("utf-8")
+    except (OSError, ValueError):  # inputs.InputError and UnicodeDecodeError are ValueErrors
+        return None
+
+
+def keep(file: Path | None, text: str, suffix: str, kept: int) -> None:
+    """Write a kept result atomically, the `kept` newest *`suffix` files of its folder staying;
+    never fatal (the next run makes it again)."""
+    if file is None:
+        return
+    try:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        fsutil.atomic_write(file, text)
+        prune(file.parent, suffix, kept)
+    except OSError:
+        pass
+
+
 def passed(name: str, key: str) -> bool:
     file = path(name)
     return file is not None and key in keys(file)

@@ -20,11 +20,10 @@ import enum
 import functools
 import hashlib
 import json
-import os
 from pathlib import Path, PurePath
 from typing import Any, Callable, Mapping
 
-from imagefactory import __version__, fsutil, passcache
+from imagefactory import __version__, passcache
 
 FORMAT = 1
 FOLDER = "rendered"  # under the cache folder
@@ -106,24 +105,9 @@ def _file(key: str) -> Path | None:
 
 
 def _read(key: str) -> str | None:
-    from imagefactory import inputs
-
-    file = _file(key)
-    try:
-        if file is None or file.is_symlink() or not file.exists():
-            return None
-        return inputs.read_regular(file, MAX_BYTES).decode("utf-8")
-    except (OSError, ValueError):  # inputs.InputError is a ValueError
-        return None
+    return passcache.read_kept(_file(key), MAX_BYTES)
 
 
 def _keep(key: str, out: str) -> None:
-    file = _file(key)
-    if file is None or len(out) > MAX_BYTES:
-        return
-    try:
-        os.makedirs(file.parent, exist_ok=True)
-        fsutil.atomic_write(file, out)
-        passcache.prune(file.parent, ".txt", KEPT)
-    except OSError:
-        pass  # rendered again next time
+    if len(out) <= MAX_BYTES:
+        passcache.keep(_file(key), out, ".txt", KEPT)

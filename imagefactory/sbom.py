@@ -255,24 +255,19 @@ def document_key(subject: Subject, probe: dict, lock: Lock | None) -> str:
 
 def _document_file(key: str) -> Path | None:
     folder = passcache.path(DOCUMENTS)
-    return None if folder is None else folder / f"{key}.cdx.json"
+    return None if folder is None or not passcache.is_key(key) else folder / f"{key}.cdx.json"
 
 
 def kept_document(key: str, subject: Subject) -> str | None:
     """The document made before from the input `key` names, when its bytes still pass validate()
     (passcache's key of these very bytes, or the validator) and it describes `subject`; else None.
     Read bounded, never through a link; anything odd is made again."""
-    from imagefactory import inputs
-
-    file = _document_file(key)
-    if file is None or not SHA256_RE.fullmatch(key):
-        return None
+    text = passcache.read_kept(_document_file(key), DOCUMENT_MAX_BYTES)
     try:
-        if file.is_symlink() or not file.exists():
-            return None
-        text = inputs.read_regular(file, DOCUMENT_MAX_BYTES).decode("utf-8")
-        doc = validate(text)
-    except (OSError, ValueError, RecursionError, SbomError):  # inputs.InputError is a ValueError
+        doc = validate(text) if text is not None else None
+    except (ValueError, RecursionError, SbomError):
+        return None
+    if doc is None:
         return None
     want = {"content-hash": subject.content_hash, "image-id": subject.image_id, "cell": subject.cell}
     return text if described(doc) == want else None
@@ -280,15 +275,7 @@ def kept_document(key: str, subject: Subject) -> str | None:
 
 def keep_document(key: str, text: str) -> None:
     """Keep `text` (validated) as the document of the input `key` names; never fatal."""
-    file = _document_file(key)
-    if file is None:
-        return
-    try:
-        file.parent.mkdir(parents=True, exist_ok=True)
-        fsutil.atomic_write(file, text)
-        passcache.prune(file.parent, ".cdx.json", DOCUMENTS_KEPT)
-    except OSError:
-        pass  # the next run makes it again
+    passcache.keep(_document_file(key), text, ".cdx.json", DOCUMENTS_KEPT)
 
 
 def _made(subject: Subject, probe: dict, lock: Lock | None) -> str:
