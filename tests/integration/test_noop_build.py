@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.helpers import LEFTOVERS, Build, cli_env, report_of
+from tests.unit.test_cli_imports import RUN  # the CLI in a fresh interpreter, then the modules it loaded
 
 pytestmark = [pytest.mark.docker]
 
@@ -27,18 +28,6 @@ CELL = Build.GOOD
 # cyclonedx's and cryptography's own packages are imported, for their versions (the caches' keys)
 SKIPPED = ("cyclonedx.model", "cyclonedx.output", "cyclonedx.validation", "cryptography.x509", "jsonschema",
            "jinja2", "yaml")
-RUN = """
-import json, sys
-from imagefactory import cli
-sys.argv = ["imagefactory", *json.loads(sys.argv[1])]
-try:
-    cli.main()
-except SystemExit as e:
-    code = e.code
-else:
-    code = 0
-sys.__stderr__.write("\\nMODULES " + json.dumps(sorted(sys.modules)) + " EXIT " + str(code) + "\\n")
-"""
 
 
 def noop_build(matrix: Path, root: Path) -> tuple[set[str], int, str]:
