@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.helpers import LEFTOVERS, Build, cli_env, report_of
-from tests.unit.test_cli_imports import RUN  # the CLI in a fresh interpreter, then the modules it loaded
+from tests.unit.helpers import RUN_CLI as RUN  # the CLI in a fresh interpreter, then the modules it loaded
 
 pytestmark = [pytest.mark.docker]
 

@@ -175,3 +175,19 @@ def pip_both_project(root):
     (root / "wheels" / "torch-2.10.0+cpu-cp311-cp311-linux_x86_64.whl").write_bytes(b"x")
     (root / "matrix.yaml").write_text(PIP_BOTH)
     return root
+
+
+# The CLI run in a fresh interpreter (`python -c RUN_CLI ARGS_JSON`); its stderr ends with the modules it
+# loaded and its exit code, for the tests that check what a command imports.
+RUN_CLI = """
+import json, sys
+from imagefactory import cli
+sys.argv = ["imagefactory", *json.loads(sys.argv[1])]
+try:
+    cli.main()
+except SystemExit as e:
+    code = e.code
+else:
+    code = 0
+sys.__stderr__.write("\\nMODULES " + json.dumps(sorted(m for m in sys.modules)) + " EXIT " + str(code) + "\\n")
+"""

@@ -14,7 +14,7 @@ import pytest
 
 from imagefactory import matrix
 from tests.conftest import REPO
-from tests.unit.helpers import TWO_PIP_CELLS
+from tests.unit.helpers import RUN_CLI as RUN, TWO_PIP_CELLS
 
 # What neither `--help` nor `list` of a matrix validated before may import (each is a command's or
 # a step's own: the Docker SDK and requests the engine's, jsonschema the first validation's, Jinja2
@@ -26,19 +26,6 @@ LAZY = ("docker", "requests", "urllib3", "jsonschema", "jinja2", "tenacity", "ri
         "imagefactory.engines", "imagefactory.netrc", "imagefactory.report", "imagefactory.checks")
 # ... and what only a command that reads a matrix imports (PyYAML: inputs.py imports it to parse)
 HELP_LAZY = ("yaml", "imagefactory.matrix", "imagefactory.model", "imagefactory.availability")
-
-RUN = """
-import json, sys
-from imagefactory import cli
-sys.argv = ["imagefactory", *json.loads(sys.argv[1])]
-try:
-    cli.main()
-except SystemExit as e:
-    code = e.code
-else:
-    code = 0
-sys.__stderr__.write("\\nMODULES " + json.dumps(sorted(m for m in sys.modules)) + " EXIT " + str(code) + "\\n")
-"""
 
 
 def imported(args: list[str], cache: os.PathLike | str) -> tuple[set[str], int, str]:
