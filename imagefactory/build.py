@@ -243,13 +243,13 @@ def _run(matrix: Matrix, cells: list[Cell], run: RunContext, work: Callable[[_Ce
     with an earlier one waits until that one has built them."""
     options, ui, interrupt, engine_factory = run.options, run.ui, run.interrupt, run.engines()
     first = engine_factory()
-    gpus = resolve_gpus(options.gpus, first)
     try:
         contexts = render_pinned(matrix, cells, options.work_dir, first, options.pull, interrupt,
                                  builder=first.builder, netrc_cells=netrc_cells(matrix, cells, options))
     except Cancelled:  # stopped while pinning base images or rendering: no cell started
         return Outcome([CellReport(cell=c.id, status=INTERRUPTED, error="interrupted before the build started")
-                        for c in cells], gpus)
+                        for c in cells], resolve_gpus(options.gpus, first))
+    gpus = resolve_gpus(options.gpus, first)  # after the bases: the engine answered `docker info` meanwhile
     slots = schedule.plan_paths([ctx.path for ctx in contexts])
     gates = schedule.Gates(slots)
     stop = threading.Event()

@@ -13,12 +13,16 @@ interrupted, else the operation's own error.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import socket
+import threading
 from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import Future
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Callable, NoReturn
 
 import docker
@@ -26,7 +30,7 @@ import docker.errors
 import requests.exceptions
 import urllib3.exceptions
 
-from imagefactory import platforms, refs
+from imagefactory import passcache, platforms, refs
 from imagefactory.engine_api import (Builder, BuildProgress, BuildRequest, ContainerEngine, EngineFactory, EngineInfo,
                                      Manifest, PushOutcome, RunResult, is_transient, refuse_foreign)
 from imagefactory.errors import BuildError, Cancelled, DockerUnavailable, EngineError, EngineGone, PushError
@@ -52,6 +56,81 @@ _SDK_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestExcepti
 _LINK_ERRORS = (requests.exceptions.RequestException, urllib3.exceptions.HTTPError, OSError)
 
 
+# The API versions engines answered before, by DOCKER_HOST (the cache folder's API_VERSIONS/):
+# a client made with the kept version skips negotiating (GET /version, ~8 ms of the engine's time)
+# when the engine's ping names the same version (its Api-Version header); else it negotiates.
+API_VERSIONS = "engine-api-versions"
+_API_VERSION_RE = re.compile(r"1\.[0-9]{1,3}")
+
+
+def _kept_version_file(where: str) -> Path | None:
+    folder = passcache.path(API_VERSIONS)
+    return None if folder is None else folder / f"{hashlib.sha256(where.encode()).hexdigest()}.txt"
+
+
+def _pinged_version(client: docker.DockerClient) -> str | None:
+    """Ping the engine (errors are the SDK's); the API version its answer names, if it names one."""
+    seen: list[str] = []
+    hooks = getattr(client.api, "hooks", None)
+    hook: Callable[..., None] = lambda response, *args, **kwargs: seen.append(str(response.headers.get("Api-Version")))
+    if isinstance(hooks, dict):
+        hooks.setdefault("response", []).append(hook)
+    try:
+        client.ping()
+    finally:
+        if isinstance(hooks, dict):
+            hooks["response"].remove(hook)
+    return seen[-1] if seen else None
+
+
+def _connect(where: str, timeout: int, shared: dict[str, Any]) -> docker.DockerClient:
+    """A client of the engine at `where` that has answered: with the API version this run's
+    engines agreed on (`shared`, then a ping), else with the one this engine answered before
+    if its ping names it again, else with one negotiated now (kept for the next run). SDK
+    errors are the caller's."""
+    if "api_version" in shared:
+        client = docker.from_env(timeout=timeout, version=shared["api_version"])
+        client.ping()
+        return client
+    file = _kept_version_file(where)
+    kept = passcache.read_kept(file, 64)
+    if kept is not None and _API_VERSION_RE.fullmatch(kept):
+        client = docker.from_env(timeout=timeout, version=kept)
+        try:
+            agreed = _pinged_version(client) == kept
+        except docker.errors.APIError:  # it answered, refusing the version: negotiate
+            agreed = False
+        if agreed:
+            shared["api_version"] = kept
+            return client
+        client.close()
+    client = docker.from_env(timeout=timeout)  # negotiated: the engine has answered
+    version = str(client.api.api_version)
+    shared["api_version"] = version
+    if _API_VERSION_RE.fullmatch(version) and version != kept:
+        passcache.keep(file, version, ".txt", 16)
+    return client
+
+
+def _ask_info(timeout: int, version: str) -> Future[dict[str, Any]]:
+    """`docker info`, asked on a thread of its own with a client of its own (a client is one
+    thread's): the engine answers it (~10 ms) while the run resolves its base images."""
+    answer: Future[dict[str, Any]] = Future()
+
+    def ask() -> None:
+        try:
+            client = docker.from_env(timeout=timeout, version=version)
+            try:
+                answer.set_result(client.info())
+            finally:
+                client.close()
+        except BaseException as e:  # noqa: BLE001 - the future carries it to _info, which asks again
+            answer.set_exception(e)
+
+    threading.Thread(target=ask, name="docker-info", daemon=True).start()
+    return answer
+
+
 class _Stream:
     """The HTTP response of a build or push stream, and the build container now running:
     what a cancellation must stop."""
@@ -69,17 +148,21 @@ class Engine:
     def __init__(self, client: docker.DockerClient | None = None, *, timeout: int = 600,
                  interrupt: Interrupt | None = None, shared: dict[str, Any] | None = None):
         """`shared`: what the engines of one run (engines.docker_factory, one per worker) learn
-        once: the API version the first negotiated, and `docker info` (its runtimes and
-        architecture do not change within a run)."""
+        once: the API version the first agreed with the engine (_connect), and `docker info`
+        (its runtimes and architecture do not change within a run), asked in the background
+        from the first engine on (_info)."""
         where = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
         self._shared = shared if shared is not None else {}
         try:
-            self.client = client or docker.from_env(timeout=timeout, version=self._shared.get("api_version"))
-            self.client.ping()
+            if client is None:  # ours: its API version and `docker info` are the run's
+                self.client = _connect(where, timeout, self._shared)
+                if "info" not in self._shared:
+                    self._shared["info"] = _ask_info(timeout, self._shared["api_version"])
+            else:  # the caller's (the tests' fakes)
+                self.client = client
+                self.client.ping()
         except _SDK_ERRORS as e:
             raise DockerUnavailable(f"no Docker engine answered at {where} ({_short(e)}); {START_HINT}") from None
-        if client is None:  # the version this SDK client negotiated (a given client is the caller's)
-            self._shared.setdefault("api_version", self.client.api.api_version)
         self.api = self.client.api
         self.interrupt = interrupt or Interrupt()
         self._stream: _Stream | None = None
@@ -163,7 +246,15 @@ class Engine:
         return f"{attrs.get('Os') or '?'}/{attrs.get('Architecture') or '?'}"
 
     def _info(self) -> dict[str, Any]:
-        """`docker info`, asked once for all the engines that share it."""
+        """`docker info`, asked once for all the engines that share it: the answer to the
+        background question the first engine asked (_ask_info); if that failed, asked again
+        here, so that its error is this call's."""
+        asked = self._shared.get("info")
+        if isinstance(asked, Future):
+            try:
+                self._shared["info"] = asked.result()
+            except Exception:  # noqa: BLE001 - asked again below, where its error is handled
+                self._shared.pop("info", None)
         if "info" not in self._shared:
             self._shared["info"] = self.client.info()
         return dict(self._shared["info"])

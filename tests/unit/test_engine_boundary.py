@@ -8,6 +8,7 @@ import ast
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -87,27 +88,42 @@ def test_the_fake_and_the_docker_engine_implement_the_whole_interface():
 
 # --------------------------------------------------------------------------- one run's engines
 class _Client:
-    """What Engine asks of a docker.DockerClient here: ping, the negotiated version, docker info."""
+    """What Engine asks of a docker.DockerClient here: ping (its answer's Api-Version header
+    seen by the session's response hooks), the negotiated version, docker info, close."""
 
+    server = "1.41"  # the engine's API version: what negotiating gives and its ping names
+    refuses: str | None = None  # a version whose ping the engine answers with an APIError
     infos = 0
+    info_fails = 0  # how many `docker info` calls fail before one answers
 
     def __init__(self, version: str | None):
-        self.api = type("Api", (), {"api_version": version or "1.41"})()
+        self.api = type("Api", (), {"api_version": version or _Client.server, "hooks": {"response": []}})()
 
     def ping(self) -> bool:
+        import docker.errors
+
+        if self.api.api_version == _Client.refuses:
+            raise docker.errors.APIError("client version is too new")
+        answer = type("Response", (), {"headers": {"Api-Version": _Client.server}})()
+        for hook in self.api.hooks["response"]:
+            hook(answer)
         return True
 
     def info(self) -> dict:
         _Client.infos += 1
+        if _Client.info_fails:
+            _Client.info_fails -= 1
+            raise OSError("the engine hung up")
         return {"Architecture": "x86_64", "Runtimes": {"runc": {}}}
 
+    def close(self) -> None:
+        pass
 
-def test_the_engines_of_one_factory_negotiate_once_and_ask_docker_info_once(monkeypatch):
-    """A run makes one engine per worker: the second takes the first's API version (no second
-    negotiation round trip) and its `docker info` (runtimes, architecture) instead of asking again."""
+
+@pytest.fixture
+def clients(monkeypatch) -> list[str | None]:
+    """docker.from_env stood in by _Client; the versions asked of it, in order."""
     import docker
-
-    from imagefactory import engines, platforms
 
     asked: list[str | None] = []
 
@@ -116,11 +132,68 @@ def test_the_engines_of_one_factory_negotiate_once_and_ask_docker_info_once(monk
         return _Client(version)
 
     monkeypatch.setattr(docker, "from_env", from_env)
-    _Client.infos = 0
+    monkeypatch.setattr(_Client, "server", "1.41")
+    monkeypatch.setattr(_Client, "refuses", None)
+    monkeypatch.setattr(_Client, "infos", 0)
+    monkeypatch.setattr(_Client, "info_fails", 0)
+    return asked
+
+
+def test_the_engines_of_one_factory_negotiate_once_and_ask_docker_info_once(clients):
+    """A run makes one engine per worker: the second takes the first's API version (no second
+    negotiation round trip) and its `docker info` (runtimes, architecture) instead of asking again."""
+    from imagefactory import engines, platforms
+
     factory = engines.docker_factory()
-    first, second = factory(), factory()
-    assert asked == [None, "1.41"]
+    first = factory()
+    deadline = time.monotonic() + 10
+    while _Client.infos == 0 and time.monotonic() < deadline:  # asked in the background, unprompted
+        time.sleep(0.01)
+    assert _Client.infos == 1, "docker info was not asked ahead"
+    second = factory()
     assert not first.gpus_available() and second.native_platform() == platforms.native("x86_64")
     assert _Client.infos == 1
+    # negotiated by the first engine only; the rest (the second, the info thread's) were given it
+    assert clients.count(None) == 1 and clients[0] is None and set(clients[1:]) == {"1.41"}
     engines.docker_factory()().gpus_available()  # another run's factory asks again
-    assert _Client.infos == 2 and asked[-1] is None
+    assert _Client.infos == 2
+
+
+def test_the_next_run_uses_the_version_the_engine_answered_when_its_ping_names_it_again(clients):
+    from imagefactory import engines
+
+    engines.docker_factory()()
+    assert clients[0] is None  # the first run negotiates ...
+    clients.clear()
+    engines.docker_factory()()
+    assert None not in clients and clients[0] == "1.41"  # ... the next one does not
+
+
+@pytest.mark.parametrize("change", ["upgraded", "refused", "planted"])
+def test_a_kept_version_the_engine_does_not_name_is_negotiated_anew(clients, change):
+    """The engine upgraded (its ping names another version), or it refuses the kept version,
+    or the kept file is not a version: the run negotiates, and keeps what it negotiated."""
+    from imagefactory import engine, engines, passcache
+
+    engines.docker_factory()()
+    file = next(passcache.path(engine.API_VERSIONS).iterdir())
+    if change == "upgraded":
+        _Client.server = "1.47"
+    elif change == "refused":
+        _Client.refuses = "1.41"
+    else:
+        file.write_text("1.41; rm -rf /")
+    clients.clear()
+    made = engines.docker_factory()()
+    assert None in clients, "not negotiated"
+    assert "1.41; rm -rf /" not in clients  # a kept file's text reaches the SDK only as a version
+    assert made.client.api.api_version == _Client.server
+    assert file.read_text() == _Client.server
+
+
+def test_a_failed_background_docker_info_is_asked_again_by_the_engine(clients):
+    from imagefactory import engines
+
+    _Client.info_fails = 1  # the background question fails; the engine's own answers
+    assert not engines.docker_factory()().gpus_available()
+    assert _Client.infos == 2
