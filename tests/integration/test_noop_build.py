@@ -7,7 +7,8 @@ those of a real run. No timing is asserted: bench/cli.py measures the no-op agai
 `docker build` (docs/performance.md).
 
 No build of its own: it takes cpu_build's image, so every run here is a cache hit with cached
-verdicts.
+verdicts. And the next run's engine skips negotiating the API version (engine.py), on the real
+SDK and engine.
 """
 
 from __future__ import annotations
@@ -67,3 +68,26 @@ def test_a_no_op_build_imports_no_serializer_parser_validator_or_template_engine
     assert documents[0] == documents[1]  # the same document, kept
     assert sbom.described(sbom.validate(documents[0])) == {"content-hash": first["content_hash"],
                                                            "image-id": first["image_id"], "cell": CELL}
+
+
+def test_a_new_process_engine_skips_negotiating_the_version_this_engine_answered_before(engine, tmp_path,
+                                                                                       monkeypatch):
+    """On the real engine and SDK: the first engine of a run negotiates and keeps the API version;
+    the next run's first engine is given it, confirmed by the real ping's Api-Version header, and
+    asks no GET /version; its `docker info` is the engine's."""
+    from docker.api.client import APIClient
+
+    from imagefactory import engine as engine_mod
+
+    monkeypatch.setenv("IMAGEFACTORY_CACHE_DIR", str(tmp_path / "cache"))
+    negotiated = []
+    real = APIClient._retrieve_server_version
+    monkeypatch.setattr(APIClient, "_retrieve_server_version", lambda self: negotiated.append(1) or real(self))
+    server = engine.client.version()["ApiVersion"]
+    engine_mod.Engine()
+    assert negotiated == [1]
+    (kept,) = (tmp_path / "cache" / engine_mod.API_VERSIONS).iterdir()
+    assert kept.read_text() == server
+    again = engine_mod.Engine()  # another run: no factory shares the first one's version
+    assert negotiated == [1] and again.client.api.api_version == server
+    assert again.native_platform() == engine.native_platform() is not None
