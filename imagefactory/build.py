@@ -60,8 +60,11 @@ def find_built(engine: ContainerEngine, matrix: Matrix, cell: Cell, content_hash
     inherits its labels. So only an image that also carries one of the names this cell's
     image gets (its candidate name, its content-hash tag, a release tag, e.g. pulled from
     the registry as a cache source) counts."""
-    names = {tags.candidate(cell, content_hash), *cell.tags,
-             tags.hash_tag(matrix.hash_tag_template, matrix.image, cell, content_hash)}
+    candidate = tags.candidate(cell, content_hash)
+    found = engine.labelled_image(candidate, render.HASH_LABEL, content_hash)
+    if found is not None:  # the name an earlier run gave this content's image: no listing of every image
+        return found
+    names = {candidate, *cell.tags, tags.hash_tag(matrix.hash_tag_template, matrix.image, cell, content_hash)}
     for image_id, image_tags in engine.images_with_label(render.HASH_LABEL, content_hash).items():
         if names & set(image_tags):
             return image_id

@@ -227,6 +227,16 @@ class Engine:
         except _SDK_ERRORS as e:
             self._failed("could not list the local images", e)
 
+    def labelled_image(self, ref: str, key: str, value: str) -> str | None:
+        try:
+            image = self.client.images.get(ref)
+        except docker.errors.ImageNotFound:
+            return None
+        except _SDK_ERRORS as e:
+            self._failed(f"could not inspect {ref}", e)
+        labels = (image.attrs.get("Config") or {}).get("Labels") or {}
+        return str(image.id) if labels.get(key) == value else None
+
     def image_id(self, ref: str) -> str | None:
         try:
             return self.client.images.get(ref).id

@@ -107,6 +107,11 @@ class ContainerEngine(Protocol):
 
     def images_with_label(self, key: str, value: str) -> dict[str, list[str]]: ...
 
+    def labelled_image(self, ref: str, key: str, value: str) -> str | None:
+        """The id of the local image `ref` if it carries label key=value; None if there is no
+        such image or its label differs (one inspect, where images_with_label lists them all)."""
+        ...
+
     def image_id(self, ref: str) -> str | None: ...
 
     def image_platform(self, ref: str) -> str | None:

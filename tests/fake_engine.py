@@ -145,6 +145,11 @@ class FakeEngine:
             raise EngineError("could not list the local images: 500 Server Error")
         return {i.id: sorted(i.tags) for i in list(self.world.images.values()) if i.labels.get(key) == value}
 
+    def labelled_image(self, ref: str, key: str, value: str) -> str | None:
+        self.world.record("labelled_image", ref)
+        image = self.world.image_by_ref(ref)
+        return image.id if image is not None and image.labels.get(key) == value else None
+
     def image_id(self, ref: str) -> str | None:
         image = self.world.image_by_ref(ref)
         return image.id if image else None

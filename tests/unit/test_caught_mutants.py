@@ -95,6 +95,26 @@ def test_an_image_that_only_inherits_the_content_hash_label_is_not_reused(m, wor
     assert derived.tags == {"someone/finetune:latest"}  # never named as the release
 
 
+def test_a_cached_cell_is_found_by_its_candidate_name_without_listing_every_image(m, world, tmp_path):
+    """One inspect of the name an earlier run gave the cell's image, not a listing of every image
+    with the label (on an engine of many images, the slow question). Mutant: the candidate's
+    image taken whatever its content-hash label says."""
+    from imagefactory import tags
+
+    first = by_cell(run(build_mod.build, m, world, tmp_path).reports)
+    cell, content_hash = m.cell(A), first[A].content_hash
+    candidate = tags.candidate(cell, content_hash)
+    world.calls.clear()
+    assert build_mod.find_built(world.engine(), m, cell, content_hash) == first[A].image_id
+    assert world.ops("labelled_image") == [candidate] and world.ops("images_with_label") == []
+    # the name moved to an image of other content (a user's `docker tag`): not this cell's image
+    world.images[first[A].image_id].tags.discard(candidate)
+    other = Image("sha256:" + "e" * 64, {render.HASH_LABEL: "0" * 64}, {candidate}, cell=cell.id)
+    world.images[other.id] = other
+    assert build_mod.find_built(world.engine(), m, cell, content_hash) != other.id
+    assert world.ops("images_with_label") == [content_hash]  # looked further, by the label
+
+
 def test_test_and_push_find_nothing_built_when_only_a_derived_image_carries_the_label(m, world, tmp_path):
     first = by_cell(run(build_mod.build, m, world, tmp_path).reports)
     derive_from(world, first[A].image_id, "someone/finetune:latest")
