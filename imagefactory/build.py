@@ -59,7 +59,8 @@ def find_built(engine: ContainerEngine, matrix: Matrix, cell: Cell, content_hash
     The content-hash label alone is not enough: every image built FROM a cell's image
     inherits its labels. So only an image that also carries one of the names this cell's
     image gets (its candidate name, its content-hash tag, a release tag, e.g. pulled from
-    the registry as a cache source) counts."""
+    the registry as a cache source) counts. The candidate name is asked first (one inspect);
+    every image with the label is listed only when it gives none."""
     candidate = tags.candidate(cell, content_hash)
     found = engine.labelled_image(candidate, render.HASH_LABEL, content_hash)
     if found is not None:  # the name an earlier run gave this content's image: no listing of every image
@@ -246,13 +247,16 @@ def _run(matrix: Matrix, cells: list[Cell], run: RunContext, work: Callable[[_Ce
     with an earlier one waits until that one has built them."""
     options, ui, interrupt, engine_factory = run.options, run.ui, run.interrupt, run.engines()
     first = engine_factory()
+    contexts: list[render.Context] | None = None
     try:
         contexts = render_pinned(matrix, cells, options.work_dir, first, options.pull, interrupt,
                                  builder=first.builder, netrc_cells=netrc_cells(matrix, cells, options))
     except Cancelled:  # stopped while pinning base images or rendering: no cell started
-        return Outcome([CellReport(cell=c.id, status=INTERRUPTED, error="interrupted before the build started")
-                        for c in cells], resolve_gpus(options.gpus, first))
+        pass
     gpus = resolve_gpus(options.gpus, first)  # after the bases: the engine answered `docker info` meanwhile
+    if contexts is None:
+        return Outcome([CellReport(cell=c.id, status=INTERRUPTED, error="interrupted before the build started")
+                        for c in cells], gpus)
     slots = schedule.plan_paths([ctx.path for ctx in contexts])
     gates = schedule.Gates(slots)
     stop = threading.Event()

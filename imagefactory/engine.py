@@ -71,15 +71,13 @@ def _kept_version_file(where: str) -> Path | None:
 def _pinged_version(client: docker.DockerClient) -> str | None:
     """Ping the engine (errors are the SDK's); the API version its answer names, if it names one."""
     seen: list[str] = []
-    hooks = getattr(client.api, "hooks", None)
+    hooks: list[Callable[..., None]] = client.api.hooks["response"]  # requests.Session's
     hook: Callable[..., None] = lambda response, *args, **kwargs: seen.append(str(response.headers.get("Api-Version")))
-    if isinstance(hooks, dict):
-        hooks.setdefault("response", []).append(hook)
+    hooks.append(hook)
     try:
         client.ping()
     finally:
-        if isinstance(hooks, dict):
-            hooks["response"].remove(hook)
+        hooks.remove(hook)
     return seen[-1] if seen else None
 
 

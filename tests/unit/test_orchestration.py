@@ -286,6 +286,20 @@ def interrupt_when(world: World, running: str, signum: int = signal.SIGINT) -> t
     return thread
 
 
+def test_an_interrupt_before_the_build_starts_marks_every_cell_and_still_says_whether_gpus_were_there(m, world,
+                                                                                                    tmp_path):
+    """Stopped while the bases are pinned (render raises Cancelled): no cell is built, each is
+    reported interrupted, and the outcome's GPUs are what `--gpus auto` found (asked after the
+    bases, build._run)."""
+    world.gpus = True
+    world.interrupt.cancel()
+    opts = build_mod.Options(work_dir=tmp_path / "work", gpus="auto")
+    outcome = build_mod.build(m, list(m.cells), world.context(opts, ui()))
+    assert {r.status for r in outcome.reports} == {INTERRUPTED} and len(outcome.reports) == 2
+    assert all(r.error == "interrupted before the build started" for r in outcome.reports)
+    assert outcome.gpus is True and world.ops("build") == []
+
+
 def test_an_interrupt_during_a_build_marks_it_and_skips_the_rest(m, world, tmp_path):
     world.builds[A] = "hang"
     interrupt_when(world, f"build-{A}")
