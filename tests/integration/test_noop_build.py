@@ -95,22 +95,15 @@ def test_a_new_process_engine_skips_negotiating_the_version_this_engine_answered
 
 def test_the_engine_takes_an_image_by_name_only_with_the_content_hash_label(cpu_build, engine, session_id):
     """find_built's one inspect (engine.labelled_image), on the real engine: cpu_build's image by
-    its candidate name carries its content hash; the same image under another hash, and a name
-    on an image without the label (a base image), are not taken."""
-    from imagefactory import render
-
-    def labels(image) -> dict:
-        return (image.attrs.get("Config") or {}).get("Labels") or {}
+    its candidate name carries its content hash; the same image under another hash, the cell's
+    base image (a name on an image without the label) and a missing name are not taken."""
+    from imagefactory import matrix, render
 
     first = cpu_build.first_report[CELL]
     assert engine.labelled_image(first["candidate"], render.HASH_LABEL, first["content_hash"]) == first["image_id"]
     assert engine.labelled_image(first["candidate"], render.HASH_LABEL, "0" * 64) is None
-    base = next(i for i in engine.client.images.list() if i.tags and render.HASH_LABEL not in labels(i))
-    name = f"imagefactory-test/unlabelled:{session_id}"
-    base.tag(name)
-    try:
-        assert engine.labelled_image(name, render.HASH_LABEL, first["content_hash"]) is None
-    finally:
-        engine.client.images.remove(name)  # the name only: the image keeps its own tags
+    base = matrix.load(cpu_build.matrix).cell(CELL).base_image  # what this run's setup made and cpu_build used
+    assert engine.image_id(base) is not None
+    assert engine.labelled_image(base, render.HASH_LABEL, first["content_hash"]) is None
     assert engine.labelled_image(f"imagefactory-test/no-such-image:{session_id}", render.HASH_LABEL,
                                  first["content_hash"]) is None
