@@ -353,7 +353,9 @@ def _build(path: Path, data: dict[str, Any], loc: _Located, problems: list[Probl
                         f"matches no cell, and a new cell needs {', '.join(missing)}")
                 continue
             new = {**DEFAULT_NEW_CELL, **inc}
-            if new["variant"] not in axes["variant"]:
+            # Only a variant the entry names must be listed; an entry without one adds a cell of no
+            # variant, as a matrix without matrix.variant does (a tag it shares is reported below).
+            if "variant" in inc and new["variant"] not in axes["variant"]:
                 problem(("matrix", "include", i, "variant"), _new_variant(new["variant"], axes["variant"]))
                 continue
             combos.append(new)
@@ -391,6 +393,7 @@ def _build(path: Path, data: dict[str, Any], loc: _Located, problems: list[Probl
     image = data["image"]
 
     cells: list[Cell] = []
+    sources: list[tuple[Any, ...]] = []  # each cell's key path (_cell_source)
     seen: set[str] = set()
     for combo in combos:
         cuda = None if combo["cuda"] == "none" else combo["cuda"]
@@ -432,6 +435,7 @@ def _build(path: Path, data: dict[str, Any], loc: _Located, problems: list[Probl
         if _check_platform(cell, conda, _platform_source(combo, axes_spec, where), problem):
             _check_cell(cell, pip, conda, where, problem)
         cells.append(cell)
+        sources.append(where)
 
     tag_template = tags_cfg.get("template", Matrix.tag_template)
     hash_template = tags_cfg.get("hash_template", Matrix.hash_tag_template)
@@ -440,7 +444,7 @@ def _build(path: Path, data: dict[str, Any], loc: _Located, problems: list[Probl
     for why in tagging.credential_clashes(allowed):
         problem(("tags", "registries"), why)
     resolved, lists = _resolve_tags(cells, image, tag_template, hash_template, tags_cfg.get("extra", []), allowed,
-                                    problem)
+                                    problem, sources=sources, set_keys=set(tags_cfg))
     if problems:
         return None
     return Matrix(
@@ -451,12 +455,16 @@ def _build(path: Path, data: dict[str, Any], loc: _Located, problems: list[Probl
 
 
 def _resolve_tags(cells: list[Cell], image: str, template: str, hash_template: str, extra: list[str],
-                  allowed: tuple[str, ...], problem) -> tuple[list[Cell], tuple[TagList, ...]]:
+                  allowed: tuple[str, ...], problem, *, sources: list[tuple[Any, ...]] | None = None,
+                  set_keys: set[str] | None = None) -> tuple[list[Cell], tuple[TagList, ...]]:
     """Each cell with its release tag (its per-arch tag when its release tag names a list of
     several platforms' images, tags.plan), and the lists; every tag a valid reference without a
     digest, on the registry of `image` or one under tags.registries (`allowed`), and no tag of a
-    cell shared by another (one push would overwrite the other). Hash tags are checked with a
-    distinct stand-in hash per cell."""
+    cell shared by another (one push would overwrite the other), reported naming both cells, at the
+    template's line when the file sets it, else at the second cell's (`sources`: each cell's key
+    path; `set_keys`: the keys under `tags` the file sets). Hash tags are checked with a distinct
+    stand-in hash per cell."""
+    given = {"template", "hash_template", "extra"} if set_keys is None else set_keys
     try:
         releases = [tagging.release_tag(template, image, cell) for cell in cells]
         hashes = [tagging.hash_tag(hash_template, image, cell, f"{n:012x}") for n, cell in enumerate(cells)]
@@ -476,8 +484,12 @@ def _resolve_tags(cells: list[Cell], image: str, template: str, hash_template: s
             return [], ()  # one cell shows the mistake; the others would repeat it
         for ref, key in dict.fromkeys(named):
             if ref in owner and owner[ref][0] != cell.id:
-                problem(("tags", key), f"cells {owner[ref][0]} and {cell.id} would both be tagged {ref!r}, "
-                                       f"and one push would overwrite the other; add a field such as {{id}}")
+                at = ("tags", key) if key in given or sources is None else sources[len(resolved)]
+                how = (f"add a field such as {{id}} to tags.{key}" if key in given else
+                       f"the default tags.{key} cannot tell them apart: rename a variant, or set tags.{key} "
+                       f"with a field such as {{id}}")
+                problem(at, f"cells {owner[ref][0]} and {cell.id} would both be tagged {ref!r}, and one push "
+                            f"would overwrite the other; {how}")
                 return [], ()
             owner[ref] = (cell.id, key)
         resolved.append(replace(cell, tags=(release,)))

@@ -212,3 +212,52 @@ def test_shipped_matrices_are_valid():
     assert {c.python for c in m.cells} == {"3.11", "3.12", "3.13"}
     assert {c.cuda for c in m.cells} == {None, "12.9", "13.0"}
     assert {c.blas for c in m.cells} == {"mkl", "openblas"}
+
+
+# A conda cell of variant `pip` and an include entry adding a pip cell of no variant: under the default
+# template both are ...-cpu-openblas-pip (the variant's suffix and the pip installer's read alike).
+PIP_VARIANT = """
+image: registry.example.com/ml/train
+matrix:
+  python: ["3.12"]
+  cuda: ["none"]
+  blas: [openblas]
+  installer: [conda]
+  variant: [pip]
+  include:
+    - {python: "3.12", cuda: "none", blas: openblas, installer: pip}
+torch: "2.13.0"
+"""
+
+
+def test_two_cells_of_one_release_tag_are_named_in_one_located_line(write_matrix, tmp_path, monkeypatch, capsys):
+    from tests.unit.helpers import run_cli
+
+    path = write_matrix(PIP_VARIANT)
+    monkeypatch.chdir(tmp_path)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    code, out, err = run_cli(["list", "--matrix", str(path)], monkeypatch, capsys)
+    assert code == 2 and out == ""
+    (line,) = err.strip().splitlines()
+    assert line.startswith(f"error: {path.name}:9: matrix.include[0]: "), line  # the entry that adds the second cell
+    assert "cells py3.12-cpu-openblas-conda-pip and py3.12-cpu-openblas-pip would both be tagged" in line
+    assert "'registry.example.com/ml/train:2.13.0-py3.12-cpu-openblas-pip'" in line
+    assert "not in matrix.variant" not in line and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written
+
+
+def test_a_shared_tag_of_a_template_the_file_sets_points_at_the_template(write_matrix):
+    (p,) = problems(write_matrix, PIP_VARIANT + 'tags: {template: "{image}:{python}-{accel}"}\n')
+    assert ":11: tags.template: cells py3.12-cpu-openblas-conda-pip and py3.12-cpu-openblas-pip" in p
+    assert "add a field such as {id} to tags.template" in p
+
+
+def test_an_include_without_a_variant_adds_a_cell_of_no_variant(write_matrix):
+    """Only a variant an include entry names must be listed under matrix.variant (a typo would add a
+    cell); an entry that names none adds a cell of no variant, tagged apart from the others."""
+    m = matrix.load(write_matrix(PIP_VARIANT.replace("variant: [pip]", "variant: [vision]")))
+    assert ids(m) == ["py3.12-cpu-openblas-conda-vision", "py3.12-cpu-openblas-pip"]
+    assert m.cell("py3.12-cpu-openblas-pip").variant == ""
+    with pytest.raises(ConfigError) as e:
+        matrix.load(write_matrix(PIP_VARIANT.replace("installer: pip}", "installer: pip, variant: visoin}")))
+    assert "'visoin' is not in matrix.variant (pip)" in e.value.problems[0]
