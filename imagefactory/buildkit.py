@@ -38,7 +38,7 @@ from collections import deque
 from pathlib import Path
 from typing import IO, Any, Callable
 
-from imagefactory import fsutil, inputs
+from imagefactory import fsutil, identity, inputs
 from imagefactory.engine import Engine
 from imagefactory.engine_api import Builder, BuildProgress, BuildRequest
 from imagefactory.errors import BuildError, Cancelled, ConfigError, EngineGone
@@ -394,23 +394,21 @@ class BuildxEngine(Engine):
                 if not self.alive():
                     raise EngineGone(f"build of {tag}: the Docker engine stopped answering ({message})")
                 raise parser.build_error(message)
-            image_id = _metadata_image(metadata) or self.image_id(tag)
-        if image_id is None or self.image_id(tag) is None:
-            raise parser.build_error("the build ended without producing an image")
+            made = _metadata_digests(metadata)
+        # The engine's id for the name, in its own store (identity.py), never buildx's config
+        # digest: in the containerd image store no image answers to that.
+        image_id = identity.built(self.image_id(tag), made)
+        if image_id is None:
+            raise parser.build_error("the build ended without producing an image" if self.image_id(tag) is None else
+                                     f"{tag} names another image than the build made (moved meanwhile?)")
         return image_id
 
 
-def _metadata_image(path: Path) -> str | None:
-    """The image id buildx's --metadata-file names (the config digest; with the docker driver
-    containerimage.digest is the image id too)."""
+def _metadata_digests(path: Path) -> frozenset[str]:
+    """The digests buildx's --metadata-file names (identity.builder_digests); none when the
+    file is missing or not a JSON object."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict):
-        return None
-    for key in ("containerimage.config.digest", "containerimage.digest"):
-        value = data.get(key)
-        if isinstance(value, str) and re.fullmatch(r"sha256:[0-9a-f]{64}", value):
-            return value
-    return None
+        return frozenset()
+    return identity.builder_digests(data) if isinstance(data, dict) else frozenset()

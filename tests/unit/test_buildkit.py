@@ -368,12 +368,16 @@ def test_netrc_for_other_hosts_warns_and_mounts_nothing(project, world, fake_doc
     assert [a for op, a in w.calls if op == "build_args"][0]["secrets"] == {}
 
 
-def test_metadata_file_image_id(tmp_path):
+def test_metadata_file_digests(tmp_path):
     path = tmp_path / "m.json"
-    path.write_text(json.dumps({"containerimage.digest": "sha256:" + "1" * 64}))
-    assert buildkit._metadata_image(path) == "sha256:" + "1" * 64
-    path.write_text(json.dumps({"containerimage.digest": "sha256:nothex"}))
-    assert buildkit._metadata_image(path) is None
+    config, manifest = "sha256:" + "1" * 64, "sha256:" + "2" * 64
+    path.write_text(json.dumps({"containerimage.config.digest": config, "containerimage.digest": manifest}))
+    assert buildkit._metadata_digests(path) == {config, manifest}
+    path.write_text(json.dumps({"containerimage.digest": "sha256:nothex", "containerimage.config.digest": config + "0"}))
+    assert buildkit._metadata_digests(path) == set()
+    path.write_text("[1]")
+    assert buildkit._metadata_digests(path) == set()
+    assert buildkit._metadata_digests(tmp_path / "missing.json") == set()
 
 
 def test_cli_module_exposes_the_flags():
