@@ -3,7 +3,10 @@
 # registry reachable; only Debian's mirror and PyPI) to the state the
 # imagefactory test suite needs:
 #
-#   * a running Docker engine (Debian's docker.io, no default bridge);
+#   * two running Docker engines, no default bridge (scripts/ci-engines.sh): the current
+#     one on the default socket (Debian 13's docker.io 26.x with the containerd image store,
+#     what Docker 29's fresh installs use) and the legacy one on its own socket (Debian 12's
+#     docker.io 20.10, overlay2), for the module that keeps the old store supported;
 #   * two base images made with debootstrap, standing in for Docker Hub's
 #       127.0.0.1:5000/library/debian:bookworm-slim
 #       127.0.0.1:5000/library/python:3.11-slim-bookworm
@@ -228,25 +231,13 @@ enable_binfmt() {
 }
 
 # --------------------------------------------------------------------------
-# 2. Docker engine
+# 2. Docker engines (the current one on the default socket, the legacy one on
+#    its own): scripts/ci-engines.sh. No bridge/iptables: these machines may
+#    only talk to loopback and the package mirrors; builds use host
+#    networking, smoke tests network none.
 # --------------------------------------------------------------------------
-start_docker() {
-    if docker info >/dev/null 2>&1; then
-        log "docker engine already running"
-        return
-    fi
-    log "starting dockerd"
-    # No bridge/iptables: these machines may only talk to loopback and the
-    # package mirrors; builds use host networking, smoke tests network none.
-    setsid dockerd --bridge=none --iptables=false </dev/null >/tmp/dockerd.log 2>&1 9>&- &
-    local i
-    for ((i = 0; i < 60; i++)); do
-        docker info >/dev/null 2>&1 && return
-        sleep 1
-    done
-    tail -n 20 /tmp/dockerd.log >&2 || true
-    die "dockerd did not answer 'docker info' within 60 s (log: /tmp/dockerd.log)"
-}
+# shellcheck source=scripts/ci-engines.sh
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/ci-engines.sh"
 
 # --------------------------------------------------------------------------
 # 3. Base images (debootstrap -> cached tarball -> docker import)
@@ -366,7 +357,10 @@ build_foreign_image() {
         echo 'CMD ["/bin/bash"]'
     } >"$work/Dockerfile"
     log "building $image ($platform)"
-    docker buildx build --platform "$platform" --network host -q --load -t "$image" "$work" >/dev/null ||
+    # No attestations: in the containerd image store they would make the image an index of
+    # two manifests, where the base list needs the arm64 image's own manifest.
+    BUILDX_NO_DEFAULT_ATTESTATIONS=1 docker buildx build --platform "$platform" --network host -q --load \
+        -t "$image" "$work" >/dev/null ||
         die "docker buildx build of $image ($platform) failed"
     [[ "$(docker image inspect -f '{{.Os}}/{{.Architecture}}' "$image")" == "$platform" ]] ||
         die "$image is not $platform after its build"
@@ -487,11 +481,12 @@ start_registries() {
 }
 
 # registry_digest IMAGE -> the manifest digest the base registry serves for
-# IMAGE (empty when it has none).
+# IMAGE (empty when it has none). Docker's or OCI's manifest: the containerd
+# image store pushes OCI media types.
 registry_digest() {
     local ref="${1#*/}" # strip host:port
     curl -s -I --max-time 5 --noproxy '*' \
-        -H 'Accept: application/vnd.docker.distribution.manifest.v2+json' \
+        -H 'Accept: application/vnd.docker.distribution.manifest.v2+json, application/vnd.oci.image.manifest.v1+json' \
         "http://$BASE_REGISTRY/v2/${ref%:*}/manifests/${ref##*:}" |
         tr -d '\r' | awk -F': ' 'tolower($1) == "docker-content-digest" { print $2 }' || true
 }
@@ -574,17 +569,19 @@ smoke_check() {
 write_env_file() {
     cat >"$CACHE_DIR/env.sh.tmp" <<EOF
 # Written by scripts/ci-setup.sh: the registries it started.
-export IMAGEFACTORY_TEST_REGISTRY=$TEST_REGISTRY IMAGEFACTORY_TEST_REGISTRY_USER=$TEST_USER IMAGEFACTORY_TEST_REGISTRY_PASSWORD=$TEST_PASSWORD IMAGEFACTORY_BASE_REGISTRY=$BASE_REGISTRY
+export IMAGEFACTORY_TEST_REGISTRY=$TEST_REGISTRY IMAGEFACTORY_TEST_REGISTRY_USER=$TEST_USER IMAGEFACTORY_TEST_REGISTRY_PASSWORD=$TEST_PASSWORD IMAGEFACTORY_BASE_REGISTRY=$BASE_REGISTRY IMAGEFACTORY_LEGACY_DOCKER_HOST=$LEGACY_HOST
 EOF
     mv -f "$CACHE_DIR/env.sh.tmp" "$CACHE_DIR/env.sh"
 }
 
 summary() {
-    local version
+    local version legacy
     version="$(docker version -f '{{.Server.Version}} (API {{.Server.APIVersion}})')"
+    legacy="$(docker -H "$LEGACY_HOST" version -f '{{.Server.Version}} (API {{.Server.APIVersion}})')"
     cat <<EOF
 imagefactory CI setup ready
-  engine:         docker $version
+  engine:         docker $version, containerd image store (default socket)
+  legacy engine:  docker $legacy, overlay2 ($LEGACY_HOST)
   base registry:  http://$BASE_REGISTRY (no auth)
   test registry:  http://$TEST_REGISTRY (user $TEST_USER, password $TEST_PASSWORD, deletes on)
   images:
@@ -603,13 +600,15 @@ main() {
     flock -w 900 9 || die "another ci-setup.sh holds $CACHE_DIR/.lock"
     install_packages
     enable_binfmt
-    start_docker
+    install_current_engine
+    start_engines
     install_buildx
     install_cosign
     make_base_images
     make_foreign_base_images
     start_registries
     push_base_images
+    legacy_bases "$DEBIAN_IMAGE" "$PYTHON_IMAGE"
     smoke_check
     write_env_file
     summary
