@@ -27,7 +27,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Callable
 
-from imagefactory import engines, platforms
+from imagefactory import engines, identity, platforms
 from imagefactory.engine_api import EngineFactory
 from imagefactory.errors import ImageFactoryError
 from imagefactory.model import Cell, Matrix
@@ -185,6 +185,10 @@ class EngineFacts:
     nvidia_runtime: bool = False
     cdi: bool = False
     cpus: int = 0  # CPUs of the engine's host (0: not said)
+    store: str = ""  # identity.CONTAINERD or identity.GRAPH_DRIVER ("": not said)
+    driver: str = ""  # overlay2, overlayfs, ... ("(unreadable)" when the engine said something odd)
+    multi_platform: bool = False  # the store holds a multi-platform image under one local name
+    zstd_pulls: bool = False  # the engine unpacks zstd layers (containerd store, or Docker 23 and later)
     error: str = ""
 
 
@@ -208,8 +212,36 @@ def engine_facts(engine_factory: EngineFactory | None = None) -> EngineFacts:
     version = info.version if ENGINE_VERSION_RE.fullmatch(info.version) else "(unreadable)"
     api = info.api_version if re.fullmatch(r"[0-9]+\.[0-9]+", info.api_version) else "(unreadable)"
     cpus = info.cpus if isinstance(info.cpus, int) and 0 < info.cpus <= 4096 else 0
+    store = info.store if info.store in (identity.CONTAINERD, identity.GRAPH_DRIVER) else ""
+    driver = info.driver if STORAGE_DRIVER_RE.fullmatch(info.driver) else "(unreadable)"
+    containerd = store == identity.CONTAINERD
     return EngineFacts(reachable=True, version=version, api_version=api,
-                       nvidia_runtime="nvidia" in info.runtimes, cdi=_cdi_specs(info.cdi_spec_dirs), cpus=cpus)
+                       nvidia_runtime="nvidia" in info.runtimes, cdi=_cdi_specs(info.cdi_spec_dirs), cpus=cpus,
+                       store=store, driver=driver, multi_platform=containerd,
+                       zstd_pulls=containerd or _major(version) >= ZSTD_SINCE)
+
+
+# Docker Engine unpacks zstd layers in its graph-driver store since 23.0 (moby 23.0.0); the
+# containerd store always has (containerd 1.5). 20.10 fails: "archive/tar: invalid tar header".
+ZSTD_SINCE = 23
+STORAGE_DRIVER_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
+
+
+def _major(version: str) -> int:
+    m = re.match(r"([0-9]{1,4})\.", version)
+    return int(m.group(1)) if m else 0
+
+
+def store_line(e: EngineFacts) -> str:
+    """What the engine's image store is, and what follows for this host."""
+    if e.store == identity.CONTAINERD:
+        where = f"containerd image store (snapshotter {e.driver or '?'}): a multi-platform image is held locally under one name"
+    elif e.store == identity.GRAPH_DRIVER:
+        where = f"graph driver {e.driver or '?'}: one platform per local name (multi-arch cells build per platform)"
+    else:
+        where = "not said"
+    zstd = "pulls zstd layers" if e.zstd_pulls else f"cannot pull zstd layers (Docker {ZSTD_SINCE}+ or the containerd store can): publish gzip for this node"
+    return f"store:    {where}; {zstd}"
 
 
 # -- launch flags --------------------------------------------------------------------------------
@@ -437,6 +469,7 @@ def text(report: Report) -> str:
              ] if report.machine else []
     if e.reachable:
         lines.append(f"engine:   Docker {e.version} (API {e.api_version}) at {report.docker_host}")
+        lines.append(store_line(e))
         lines.append(f"runtime:  NVIDIA runtime {'yes' if e.nvidia_runtime else 'no'}, "
                      f"CDI spec {'yes' if e.cdi else 'no'}")
     else:

@@ -30,7 +30,7 @@ import docker.errors
 import requests.exceptions
 import urllib3.exceptions
 
-from imagefactory import passcache, platforms, refs
+from imagefactory import identity, passcache, platforms, refs
 from imagefactory.engine_api import (Builder, BuildProgress, BuildRequest, ContainerEngine, EngineFactory, EngineInfo,
                                      Manifest, PushOutcome, RunResult, is_transient, refuse_foreign)
 from imagefactory.errors import BuildError, Cancelled, DockerUnavailable, EngineError, EngineGone, PushError
@@ -360,7 +360,8 @@ class Engine:
         return EngineInfo(version=str(version.get("Version", "")), api_version=str(version.get("ApiVersion", "")),
                           runtimes=tuple(sorted(info.get("Runtimes") or {})),
                           cdi_spec_dirs=tuple(info.get("CDISpecDirs") or ()),
-                          cpus=int(info.get("NCPU") or 0), architecture=str(info.get("Architecture") or ""))
+                          cpus=int(info.get("NCPU") or 0), architecture=str(info.get("Architecture") or ""),
+                          store=identity.store(info), driver=str(info.get("Driver") or ""))
 
     # -- run --------------------------------------------------------------------------------
     def gpus_available(self) -> bool:

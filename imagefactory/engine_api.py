@@ -94,6 +94,8 @@ class EngineInfo:
     cdi_spec_dirs: tuple[str, ...]  # empty before Docker 25 or when CDI is off
     cpus: int = 0  # CPUs the engine's host has (NCPU)
     architecture: str = ""  # the engine's host's `uname -m` (docker info Architecture: x86_64, aarch64)
+    store: str = ""  # the image store: identity.GRAPH_DRIVER or identity.CONTAINERD ("": not said)
+    driver: str = ""  # docker info Driver: overlay2 (a graph driver) or the containerd snapshotter (overlayfs)
 
 
 class ContainerEngine(Protocol):

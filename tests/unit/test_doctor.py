@@ -204,6 +204,26 @@ def test_engine_facts_read_version_and_runtime_and_refuse_odd_strings():
     assert (odd.version, odd.api_version, odd.nvidia_runtime) == ("(unreadable)", "(unreadable)", False)
 
 
+def test_engine_facts_name_the_store_and_what_follows():
+    new = doctor.engine_facts(World(info=EngineInfo("26.1.5+dfsg1", "1.45", ("runc",), (), store="containerd",
+                                                    driver="overlayfs")).engine)
+    assert (new.store, new.driver, new.multi_platform, new.zstd_pulls) == ("containerd", "overlayfs", True, True)
+    line = doctor.store_line(new)
+    assert "containerd image store" in line and "multi-platform" in line and "pulls zstd" in line
+    old = doctor.engine_facts(World(info=EngineInfo("20.10.24+dfsg1", "1.41", ("runc",), (), store="graph-driver",
+                                                    driver="overlay2")).engine)
+    assert (old.store, old.multi_platform, old.zstd_pulls) == ("graph-driver", False, False)
+    assert "graph driver overlay2" in doctor.store_line(old) and "cannot pull zstd" in doctor.store_line(old)
+    # Docker 23 and later unpack zstd in the graph-driver store too
+    mid = doctor.engine_facts(World(info=EngineInfo("28.2.2", "1.50", ("runc",), (), store="graph-driver",
+                                                    driver="overlay2")).engine)
+    assert (mid.multi_platform, mid.zstd_pulls) == (False, True)
+    odd = doctor.engine_facts(World(info=EngineInfo("27.3.1", "1.47", ("runc",), (), store="zfs\x1b[2J",
+                                                    driver="overlay2\n\x1b[2J")).engine)
+    assert (odd.store, odd.driver, odd.multi_platform) == ("", "(unreadable)", False)
+    assert "\x1b" not in doctor.store_line(odd)
+
+
 def test_exit_codes():
     def unreachable():
         raise DockerUnavailable("no Docker engine answered at unix:///x")
