@@ -16,10 +16,14 @@ from __future__ import annotations
 
 import base64
 import http.server
+import logging
 import os
+import sys
 import threading
+import traceback
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 
 class _Handler(http.server.SimpleHTTPRequestHandler):
@@ -81,8 +85,28 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
         self._serve()
 
 
-class _Server(http.server.ThreadingHTTPServer):
+LOG = logging.getLogger(__name__)
+
+
+class QuietServer(http.server.ThreadingHTTPServer):
+    """A ThreadingHTTPServer whose request errors (a client that hangs up mid-response: rattler
+    cancels a subdir's download once another failed) are kept in `errors` and logged at debug
+    level, never printed: socketserver's own handle_error writes a traceback to sys.stderr, which
+    in a test is the output of the command under test."""
+
     daemon_threads = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.errors: list[str] = []
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        text = "".join(traceback.format_exception(*sys.exc_info()))
+        self.errors.append(text)
+        LOG.debug("request from %s failed:\n%s", client_address, text)
+
+
+class _Server(QuietServer):
     owner: ChannelServer
 
 

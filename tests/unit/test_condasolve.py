@@ -23,6 +23,7 @@ import pytest
 
 from imagefactory import condasolve, lock, lockfile, matrix
 from imagefactory.errors import ConfigError
+from tests.conda_channel.server import QuietServer
 from tests.unit import helpers
 
 LOGIN = ("lockuser", "lock-secret-pw")
@@ -99,10 +100,13 @@ def channel_server(tmp_path_factory):
             (root / name / subdir).mkdir(parents=True)
             (root / name / subdir / "repodata.json").write_text(json.dumps(
                 {"info": {"subdir": subdir}, "packages": {}, "packages.conda": packages}))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Handler, directory=str(root)))
+    # Its request errors (rattler hanging up on one subdir once the other failed) are logged apart,
+    # not printed into the output of the command under test.
+    server = QuietServer(("127.0.0.1", 0), functools.partial(_Handler, directory=str(root)))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
+    server.server_close()
 
 
 def _project(tmp_path: Path, channel: str, blas: str = "mkl", extra: str = "") -> Path:
@@ -180,6 +184,28 @@ def test_channel_failures_are_one_located_line_and_write_nothing(channel_server,
     assert "cell py3.11-cpu-mkl-conda:" in last and why in last and url in last
     assert "Traceback" not in r.output
     assert not (tmp_path / "locks").exists()
+
+
+def test_the_channel_servers_request_errors_stay_out_of_the_output(capsys):
+    """A request the handler fails on (as a client hanging up mid-response does) is kept in the
+    server's errors, not printed as socketserver's traceback into what the tests above read."""
+    import urllib.request
+
+    class Failing(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            raise ConnectionResetError("the client hung up")
+
+    server = QuietServer(("127.0.0.1", 0), Failing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(OSError):
+            urllib.request.urlopen(f"http://127.0.0.1:{server.server_address[1]}/x", timeout=10)
+    finally:
+        server.shutdown()
+        server.server_close()
+    out, err = capsys.readouterr()
+    assert out == err == ""
+    assert len(server.errors) == 1 and "ConnectionResetError: the client hung up" in server.errors[0]
 
 
 def test_a_private_channel_is_locked_with_the_netrc_login_and_the_login_stays_out(channel_server, tmp_path, run_cli):
