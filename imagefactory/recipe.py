@@ -70,6 +70,29 @@ def site_packages(cell: Cell) -> str:
     return f"{ENV_PREFIX[cell.installer]}/lib/python{cell.python}/site-packages"
 
 
+def newer_python_modules(python: str) -> str:
+    """compileall's `-x` pattern for a cell of Python `python` ("3.11"): a module named for a
+    newer Python than the cell's, `py3NN_NAME.py` with NN above the cell's minor (torch ships
+    torch/testing/_internal/py312_intrinsics.py, 3.12 syntax, imported only on 3.12+). This
+    Python can never import such a file, and compiling it prints a SyntaxError traceback in every
+    build log. compileall searches the pattern in each file's full path, so it is anchored at
+    both ends: the whole file name, after a `/`, up to the end. Any other file that does not
+    compile is still reported (partials/bytecode.j2)."""
+    def digits(low: int) -> str:  # one digit from `low` to 9
+        return "9" if low == 9 else f"[{low}-9]"
+
+    minor = int(python.split(".")[1])
+    higher = []  # the numbers from minor + 1 to 99, as alternatives
+    if minor < 9:
+        higher.append(digits(minor + 1))
+    tens, ones = divmod(max(minor + 1, 10), 10)
+    if tens <= 9:
+        higher.append(f"{tens}{digits(ones)}" if ones else f"{digits(tens)}[0-9]")
+        if ones and tens < 9:
+            higher.append(f"{digits(tens + 1)}[0-9]")
+    return f"/py3(?:{'|'.join(higher) or '(?!)'})_[A-Za-z0-9_]+[.]py$"  # (?!): nothing is newer than 3.99
+
+
 def labels(matrix: Matrix, cell: Cell, content_hash: str | None) -> list[tuple[str, str]]:
     """The image's labels. Its version is its release tag's, the list's when the cell is one
     platform of one (so adding a platform to a matrix changes no other cell's content hash)."""

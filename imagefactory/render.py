@@ -28,8 +28,8 @@ from imagefactory.model import AUTO, Cell, Matrix
 from imagefactory.recipe import (CACHE_DIRS, CERT_BUNDLE, CERT_ENV, CGROUP_ROOT, ENV_PATH, ENV_PREFIX,  # noqa: F401
                                  HASH_LABEL, LABEL_PREFIX, LAUNCH_HOOK, LAUNCH_PTH, MINICONDA_URL,
                                  MINIFORGE_URL, MKL_THREADING_LAYER, _conda_values, _pip_values, conda_specs,
-                                 image_env, labels, pip_requirements, runtime_env, site_packages,
-                                 torch_requirement)
+                                 image_env, labels, newer_python_modules, pip_requirements, runtime_env,
+                                 site_packages, torch_requirement)
 
 if TYPE_CHECKING:
     import jinja2
@@ -119,6 +119,7 @@ def dockerfile_text(matrix: Matrix, cell: Cell, content_hash: str | None, certs:
         "labels": labels(matrix, cell, content_hash),
         "prefix": ENV_PREFIX[cell.installer],
         "site_packages": site_packages(cell),
+        "compile_skip": newer_python_modules(cell.python),  # compileall -x (partials/bytecode.j2)
     }
     if cell.installer == "conda":
         values.update(_conda_values(matrix, cell, locked))
