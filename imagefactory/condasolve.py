@@ -8,7 +8,8 @@ returns every package of the environment by URL and sha256, sorted: the `@EXPLIC
 
 Every failure is one line naming the cell: an unreachable channel, a channel that refuses a
 login (or asks for one), a repodata that is not JSON, specs that cannot be satisfied (with the
-solver's conflict, its tree flattened).
+solver's conflict, its tree flattened), a package the channel gives no sha256 (conda's repodata
+may hold only an md5; rattler then answers with none).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ GLIBC = "2.28"
 LINUX = "4.18"
 SOLVE_TIMEOUT_S = 300
 _LINE_MAX = 600
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")  # a lock pins every package by it (lockfile.SHA256_RE)
 
 
 @dataclass(frozen=True)
@@ -141,4 +143,9 @@ def solve(cell_id: str, channels: list[str], specs: list[str], *, subdir: str = 
     records = sorted((_record(r) for r in found), key=lambda r: r.url)
     if not records:
         raise SolveError(f"cell {cell_id}: the conda solve returned no package")
+    for r in records:
+        if not _SHA256_RE.fullmatch(r.sha256):
+            what = f"a malformed sha256 {r.sha256[:80]!r}" if r.sha256 else "no sha256 (its repodata may hold only an md5)"
+            raise SolveError(_one_line(f"cell {cell_id}: the channel gives {r.name} {r.version} {r.build} ({r.url}) "
+                                       f"{what}; a conda lock pins every package by its sha256"))
     return records

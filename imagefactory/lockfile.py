@@ -34,6 +34,7 @@ _SHA256 = r"[0-9a-f]{64}"
 _SUBDIRS = "|".join(re.escape(p.conda_subdir) for p in platforms.PLATFORMS.values())
 _CONDA_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")  # conda names may start with "_"
 VERSION_RE = re.compile(_VERSION)
+_MD5_TAIL_RE = re.compile(r"#[0-9a-fA-F]{32}$")
 SHA256_RE = re.compile(_SHA256)
 _PIP_LINE_RE = re.compile(rf"(?P<name>{NAME_RE.pattern})==(?P<version>{_VERSION})"
                           rf"(?P<hashes>(?: +--hash=sha256:{_SHA256})+)")
@@ -192,7 +193,9 @@ def parse(path: Path, installer: str, text: str | None = None) -> Lock:
         if pin is None:
             want = ("name==version --hash=sha256:<64 hex>" if installer == "pip"
                     else "@EXPLICIT, then URL#<sha256, 64 hex> per line")
-            problems.append(f"{where}:{number}: (lock): malformed line {files.show(line)} (expected {want})")
+            md5 = ("; #<32 hex> is an md5, conda's own explicit format: a lock pins each file by its sha256"
+                   if installer == "conda" and _MD5_TAIL_RE.search(line) else "")
+            problems.append(f"{where}:{number}: (lock): malformed line {files.show(line)} (expected {want}){md5}")
         else:
             pins.append(pin)
     if installer == "conda" and not explicit:

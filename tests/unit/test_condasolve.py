@@ -95,8 +95,10 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
 @pytest.fixture(scope="module")
 def channel_server(tmp_path_factory):
     root = tmp_path_factory.mktemp("channels")
-    for name in ("main", "private", "corrupt"):
+    for name in ("main", "private", "corrupt", "nosha"):
         for subdir, packages in (("linux-64", _packages()), ("noarch", {})):
+            if name == "nosha" and packages:  # one record with an md5 only, as older conda repodata has
+                del packages["threadpoolctl-3.5.0-pyhd8ed1ab_0.conda"]["sha256"]
             (root / name / subdir).mkdir(parents=True)
             (root / name / subdir / "repodata.json").write_text(json.dumps(
                 {"info": {"subdir": subdir}, "packages": {}, "packages.conda": packages}))
@@ -206,6 +208,58 @@ def test_the_channel_servers_request_errors_stay_out_of_the_output(capsys):
     out, err = capsys.readouterr()
     assert out == err == ""
     assert len(server.errors) == 1 and "ConnectionResetError: the client hung up" in server.errors[0]
+
+
+def test_a_package_the_channel_gives_no_sha256_is_refused_by_the_solve_naming_it(channel_server, tmp_path, run_cli):
+    """rattler answers with sha256 None for a record that has an md5 only; the solve refuses it
+    (exit 2, one line naming the package), not the lock writer later."""
+    path = _project(tmp_path, f"{channel_server}/nosha")
+    r = run_cli("lock", "--matrix", str(path))
+    assert r.exit_code == 2, r.output
+    [line] = r.output.strip().splitlines()[-1:]
+    assert line.startswith("error: cell py3.11-cpu-mkl-conda: the channel gives threadpoolctl 3.5.0 pyhd8ed1ab_0 ("), line
+    assert "no sha256" in line and "Traceback" not in r.output
+    assert not (tmp_path / "locks").exists()
+
+
+class _Name:
+    def __init__(self, name: str):
+        self.normalized = name
+
+
+class _Found:  # what the solve reads of a rattler RepoDataRecord
+    def __init__(self, name: str, sha256: object):
+        self.name, self.version, self.build, self.sha256 = _Name(name), "1.0", "h0_0", sha256
+        self.url = f"https://conda.example.com/c/linux-64/{name}-1.0-h0_0.conda"
+
+
+@pytest.mark.parametrize("sha256, words", [
+    (None, "no sha256"),
+    (b"", "no sha256"),
+    (hashlib.md5(b"x").digest(), "a malformed sha256 '"),  # 16 bytes: an md5 where the sha256 goes
+    (hashlib.sha256(b"x").digest() + b"\0", "a malformed sha256 '"),
+    ("not hex", "a malformed sha256 'not hex'"),
+], ids=["none", "empty", "md5-bytes", "65-bytes", "not-hex"])
+def test_a_solved_record_without_one_good_sha256_is_refused(monkeypatch, sha256, words):
+    async def solved(*args, **kwargs):
+        return [_Found("good", hashlib.sha256(b"good").digest()), _Found("odd", sha256)]
+
+    monkeypatch.setattr(condasolve, "_solve", solved)
+    with pytest.raises(condasolve.SolveError) as e:
+        condasolve.solve("c1", ["https://conda.example.com/c"], ["odd"])
+    [line] = e.value.problems
+    assert line.startswith("cell c1: the channel gives odd 1.0 h0_0 (https://conda.example.com/c/linux-64/odd-1.0") and words in line
+    assert e.value.exit_code == 2
+
+
+def test_a_solved_record_with_its_sha256_is_returned(monkeypatch):
+    async def solved(*args, **kwargs):
+        return [_Found("b", hashlib.sha256(b"b").digest()), _Found("a", hashlib.sha256(b"a").hexdigest())]
+
+    monkeypatch.setattr(condasolve, "_solve", solved)
+    found = condasolve.solve("c1", ["https://conda.example.com/c"], ["a", "b"])
+    assert [(r.name, r.sha256) for r in found] == [("a", hashlib.sha256(b"a").hexdigest()),
+                                                   ("b", hashlib.sha256(b"b").hexdigest())]
 
 
 def test_a_private_channel_is_locked_with_the_netrc_login_and_the_login_stays_out(channel_server, tmp_path, run_cli):
