@@ -15,6 +15,7 @@ pair for one under tags.registries), else the `auths` of the Docker config, else
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import re
@@ -70,25 +71,50 @@ def manifest_digest(ref: str, auth: Auth | None) -> str | None:
     return digest if DIGEST_RE.fullmatch(digest) else None
 
 
+def _by_digest(url: str, digest: str, auth: Auth | None, accept: str = "") -> registry_http.Reply | None:
+    """The registry's answer for a content-addressed `url`; None when it gives none (or too much).
+    Refused when its bytes are not the ones `digest` names: the labels and config judged are then
+    those of the image the signature was checked on, whatever the registry says."""
+    r = _get(url, auth, accept)
+    if r.status_code != 200 or len(r.content) > MAX_BYTES:
+        return None
+    got = "sha256:" + hashlib.sha256(r.content).hexdigest()
+    if got != digest:
+        raise signing.Refused("registry", f"the registry serves other bytes for {digest} (their digest is {got})")
+    return r
+
+
+def _object(r: registry_http.Reply | None) -> dict:
+    return _dict(r.json() if r is not None else {})
+
+
+def _dict(value: Any) -> dict:
+    """`value` when it is a mapping, else an empty one: a registry's JSON may be of any shape."""
+    return value if isinstance(value, dict) else {}
+
+
 def image_config(pinned: str, auth: Auth | None) -> tuple[str, dict[str, str]]:
-    """(config digest, labels) of the image `pinned` names (an index: its linux/amd64 image)."""
+    """(config digest, labels) of the image `pinned` names (an index: its linux/amd64 image), each
+    manifest and the config read by digest and checked against its bytes."""
     parsed = refs.parse(pinned)
     assert parsed is not None and parsed.digest is not None
     api = f"{_api(parsed.registry)}/{parsed.path}"
-    r = _get(f"{api}/manifests/{parsed.digest}", auth, ", ".join(MANIFEST_TYPES + INDEX_TYPES))
-    doc = r.json() if r.status_code == 200 and len(r.content) <= MAX_BYTES else {}
+    doc = _object(_by_digest(f"{api}/manifests/{parsed.digest}", parsed.digest, auth,
+                             ", ".join(MANIFEST_TYPES + INDEX_TYPES)))
     if doc.get("manifests"):  # an index: the platform imagefactory builds
-        entry: dict = next((m for m in doc["manifests"] if (m.get("platform") or {}).get("architecture") == "amd64"), {})
+        manifests = doc["manifests"] if isinstance(doc["manifests"], list) else []
+        entry: dict = next((m for m in map(_dict, manifests) if _dict(m.get("platform")).get("architecture") == "amd64"),
+                           {})
         digest = str(entry.get("digest", ""))
-        r = _get(f"{api}/manifests/{digest}", auth, ", ".join(MANIFEST_TYPES)) if DIGEST_RE.fullmatch(digest) else r
-        doc = r.json() if r.status_code == 200 and len(r.content) <= MAX_BYTES else {}
-    config = str((doc.get("config") or {}).get("digest", ""))
+        doc = _object(_by_digest(f"{api}/manifests/{digest}", digest, auth, ", ".join(MANIFEST_TYPES))
+                      if DIGEST_RE.fullmatch(digest) else None)
+    config = str(_dict(doc.get("config")).get("digest", ""))
     if not DIGEST_RE.fullmatch(config):
         raise signing.Refused("registry", f"the registry gave no image manifest for {parsed.digest}")
-    blob = _get(f"{api}/blobs/{config}", auth)
-    if blob.status_code != 200 or len(blob.content) > MAX_BYTES:
+    blob = _by_digest(f"{api}/blobs/{config}", config, auth)
+    if blob is None:
         raise signing.Refused("registry", f"the registry gave no image config {config}")
-    labels = (blob.json().get("config") or {}).get("Labels") or {}
+    labels = _dict(_dict(_object(blob).get("config")).get("Labels"))
     return config, {str(k): str(v) for k, v in labels.items()}
 
 
