@@ -40,7 +40,7 @@ from typing import IO, Any, Callable
 
 from imagefactory import fsutil, identity, inputs
 from imagefactory.engine import Engine
-from imagefactory.engine_api import Builder, BuildProgress, BuildRequest
+from imagefactory.engine_api import PODMAN, Builder, BuildProgress, BuildRequest
 from imagefactory.errors import BuildError, Cancelled, ConfigError, EngineGone
 from imagefactory.interrupt import Interrupt
 
@@ -372,6 +372,10 @@ class BuildxEngine(Engine):
                  shared: dict[str, Any] | None = None) -> None:
         super().__init__(interrupt=interrupt, shared=shared)
         self.buildx_builder = check_builder_name(buildx_builder)
+        if self.product() == PODMAN:  # before anything is built: buildx would fail in its first step
+            where = inputs.printable(os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock"))
+            raise ConfigError(f"builder buildkit: the engine at {where} is podman, whose Docker API serves no BuildKit "
+                              f"(docker buildx cannot build through it); build with --builder classic")
 
     def build(self, request: BuildRequest, *, log: Callable[[str], None] = lambda line: None,
               progress: Callable[[BuildProgress], None] = lambda p: None) -> str:

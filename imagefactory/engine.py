@@ -33,7 +33,9 @@ import urllib3.exceptions
 from imagefactory import identity, passcache, platforms, refs
 from imagefactory.engine_api import (Builder, BuildProgress, BuildRequest, ContainerEngine, EngineFactory, EngineInfo,
                                      Manifest, PushOutcome, RunResult, is_transient, refuse_foreign)
-from imagefactory.errors import BuildError, Cancelled, DockerUnavailable, EngineError, EngineGone, PushError
+from imagefactory.engine_api import DOCKER, PODMAN
+from imagefactory.errors import (BuildError, Cancelled, DockerUnavailable, EngineError, EngineGone, ImageFactoryError,
+                                 PushError)
 from imagefactory.interrupt import Interrupt
 
 STEP_RE = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
@@ -267,6 +269,18 @@ class Engine:
             self._shared["info"] = self.client.info()
         return dict(self._shared["info"])
 
+    def product(self) -> str:
+        """PODMAN when the version answer names a "Podman Engine" component (podman system
+        service), else DOCKER; asked once for all the engines of a run."""
+        if "product" not in self._shared:
+            try:
+                components = self.client.version().get("Components") or []
+            except _SDK_ERRORS as e:
+                self._failed("could not ask the engine its version", e)
+            names = {str(c.get("Name")) for c in components if isinstance(c, dict)}
+            self._shared["product"] = PODMAN if "Podman Engine" in names else DOCKER
+        return str(self._shared["product"])
+
     def native_platform(self) -> platforms.Platform | None:
         """The platform of the engine's own host (docker info Architecture); None if not in the table."""
         if self._native is None:
@@ -484,13 +498,25 @@ class Engine:
         return image_id
 
     def registry_digest(self, ref: str, *, auth_config: dict[str, str] | None = None) -> str | None:
-        """The manifest digest the registry serves for `ref` (asked of the registry itself)."""
+        """The manifest digest the registry serves for `ref`: asked through the engine (GET
+        /distribution, which uses the engine's own logins and mirrors), else of the registry's
+        HTTP API (registry_http.py): podman's Docker API has no /distribution (404), and an
+        engine that cannot reach the registry says nothing either. None when neither answers."""
         try:
             data = self.api.inspect_distribution(ref, auth_config=auth_config)
         except _SDK_ERRORS:
             self.interrupt.check()
+        else:
+            digest = (data.get("Descriptor") or {}).get("digest")
+            if isinstance(digest, str) and identity.DIGEST_RE.fullmatch(digest):
+                return digest
+        try:
+            manifest = self.registry_manifest(ref, auth_config=auth_config)
+        except Cancelled:
+            raise
+        except ImageFactoryError:
             return None
-        return (data.get("Descriptor") or {}).get("digest")
+        return manifest.digest if manifest is not None else None
 
     # -- the registry's HTTP API (lists: what the daemon cannot read or write) ----------------
     def _login(self, ref: str) -> dict[str, str] | None:

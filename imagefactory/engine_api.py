@@ -107,6 +107,11 @@ class ContainerEngine(Protocol):
         """Version, runtimes, CDI directories and CPU count (EngineError if it will not say)."""
         ...
 
+    def product(self) -> str:
+        """What serves the Docker API: DOCKER ("docker") or PODMAN ("podman", `podman system service`),
+        from the engine's version answer (asked once a run)."""
+        ...
+
     def images_with_label(self, key: str, value: str) -> dict[str, list[str]]: ...
 
     def labelled_image(self, ref: str, key: str, value: str) -> str | None:
@@ -176,6 +181,8 @@ class ContainerEngine(Protocol):
 
 
 EngineFactory = Callable[[], ContainerEngine]
+
+DOCKER, PODMAN = "docker", "podman"  # ContainerEngine.product()
 
 _AUTH_WORDS = ("unauthorized", "authentication required", "no basic auth credentials",
                "denied", "forbidden", "incorrect username or password")

@@ -34,7 +34,7 @@ from typing import Any
 
 from imagefactory import checks, platforms
 from imagefactory.context import DEFAULT_PROBE_SHM, DEFAULT_PROBE_TIMEOUT
-from imagefactory.engine_api import ContainerEngine, RunResult
+from imagefactory.engine_api import DOCKER, PODMAN, ContainerEngine, RunResult
 from imagefactory.errors import ConfigError, EngineError, EngineGone
 from imagefactory.model import Cell
 
@@ -76,11 +76,14 @@ class LaunchMode:
     def environment(self) -> dict[str, str]:
         return {"HOME": self.home} if self.home else {}
 
-    def expect(self) -> dict[str, Any]:
+    def expect(self, product: str = DOCKER) -> dict[str, Any]:
+        """What the probe must see, on an engine that is `product` (ContainerEngine.product()):
+        Docker gives an arbitrary UID no passwd entry (no user name); podman adds one, named
+        after the UID, as it does for every such container."""
         out: dict[str, Any] = {}
         if self.user:
             out["uid"] = int(self.user.split(":")[0])
-            out["user name"] = None  # no passwd entry
+            out["user name"] = str(out["uid"]) if product == PODMAN else None
         if self.read_only:
             out["root read-only"] = True
             out["/tmp writable"] = True
@@ -164,10 +167,11 @@ def run_probe(engine: ContainerEngine, image: str, *, timeout: float = DEFAULT_T
 
 
 def judge(cell: Cell, probes: dict[str, Any], *, gpu_required: bool,
-          emulation: platforms.Emulated | None = None) -> list[checks.Check]:
-    """Every mode's probe judged against `cell`, each check tagged with its mode. A mode
-    without a probe (or with anything but a dict) fails as not run. An emulated probe's speed
-    is not judged (checks.judge)."""
+          emulation: platforms.Emulated | None = None, product: str = DOCKER) -> list[checks.Check]:
+    """Every mode's probe judged against `cell`, each check tagged with its mode, the launch
+    conditions as `product`'s containers have them (LaunchMode.expect). A mode without a probe
+    (or with anything but a dict) fails as not run. An emulated probe's speed is not judged
+    (checks.judge)."""
     out: list[checks.Check] = []
     for name in probes:
         mode = MODES.get(name)
@@ -177,7 +181,7 @@ def judge(cell: Cell, probes: dict[str, Any], *, gpu_required: bool,
                                     f"no probe report for launch mode {name}", mode=name))
             continue
         judged = checks.judge(cell, probe, gpu_required=gpu_required, emulation=emulation) + [
-            checks.launch_conditions(mode.expect(), probe)]
+            checks.launch_conditions(mode.expect(product), probe)]
         out += [replace(c, mode=name) for c in judged]
     return out
 
@@ -204,7 +208,8 @@ def _one(engine: ContainerEngine, cell: Cell, image: str, mode: str, *, gpus: bo
     if why is not None or probe is None:
         failed = checks.Check("probe.ran", "probe JSON on stdout", str(why), checks.FAIL, str(why), mode=mode)
         return [failed], None, result.stdout, result.stderr
-    return judge(cell, {mode: probe}, gpu_required=gpus, emulation=emulation), probe, result.stdout, result.stderr
+    return (judge(cell, {mode: probe}, gpu_required=gpus, emulation=emulation, product=engine.product()), probe,
+            result.stdout, result.stderr)
 
 
 def emulation_of(engine: ContainerEngine, cell: Cell) -> platforms.Emulated | None:

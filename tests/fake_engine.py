@@ -74,6 +74,7 @@ class World:
     run_calls: list[dict] = field(default_factory=list)  # each run's arguments
     info: EngineInfo = ENGINE_INFO
     builder: Builder | str = Builder.classic  # what its engines build with (classic or buildkit)
+    product: str = "docker"  # what serves the API: docker | podman (podman names an arbitrary UID after it)
     gpus: bool = False
     calls: list[tuple] = field(default_factory=list)  # (operation, argument), in order
     running: set[str] = field(default_factory=set)  # containers now running
@@ -102,16 +103,17 @@ class World:
         return self.images.get(ref) or next((i for i in self.images.values() if ref in i.tags), None)
 
 
-def as_launched(probe: dict, options: dict[str, Any], environment: dict[str, str]) -> dict:
+def as_launched(probe: dict, options: dict[str, Any], environment: dict[str, str], product: str = "docker") -> dict:
     """The probe a well-behaved engine's container would report under these create options:
-    the user, read-only root, /tmp, HOME and cpuset the launch asked for."""
+    the user (podman adds a passwd entry named after an arbitrary UID), read-only root, /tmp,
+    HOME and cpuset the launch asked for."""
     probe = json.loads(json.dumps(probe))
     launch = probe.setdefault("launch", {})
     if not isinstance(launch, dict):
         return probe
     if "user" in options and isinstance(probe.get("user"), dict):
         uid, gid = (int(x) for x in str(options["user"]).split(":"))
-        probe["user"].update(uid=uid, gid=gid, name=None)
+        probe["user"].update(uid=uid, gid=gid, name=None if product == "docker" else str(uid))
     if options.get("read_only"):
         launch.update(root_read_only=True, tmp_writable=True,
                       tmp_noexec="exec" not in str((options.get("tmpfs") or {}).get("/tmp", "")).split(","))
@@ -137,6 +139,9 @@ class FakeEngine:
 
     def describe(self) -> EngineInfo:
         return self.world.info
+
+    def product(self) -> str:
+        return self.world.product
 
     # -- images --------------------------------------------------------------------------
     def images_with_label(self, key: str, value: str) -> dict[str, list[str]]:
@@ -258,7 +263,7 @@ class FakeEngine:
             finally:
                 self.world.running.discard(f"probe-{cell}")
         if isinstance(behaviour, dict):
-            behaviour = as_launched(behaviour, dict(options or {}), dict(environment or {}))
+            behaviour = as_launched(behaviour, dict(options or {}), dict(environment or {}), self.world.product)
         if behaviour == "crash":
             return RunResult(1, "", "Traceback: boom")
         if isinstance(behaviour, tuple) and behaviour[0] == "timeout":

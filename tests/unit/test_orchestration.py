@@ -90,6 +90,16 @@ def test_both_cells_build_and_pass_on_the_fake(m, world, tmp_path):
     assert world.ops("build") == [A, B]
 
 
+def test_both_cells_pass_every_launch_mode_through_podman(m, world, tmp_path):
+    """podman names an arbitrary UID after itself (the fake does as podman does); the hpc mode's
+    expectation follows the engine, so the same images pass."""
+    world.product = "podman"
+    reports = by_cell(run_build(m, world, tmp_path))
+    assert {r.status for r in reports.values()} == {PASSED}, [c for r in reports.values() for c in r.checks
+                                                              if c.verdict == "fail"]
+    assert all(r.launches == {"docker": "pass", "bare": "pass", "hpc": "pass"} for r in reports.values())
+
+
 def test_fail_fast_skips_the_cells_after_a_failure(m, world, tmp_path):
     world.builds[A] = "error"
     reports = by_cell(run_build(m, world, tmp_path, fail_fast=True))
