@@ -200,3 +200,48 @@ legacy_bases() {
         die "legacy engine: python3.11 does not run in $2"
     log "legacy engine has the bases"
 }
+
+# --------------------------------------------------------------------------
+# podman (Debian 12's 4.3) serving the Docker API, as HPC sites run it: `podman system service`
+# on a socket of its own (PODMAN_HOST), for tests/integration/test_podman.py. Its default
+# nofile/nproc ulimits are refused in this sandbox (containers.conf: none), and it trusts the
+# loopback registries over plain HTTP only when told (registries.conf.d).
+# --------------------------------------------------------------------------
+readonly PODMAN_RUN="/run/imagefactory-podman"
+readonly PODMAN_SOCK="${PODMAN_RUN}/podman.sock"
+readonly PODMAN_HOST="unix://${PODMAN_SOCK}"
+
+configure_podman() {
+    mkdir -p /etc/containers/registries.conf.d
+    local conf=/etc/containers/containers.conf
+    if ! grep -qs '^default_ulimits = \[\]' "$conf"; then
+        [[ ! -s "$conf" ]] || die "$conf exists without 'default_ulimits = []' under [containers]: add it by hand"
+        printf '[containers]\ndefault_ulimits = []\n' >"$conf"
+    fi
+    printf '[[registry]]\nlocation = "%s"\ninsecure = true\n\n[[registry]]\nlocation = "%s"\ninsecure = true\n' \
+        "$1" "$2" >/etc/containers/registries.conf.d/50-imagefactory-ci.conf
+}
+
+start_podman_service() {
+    configure_podman "$@"
+    if [[ "$(engine_answer "$PODMAN_HOST" '{{.ServerVersion}}')" == 4.* ]]; then
+        log "podman service already running ($PODMAN_HOST)"
+        return 0
+    fi
+    mkdir -p "$PODMAN_RUN"
+    rm -f "$PODMAN_SOCK"
+    log "starting podman system service on $PODMAN_HOST"
+    setsid podman system service --time=0 "$PODMAN_HOST" </dev/null >/tmp/podman-service.log 2>&1 9>&- &
+    wait_engine "$PODMAN_HOST" /tmp/podman-service.log
+}
+
+# podman_bases IMAGE...: podman's own copy of each base, pulled from the base registry.
+podman_bases() {
+    local image
+    for image in "$@"; do
+        podman pull -q "$image" >/dev/null || die "podman pull $image failed"
+    done
+    podman run --rm --network none "${!#}" sh -c 'python3.11 -c "import venv"' >/dev/null 2>&1 ||
+        die "podman: python3.11 does not run in ${!#}"
+    log "podman has the bases"
+}

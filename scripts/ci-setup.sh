@@ -11,10 +11,12 @@
 #       127.0.0.1:5000/library/debian:bookworm-slim
 #       127.0.0.1:5000/library/python:3.11-slim-bookworm
 #     each served by the base registry as a two-arch list (linux/amd64 and
-#     linux/arm64, as Docker Hub serves them); the engine's local tag is the
-#     amd64 image;
+#     linux/arm64, as Docker Hub serves them), each platform also under its
+#     own tag (IMAGE-amd64, IMAGE-arm64); the engine's local IMAGE is the list
+#     as pulled on this host (in the graph-driver store its amd64 image);
 #   * QEMU user emulation registered with binfmt_misc (qemu-aarch64), so the
 #     engine runs and BuildKit builds linux/arm64 images on this x86_64 host;
+#   * podman serving the Docker API on a socket of its own (scripts/ci-engines.sh);
 #   * cosign 2.x (/usr/local/bin/cosign) for the signing tests;
 #   * two local registries (CNCF distribution 2.8):
 #       127.0.0.1:5000  no auth, holds the base images ("base_registry" mirror)
@@ -84,9 +86,10 @@ install_packages() {
     # for tests/integration/test_launch.py. chromium (headless) and a font render report.html
     # for tests/integration/test_catalog.py.
     # qemu-user-static, binfmt-support and mmdebstrap: arm64 images (emulated builds and probes,
-    # the arm64 bases).
+    # the arm64 bases). podman: its Docker API (podman system service), as HPC sites run it, for
+    # tests/integration/test_podman.py.
     local pkgs=(docker.io debootstrap docker-registry apache2-utils curl iproute2 charliecloud chromium fonts-dejavu-core
-        qemu-user-static binfmt-support mmdebstrap)
+        qemu-user-static binfmt-support mmdebstrap podman)
     local missing=() p
     for p in "${pkgs[@]}"; do
         # (dpkg -s, but also rejecting removed-but-not-purged packages)
@@ -299,12 +302,15 @@ make_base_images() {
     local python="$CACHE_DIR/bookworm-python.tar"
     # Only debootstrap when the image is missing and the tarball too: a
     # machine that already has the images does not need the cache.
-    docker image inspect "$DEBIAN_IMAGE" >/dev/null 2>&1 || make_rootfs_tar "$minbase"
-    docker image inspect "$PYTHON_IMAGE" >/dev/null 2>&1 ||
+    # Imported as the per-arch name (IMAGE-amd64); IMAGE itself is the two-arch list, pulled from
+    # the base registry once it is there (push_base_images). In the containerd image store the
+    # pulled IMAGE is the list itself: tagging it as IMAGE-amd64 would push a list under that name.
+    docker image inspect "$DEBIAN_IMAGE-amd64" >/dev/null 2>&1 || make_rootfs_tar "$minbase"
+    docker image inspect "$PYTHON_IMAGE-amd64" >/dev/null 2>&1 ||
         make_rootfs_tar "$python" "python3,python3-venv,ca-certificates"
-    import_image "$minbase" "$DEBIAN_IMAGE"
+    import_image "$minbase" "$DEBIAN_IMAGE-amd64"
     # Like the official python image: a UTF-8 locale for Python's I/O.
-    import_image "$python" "$PYTHON_IMAGE" --change 'ENV LANG=C.UTF-8'
+    import_image "$python" "$PYTHON_IMAGE-amd64" --change 'ENV LANG=C.UTF-8'
 }
 
 # make_foreign_rootfs_tar TARBALL ARCH PACKAGES: a Debian root of another
@@ -525,14 +531,13 @@ for m in doc.get("manifests") or []:
 ' | LC_ALL=C sort || true
 }
 
-# Each base: its amd64 image (the engine's local tag) and its arm64 image under
-# per-arch tags (IMAGE-amd64, IMAGE-arm64), and IMAGE itself a list of the two,
-# as Docker Hub serves python:3.11-slim-bookworm. The local tag then records
-# the list's digest too (a pull of the list on this host: the same image).
+# Each base: its amd64 image and its arm64 image under per-arch tags
+# (IMAGE-amd64, IMAGE-arm64), and IMAGE itself a list of the two, as Docker Hub
+# serves python:3.11-slim-bookworm. The local IMAGE is then a pull of the list
+# (RepoDigests: the list's digest; its amd64 image on this host).
 push_base_images() {
     local image amd arm want
     for image in "$DEBIAN_IMAGE" "$PYTHON_IMAGE"; do
-        docker tag "$image" "$image-amd64"
         push_unless_served "$image-amd64"
         push_unless_served "$image-arm64"
         amd="$(registry_digest "$image-amd64")"
@@ -569,7 +574,7 @@ smoke_check() {
 write_env_file() {
     cat >"$CACHE_DIR/env.sh.tmp" <<EOF
 # Written by scripts/ci-setup.sh: the registries it started.
-export IMAGEFACTORY_TEST_REGISTRY=$TEST_REGISTRY IMAGEFACTORY_TEST_REGISTRY_USER=$TEST_USER IMAGEFACTORY_TEST_REGISTRY_PASSWORD=$TEST_PASSWORD IMAGEFACTORY_BASE_REGISTRY=$BASE_REGISTRY IMAGEFACTORY_LEGACY_DOCKER_HOST=$LEGACY_HOST
+export IMAGEFACTORY_TEST_REGISTRY=$TEST_REGISTRY IMAGEFACTORY_TEST_REGISTRY_USER=$TEST_USER IMAGEFACTORY_TEST_REGISTRY_PASSWORD=$TEST_PASSWORD IMAGEFACTORY_BASE_REGISTRY=$BASE_REGISTRY IMAGEFACTORY_LEGACY_DOCKER_HOST=$LEGACY_HOST IMAGEFACTORY_PODMAN_HOST=$PODMAN_HOST
 EOF
     mv -f "$CACHE_DIR/env.sh.tmp" "$CACHE_DIR/env.sh"
 }
@@ -582,6 +587,7 @@ summary() {
 imagefactory CI setup ready
   engine:         docker $version, containerd image store (default socket)
   legacy engine:  docker $legacy, overlay2 ($LEGACY_HOST)
+  podman:         $(podman --version) ($PODMAN_HOST)
   base registry:  http://$BASE_REGISTRY (no auth)
   test registry:  http://$TEST_REGISTRY (user $TEST_USER, password $TEST_PASSWORD, deletes on)
   images:
@@ -609,6 +615,8 @@ main() {
     start_registries
     push_base_images
     legacy_bases "$DEBIAN_IMAGE" "$PYTHON_IMAGE"
+    start_podman_service "$BASE_REGISTRY" "$TEST_REGISTRY"
+    podman_bases "$PYTHON_IMAGE"
     smoke_check
     write_env_file
     summary

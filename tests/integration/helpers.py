@@ -34,6 +34,11 @@ TEST_REGISTRY = os.environ.get("IMAGEFACTORY_TEST_REGISTRY", "127.0.0.1:5001")
 TEST_USER = os.environ.get("IMAGEFACTORY_TEST_REGISTRY_USER", "imagefactory")
 TEST_PASSWORD = os.environ.get("IMAGEFACTORY_TEST_REGISTRY_PASSWORD", "ci-password")
 CACHE = Path(os.environ.get("IMAGEFACTORY_CI_CACHE", Path.home() / ".cache" / "imagefactory-ci"))
+# The legacy engine (Debian 12's Docker 20.10, the graph-driver store) that ci-setup.sh runs beside
+# the current one: tests/integration/test_legacy_engine.py.
+LEGACY_HOST = os.environ.get("IMAGEFACTORY_LEGACY_DOCKER_HOST", "unix:///run/imagefactory-legacy/docker.sock")
+# podman's Docker API (podman system service), also started by ci-setup.sh: tests/integration/test_podman.py.
+PODMAN_HOST = os.environ.get("IMAGEFACTORY_PODMAN_HOST", "unix:///run/imagefactory-podman/podman.sock")
 TORCH_CPU = "2.13.0"
 HOST_CAS = sorted(glob.glob("/usr/local/share/ca-certificates/*.crt"))
 

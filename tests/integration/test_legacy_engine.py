@@ -1,0 +1,112 @@
+"""The legacy image store stays supported: Debian 12's Docker 20.10 (overlay2, the graph-driver
+store, BuildKit v0.8), which scripts/ci-setup.sh runs beside the current engine on a socket of
+its own (IMAGEFACTORY_LEGACY_DOCKER_HOST). The rest of the suite drives the current engine
+(Debian 13's 26.x, the containerd image store), where an image's id is its manifest digest; here
+it is its config digest, and everything that asks for an image's id must hold in both.
+
+One pip cell and one conda cell (locked from the test channel, tests/conda_channel) are built,
+probed in every launch mode and pushed, once with each builder. The engine's own answers are
+the proof: the report's image id is the id the legacy engine gives the candidate tag (a config
+digest there), the pushed digest is what the registry serves under the tag.
+
+Cost: four cold builds on an engine with no cache (about 1-2 minutes each on 2 cores); the
+module removes its images and the BuildKit records it made from the legacy engine as it ends.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conda_channel import build as channel_build
+from tests.conda_channel.server import ChannelServer
+from tests.integration.helpers import (
+    LEGACY_HOST, TEST_PASSWORD, TEST_REGISTRY, TEST_USER, ModuleImages, buildx_or_skip, matrix_text, registry_digest,
+    report_of, run_cli, unavailable)
+
+pytestmark = pytest.mark.docker
+
+PIP, CONDA = "py3.11-cpu-openblas-pip", "py3.11-cpu-openblas-conda"
+ALL_PASS = {"docker": "pass", "bare": "pass", "hpc": "pass"}
+OWN = ModuleImages("legacy-engine", build_cache=True)  # removed from the legacy engine, not the default one
+
+
+@pytest.fixture(scope="module")
+def legacy():
+    """A Docker SDK client of the legacy engine; fails in CI (skips locally) when it is not there
+    or is not a graph-driver store."""
+    import docker
+
+    since = time.time()
+    try:
+        client = docker.DockerClient(base_url=LEGACY_HOST, timeout=120)
+        info = client.info()
+    except (docker.errors.DockerException, OSError) as e:
+        unavailable(f"no legacy engine at {LEGACY_HOST} (scripts/ci-setup.sh starts one): {e}")
+    status = dict(tuple(pair) for pair in info.get("DriverStatus") or [] if len(pair) == 2)
+    assert str(info.get("ServerVersion", "")).startswith("20.10"), info.get("ServerVersion")
+    assert info.get("Driver") == "overlay2" and "driver-type" not in status, (info.get("Driver"), status)
+    yield client
+    OWN.remove(client, since)
+    client.close()
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory, legacy, base_registry, test_registry, wheelhouse, session_id) -> Path:
+    """A pip cell and a conda cell, the conda one locked against the test channel (served for the
+    module's builds)."""
+    info = channel_build.build()
+    with ChannelServer(info.root) as server:
+        root = tmp_path_factory.mktemp("legacy")
+        cells = """
+            matrix:
+              python: ["3.11"]
+              cuda: ["none"]
+              blas: [openblas]
+              installer: [pip, conda]
+            compiler: false
+        """
+        conda = (f"conda:\n  version: \"0.1.0-0\"\n  sha256: {info.installer_sha256}\n"
+                 f"  installer_url: {info.installer_url(server.url)}\n"
+                 f"  channels: {json.dumps([info.channel_url(server.url)])}\n")
+        text = matrix_text(image=f"{TEST_REGISTRY}/it-{session_id}/legacy", wheelhouse=wheelhouse, cells=cells,
+                           labels=OWN.labels, extra=conda)
+        assert f'torch: "{info.torch}"' in text, "the channel's torch is the wheelhouse's"
+        (root / "matrix.yaml").write_text(text)
+        r = run_cli("lock", "--only", CONDA, "--matrix", str(root / "matrix.yaml"))
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        yield root
+
+
+def _build(project: Path, builder: str) -> tuple[subprocess.CompletedProcess, dict]:
+    report = project / f"report-{builder}.json"
+    r = run_cli("build", "--builder", builder, "--push", "--plain", "--gpus", "none",
+                "--matrix", str(project / "matrix.yaml"), "--report", str(report),
+                "--work-dir", str(OWN.work_dir(project / f"work-{builder}")),
+                env={"DOCKER_HOST": LEGACY_HOST, "IMAGEFACTORY_REGISTRY_USER": TEST_USER,
+                     "IMAGEFACTORY_REGISTRY_PASSWORD": TEST_PASSWORD})
+    return r, {c["cell"]: c for c in report_of(report)["cells"]} if report.exists() else {}
+
+
+@pytest.mark.parametrize("builder", ["classic", "buildkit"])
+def test_pip_and_conda_cells_build_probe_and_push_on_the_graph_driver_store(project, legacy, builder):
+    if builder == "buildkit":
+        buildx_or_skip()
+    r, cells = _build(project, builder)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    for name in (PIP, CONDA):
+        cell = cells[name]
+        assert cell["status"] == "passed" and cell["builder"] == builder, (name, cell["status"], cell["error"])
+        assert cell["launches"] == ALL_PASS, [c for c in cell["checks"] if c["verdict"] == "fail"]
+        # the id is the legacy engine's own for the candidate: its config digest in this store
+        image = legacy.images.get(cell["candidate"])
+        assert cell["image_id"] == image.id == image.attrs["Id"]
+        assert image.attrs["Config"]["Labels"]["io.imagefactory.content-hash"] == cell["content_hash"]
+        assert cell["publish"] == "published" and cell["pushed"], cell["publish"]
+        for pushed in cell["pushed"]:
+            repo, tag = pushed["ref"].split("/", 1)[1].rsplit(":", 1)
+            assert registry_digest(TEST_REGISTRY, repo, tag) == pushed["digest"]
