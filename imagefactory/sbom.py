@@ -30,7 +30,7 @@ from typing import Any, Iterable
 
 from imagefactory import __version__, fsutil, passcache, refs
 from imagefactory.errors import ImageFactoryError
-from imagefactory.lockfile import Lock
+from imagefactory.lockfile import Lock, canonical
 
 SPEC = "1.6"
 CONTENT_HASH = "imagefactory:content-hash"
@@ -71,8 +71,12 @@ def _list(value: object) -> list:
     return value if isinstance(value, list) else []
 
 
-def _lock_hashes(lock: Lock | None) -> dict[tuple[str, str], tuple[str, ...]]:
-    return {} if lock is None else {(p.name, p.version): p.hashes for p in lock.pins}
+def _lock_hashes(lock: Lock | None, installer: str) -> dict[tuple[str, str], tuple[str, ...]]:
+    """The lock's sha256s by (name, version), for the components its installer put there: a conda
+    lock's numpy file is not the PyPI numpy distribution that conda's numpy also shows as."""
+    if lock is None or lock.installer != installer:
+        return {}
+    return {(p.name, p.version): p.hashes for p in lock.pins}
 
 
 def _props(pairs: Iterable[tuple[str, str | None]]) -> list[Any]:
@@ -82,13 +86,16 @@ def _props(pairs: Iterable[tuple[str, str | None]]) -> list[Any]:
 
 
 def _component(kind: str, name: str, version: str, purl: Any, *, hashes: Iterable[str] = (),
-               props: Iterable[tuple[str, str | None]] = ()) -> Any:
+               props: Iterable[tuple[str, str | None]] = (), path: str | None = None) -> Any:
+    """One component; its bom-ref (what the document's de-duplication keys on) is its purl, else
+    kind:name@version, and then the file's `path` where it has one: two builds of one library at
+    two places (cuDNN from a wheel and from conda, libgomp and libomp) are two components."""
     from cyclonedx.model import HashAlgorithm, HashType
     from cyclonedx.model.component import Component, ComponentType
 
     kinds = {"library": ComponentType.LIBRARY, "container": ComponentType.CONTAINER,
              "application": ComponentType.APPLICATION}
-    ref = str(purl) if purl is not None else f"{kind}:{name}@{version}"
+    ref = str(purl) if purl is not None else f"{kind}:{name}@{version}" + (f":{path}" if path else "")
     return Component(type=kinds[kind], name=name, version=version, purl=purl, bom_ref=ref,
                      hashes=[HashType(alg=HashAlgorithm.SHA_256, content=h) for h in sorted(set(hashes))],
                      properties=_props(props))
@@ -97,20 +104,20 @@ def _component(kind: str, name: str, version: str, purl: Any, *, hashes: Iterabl
 def pip_components(python: object, lock: Lock | None) -> list[Any]:
     from packageurl import PackageURL
 
-    hashes = _lock_hashes(lock)
+    hashes = _lock_hashes(lock, "pip")
     out = []
     for name, version in sorted(python.items()) if isinstance(python, dict) else ():
         name, version = _ok(_NAME_RE, name), _ok(_VERSION_RE, version)
-        if name and version:
+        if name and version:  # a pip lock names each distribution by its canonical name (Jinja2: jinja2)
             purl = PackageURL(type="pypi", name=name.lower(), version=version)
-            out.append(_component("library", name, version, purl, hashes=hashes.get((name, version), ())))
+            out.append(_component("library", name, version, purl, hashes=hashes.get((canonical(name), version), ())))
     return out
 
 
 def conda_components(records: object, lock: Lock | None) -> list[Any]:
     from packageurl import PackageURL
 
-    hashes = _lock_hashes(lock)
+    hashes = _lock_hashes(lock, "conda")
     out = []
     for r in records if isinstance(records, list) else ():
         if not isinstance(r, dict):
@@ -155,7 +162,7 @@ def native_components(probe: dict) -> list[Any]:
         api, path = _ok(_NAME_RE, e.get("internal_api")), _ok(_PATH_RE, e.get("filepath"))
         version = _ok(_VERSION_RE, e.get("version")) or "unknown"
         if api and path:
-            out.append(_component("library", api, version, None, props=[
+            out.append(_component("library", api, version, None, path=path, props=[
                 ("imagefactory:path", path), ("imagefactory:user-api", _ok(_NAME_RE, e.get("user_api"))),
                 ("imagefactory:loaded", "true")]))
     section = _dict(probe.get("sbom"))
@@ -164,7 +171,7 @@ def native_components(probe: dict) -> list[Any]:
         version = _ok(_VERSION_RE, versions.get({"cudart": "cuda", "cublas": "cuda"}.get(kind, kind))) or "unknown"
         for path in _list(libs.get(kind)):
             if _ok(_PATH_RE, path):
-                out.append(_component("library", kind, version, None,
+                out.append(_component("library", kind, version, None, path=path,
                                       props=[("imagefactory:path", path), ("imagefactory:loaded", "true")]))
     torch = _dict(probe.get("torch"))
     if torch.get("mkl_available") is True and torch.get("blas_info") == "mkl":
@@ -198,6 +205,8 @@ def _root(subject: Subject) -> Any:
 
 
 def components(probe: dict, lock: Lock | None, base_image: str) -> list[Any]:
+    """Every component, each once: one listed twice (one bom-ref) is kept the first time; a
+    same-named one of another source, version or place has another bom-ref and is kept too."""
     packages, section = _dict(probe.get("packages")), _dict(probe.get("sbom"))
     found = (pip_components(packages.get("python"), lock) + conda_components(section.get("conda"), lock)
              + deb_components(section.get("dpkg")) + native_components(probe) + [base_component(base_image)])
