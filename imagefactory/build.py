@@ -208,7 +208,7 @@ class _Cell:
             self.log(f"probed emulated: {emulation}; speed checks not judged")
         vdir = self.options.verdicts_dir or verdicts.cache_dir()
         vkey = verdicts.key(r.image_id or self.engine.image_id(image) or "", cell, gpus=self.gpus,
-                            shm=self.options.probe_shm, emulation=emulation)
+                            shm=self.options.probe_shm, emulation=emulation, product=self.engine.product())
         hit = None if self.options.retest else verdicts.lookup(vdir, vkey, cell)
         if hit is not None:
             r.checks, r.status, r.verdicts, r.verdicts_at = hit.checks, PASSED, CACHED, hit.at

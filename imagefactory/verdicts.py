@@ -33,6 +33,7 @@ from pathlib import Path
 
 from imagefactory import checks, fsutil, inputs, platforms, smoke
 from imagefactory.model import Cell, Threads
+from imagefactory.engine_api import DOCKER
 from imagefactory.smoke import DEFAULT_MODES, DEFAULT_SHM
 
 IMAGE_ID_RE = re.compile(r"sha256:([0-9a-f]{64})")
@@ -64,16 +65,19 @@ class Key:
     modes: tuple[str, ...] = DEFAULT_MODES  # launch modes (smoke.MODES), each proven
     shm: str = DEFAULT_SHM  # the probe containers' /dev/shm setting
     emulation: platforms.Emulated | None = None  # how the probe ran when not natively
+    product: str = DOCKER  # what ran the probe's containers (ContainerEngine.product(): docker | podman)
 
     def as_dict(self) -> dict:
         out = {"image_id": self.image_id, "probe_version": self.probe_version,
                "gpus": self.gpus, "threads": self.threads, "modes": list(self.modes), "shm": self.shm}
+        if self.product != DOCKER:  # (Docker's keys stay as they were before podman was known)
+            out["engine"] = self.product
         return {**out, "emulated": str(self.emulation)} if self.emulation else out
 
 
 def key(image_id: str, cell: Cell, *, gpus: bool, modes: tuple[str, ...] = DEFAULT_MODES,
-        shm: str = DEFAULT_SHM, emulation: platforms.Emulated | None = None) -> Key:
-    return Key(image_id, probe_version(), gpus, cell.threads, tuple(modes), shm, emulation)
+        shm: str = DEFAULT_SHM, emulation: platforms.Emulated | None = None, product: str = DOCKER) -> Key:
+    return Key(image_id, probe_version(), gpus, cell.threads, tuple(modes), shm, emulation, product)
 
 
 @dataclass(frozen=True)
@@ -114,7 +118,8 @@ def lookup(directory: Path, k: Key, cell: Cell) -> Hit | None:
             continue
         if not isinstance(probe, dict) or sorted(probe) != sorted(k.modes):  # {mode: probe JSON}
             continue
-        judged = smoke.judge(cell, {m: probe[m] for m in k.modes}, gpu_required=k.gpus, emulation=k.emulation)
+        judged = smoke.judge(cell, {m: probe[m] for m in k.modes}, gpu_required=k.gpus, emulation=k.emulation,
+                             product=k.product)
         if checks.passed(judged):
             return Hit(judged, at, probe)
     return None

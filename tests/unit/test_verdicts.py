@@ -142,3 +142,26 @@ def test_a_failed_probe_forgets_the_earlier_pass(tmp_path):
     assert verdicts.lookup(tmp_path, key(gpus=True), CPU_OPENBLAS) is not None
     verdicts.forget(tmp_path / "none", key())  # nothing recorded: nothing written
     assert not (tmp_path / "none").exists()
+
+
+def test_a_verdict_is_the_engines_that_probed_it(tmp_path):
+    """podman's probes (a user name for the hpc mode's UID) are judged as podman's when read back,
+    and found only by a podman run; Docker's key is as it always was."""
+    assert "engine" not in key().as_dict()
+    on_podman = {m: as_launched(good_probe(CPU_OPENBLAS), smoke.MODES[m].options(smoke.DEFAULT_SHM),
+                                smoke.MODES[m].environment(), "podman") for m in smoke.DEFAULT_MODES}
+    podman = key(product="podman")
+    verdicts.store(tmp_path, podman, on_podman)
+    hit = verdicts.lookup(tmp_path, podman, CPU_OPENBLAS)
+    assert hit is not None and verdicts.checks.passed(hit.checks)
+    assert verdicts.lookup(tmp_path, key(), CPU_OPENBLAS) is None
+
+
+def test_a_switch_of_image_store_finds_no_verdict_for_the_same_image(tmp_path):
+    """The graph-driver store names an image by its config digest, the containerd store by its
+    manifest digest (identity.py): a pass kept under one is not found under the other, so the
+    image is probed again, and never trusted for another image."""
+    config, manifest = IMAGE, "sha256:" + "cd" * 32
+    verdicts.store(tmp_path, key(image_id=config), probes(CPU_OPENBLAS))
+    assert verdicts.lookup(tmp_path, key(image_id=config), CPU_OPENBLAS) is not None
+    assert verdicts.lookup(tmp_path, key(image_id=manifest), CPU_OPENBLAS) is None
