@@ -168,3 +168,50 @@ def test_the_settings_line_shows_the_netrc_path_and_nothing_of_its_content(tmp_p
     loaded = netrc.load(path)
     assert loaded.hosts == {"pkgs.example.com"}
     assert Options(netrc=loaded).summary(("netrc",)) == f"netrc={path}"
+
+
+# --------------------------------------------------------------------------- comments and machine names
+
+@pytest.mark.parametrize("text", [
+    "#comment machine c.example.com\n",  # a # word, not a lone #: still a comment to the end of the line
+    "#machine c.example.com login a password b\n",
+    "#: machine c.example.com\n",
+    "machine a.example.com login u password p #old: machine c.example.com\n",  # a # word where a keyword goes
+    "default login u password p\n  # machine c.example.com\n",
+])
+def test_a_machine_named_in_a_comment_is_not_a_host(text):
+    assert "c.example.com" not in netrc.hosts(text)
+    assert netrc.hosts(text + "machine b.example.com password p\n") >= {"b.example.com"}  # the next line is read
+
+
+def test_a_value_that_starts_with_a_hash_is_a_value_not_a_comment():
+    """Python's netrc (requests, pip) reads `password #x` as the password #x, and the words after
+    it as more of the file: so does the scan."""
+    text = "machine a.example.com login u password #x machine c.example.com login v password w\n"
+    assert netrc.hosts(text) == {"a.example.com", "c.example.com"}
+
+
+@pytest.mark.parametrize("name", ["pkgs.example.com:8443", "pkgs.example.com/simple", "pkgs.example.com.",
+                                  "https://pkgs.example.com", "pkgs.example.com@evil", "-pkgs.example.com",
+                                  "pkgs..example.com:80"])
+def test_a_machine_name_with_a_port_path_or_scheme_names_no_host(m, tmp_path, name):
+    """requests and curl look a login up by the bare host name: a machine `host:port` or `host/path`
+    is a login no client sends, so the scan keeps none of it (not the host before the `:` or `/`)."""
+    text = f"machine {name} login a password {SECRET}\n"
+    assert netrc.hosts(text) == set()
+    said: list[str] = []
+    assert netrc.resolve(write(tmp_path, text), m, m.cells, buildkit=False, warn=said.append) is None
+    assert len(said) == 1 and "names no host" in said[0] and SECRET not in said[0]
+
+
+@pytest.mark.parametrize("name", ["pkgs.example.com", "PKGS.Example.COM", '"pkgs.example.com"', "10.0.0.7", "[fd00::7]",
+                                  "a", "x-1.example.com"])
+def test_a_host_name_or_address_is_a_host(name):
+    assert netrc.hosts(f"machine {name} login a password b\n") == {name.strip('"').lower()}
+
+
+def test_needs_matches_the_whole_host_only(m, tmp_path):
+    """pkgs.example.com's login is not for pkgs.example.com.evil.org, nor example.com's for pkgs.example.com."""
+    cell = m.cells[0]
+    for other in ("example.com", "pkgs.example", "kgs.example.com", "pkgs.example.com.evil.org"):
+        assert not netrc.needs(netrc.load(write(tmp_path, f"machine {other} login a password b\n")), m, cell), other
