@@ -170,7 +170,11 @@ def get_manifest(ref: str, auth: Auth | None) -> Manifest | None:
         raise RegistryError(f"{what}: the registry serves media type {shown(media_type)}", transient=False)
     digest = "sha256:" + hashlib.sha256(r.content).hexdigest()
     named = r.headers.get("Docker-Content-Digest", digest)
-    if named != digest or (DIGEST_RE.fullmatch(reference) and reference != digest):
+    if DIGEST_RE.fullmatch(reference) and reference != digest:  # whatever digest it names for them
+        said = f", named {shown(named)}" if "Docker-Content-Digest" in r.headers else ""
+        raise RegistryError(f"{what}: the registry served other bytes (their sha256 is {digest}{said})",
+                            transient=False)
+    if named != digest:
         raise RegistryError(f"{what}: the registry names digest {shown(named)} for a manifest whose sha256 is "
                             f"{digest}", transient=False)
     return Manifest(media_type, digest, r.content)
