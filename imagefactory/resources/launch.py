@@ -15,7 +15,8 @@ In order, each only where the process has no value of its own (a value the user 
      was built (PREFIX/etc/imagefactory/activation.conf; `python -m imagefactory_launch capture`
      captures them again, for an image derived from this one that adds such a script);
   3. `threads: auto`: OMP/MKL/OPENBLAS_NUM_THREADS = the CPU budget (see cpu_budget), or the
-     first valid count the user set among them; a value that is not a count is left alone;
+     first valid count the user set among them (1 to 2**31-1: what a C int holds); a value that is
+     not a count is left alone and never copied, said in one line on stderr when the others are set;
   4. cache places torch needs writable (and, for compiled code, mounted exec) when the default
      one is not: TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR, TORCH_HOME, MPLCONFIGDIR.
 
@@ -33,6 +34,7 @@ import sys
 CGROUP_ROOT = "/sys/fs/cgroup"
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 MAX_DIGITS = 18  # a quota or period longer than this is garbage (and would overflow a shell's arithmetic)
+MAX_THREADS = 2147483647  # a thread count the libraries take as a C int (omp_set_num_threads, OpenBLAS, MKL)
 CONF_DIR = os.path.join("etc", "imagefactory")
 LAUNCH_CONF = "launch.conf"
 ACTIVATION_CONF = "activation.conf"
@@ -40,7 +42,7 @@ MAX_CONF_BYTES = 1 << 20  # a settings file is a few hundred bytes
 DIRECTIVES = ("threads",)  # launch.conf keys that are settings of the hook, not variables
 
 # What this process got from the hook: variable -> value, and where compiled code can go.
-state: dict[str, object] = {"applied": {}, "budget": None, "exec_place": None, "error": None}
+state: dict[str, object] = {"applied": {}, "budget": None, "exec_place": None, "error": None, "warning": None}
 
 
 # -- the CPU budget: ONE rule, shared (and tested to agree) with the shell script's copy -------------
@@ -48,8 +50,8 @@ state: dict[str, object] = {"applied": {}, "budget": None, "exec_place": None, "
 # file can be read (its first line, exactly two fields: "max 100000" is no quota), else the first
 # cgroup v1 folder (cpu, cpu,cpuacct) whose cpu.cfs_quota_us and cpu.cfs_period_us can both be read.
 # Quota and period are positive integers of at most 18 ASCII digits, without a leading zero;
-# anything else (-1, max, garbage) is no quota. Only regular files count (a FIFO, a folder: cannot be
-# read), and NUL bytes in a line are dropped, as a shell's `read` drops them.
+# anything else (-1, max, garbage, a NUL byte anywhere in the line) is no quota. A line is read from
+# the first 4096 bytes. Only regular files count (a FIFO, a folder: cannot be read).
 
 def _count(text: bytes) -> "int | None":
     """A positive integer written the one way the rule accepts, or None."""
@@ -83,8 +85,9 @@ def _read(path: str, limit: int) -> bytes:
 
 
 def _first_line(path: str) -> bytes:
-    """The first line, NUL bytes dropped: what a shell's `read` sees (dash and bash drop them)."""
-    return _read(path, 4096).split(b"\n", 1)[0].replace(b"\0", b"")
+    """The first line of the first 4096 bytes, as it is: a NUL byte stays, a non-digit (the shell
+    copy reads it so, though a shell's `read` alone would drop it)."""
+    return _read(path, 4096).split(b"\n", 1)[0]
 
 
 def _fields(line: bytes) -> list[bytes]:
@@ -125,13 +128,31 @@ def cpu_budget(root: str = CGROUP_ROOT) -> int:
     return max(1, n)
 
 
+def _thread_count(value: str) -> bool:
+    """Whether a thread variable's value is a count: 1 to MAX_THREADS, ASCII digits, no leading zero."""
+    count = _count(value.encode("utf-8", "replace"))
+    return count is not None and count <= MAX_THREADS
+
+
 def thread_counts(environ: "dict[str, str] | os._Environ[str]", root: str = CGROUP_ROOT) -> dict[str, str]:
     """threads: auto. The thread variables to set: those the user left unset or empty, each to the
     first valid count the user gave (OMP, MKL, then OPENBLAS), else to the CPU budget."""
     given = [environ.get(name) or "" for name in THREAD_VARS]
-    valid = [v for v in given if _count(v.encode("utf-8", "replace")) is not None]
+    valid = [v for v in given if _thread_count(v)]
     count = valid[0] if valid else str(cpu_budget(root))
     return {name: count for name, value in zip(THREAD_VARS, given) if not value}
+
+
+def thread_warning(environ: "dict[str, str] | os._Environ[str]", counts: dict[str, str]) -> "str | None":
+    """The one line said on stderr when a thread variable the user set is not a count (abc, 0,
+    99999999999: more than a C int holds) and others are set now: it is left as set, for its own
+    library to read, and not copied; the variables set get the count named. The shell copy says
+    the same line."""
+    bad = [name for name in THREAD_VARS if environ.get(name) and not _thread_count(environ[name])]
+    if not bad or not counts:
+        return None
+    return ("imagefactory: not a thread count (1 to %d), left as set and not copied: %s; set instead: %s"
+            % (MAX_THREADS, " ".join(bad), " ".join("%s=%s" % kv for kv in counts.items())))
 
 
 # -- settings files ------------------------------------------------------------------------------
@@ -286,9 +307,14 @@ def apply(environ=None, prefix: "str | None" = None, root: str = CGROUP_ROOT) ->
     apply_conf(environ, read_conf(os.path.join(conf, ACTIVATION_CONF)))
     if directives.get("threads") == "auto":
         counts = thread_counts(environ, root)
+        warning = thread_warning(environ, counts)
         state["budget"] = next(iter(counts.values()), None)
         for name, value in counts.items():
             _set(environ, name, value)
+        if warning:
+            state["warning"] = warning
+            if sys.stderr is not None:
+                sys.stderr.write(warning + "\n")
     site_dir = os.path.dirname(os.path.abspath(__file__))
     for name, value in cache_dirs(environ, os.path.isdir(os.path.join(site_dir, "matplotlib"))).items():
         _set(environ, name, value)

@@ -90,13 +90,13 @@ def _count(text):
 
 
 def _first_line(path):
-    """The first line of a regular file, NUL bytes dropped: the launch hook's rule (a FIFO or a
-    folder cannot be read; a shell's `read` drops NULs)."""
+    """The first line of a regular file's first 4096 bytes, as it is: the launch hook's rule (a FIFO
+    or a folder cannot be read; a NUL byte stays, a non-digit)."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError("not a regular file: %s" % path)
-        return os.read(fd, 4096).split(b"\n", 1)[0].replace(b"\0", b"")
+        return os.read(fd, 4096).split(b"\n", 1)[0]
     finally:
         os.close(fd)
 
@@ -126,9 +126,14 @@ def cgroup_limit(root="/sys/fs/cgroup"):
 
 
 def cgroup_quota(root="/sys/fs/cgroup"):
-    """CPUs allowed by a CFS quota (docker --cpus), unrounded, or None when unlimited/unknown."""
+    """CPUs allowed by a CFS quota (docker --cpus), unrounded, or None when unlimited/unknown. Its
+    floor is the rule's floor(quota / period): where the float rounds up to the next integer
+    (18-digit values: 199999999999999999 / 10**17 is 2.0), the integer below is reported."""
     limit = cgroup_limit(root)
-    return None if limit is None else limit[0] / limit[1]
+    if limit is None:
+        return None
+    quota, whole = limit[0] / limit[1], limit[0] // limit[1]
+    return float(whole) if math.floor(quota) > whole else quota
 
 
 def physical_cores():

@@ -40,13 +40,13 @@ def _count(text):
 
 
 def _first_line(path):
-    """The first line of a regular file, NUL bytes dropped: the launch hook's rule (a FIFO or a
-    folder cannot be read; a shell's `read` drops NULs)."""
+    """The first line of a regular file's first 4096 bytes, as it is: the launch hook's rule (a FIFO
+    or a folder cannot be read; a NUL byte stays, a non-digit)."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError("not a regular file: %s" % path)
-        return os.read(fd, 4096).split(b"\n", 1)[0].replace(b"\0", b"")
+        return os.read(fd, 4096).split(b"\n", 1)[0]
     finally:
         os.close(fd)
 
