@@ -499,17 +499,18 @@ class Engine:
 
     def registry_digest(self, ref: str, *, auth_config: dict[str, str] | None = None) -> str | None:
         """The manifest digest the registry serves for `ref`: asked through the engine (GET
-        /distribution, which uses the engine's own logins and mirrors), else of the registry's
-        HTTP API (registry_http.py): podman's Docker API has no /distribution (404), and an
-        engine that cannot reach the registry says nothing either. None when neither answers."""
+        /distribution, which uses the engine's own logins and mirrors); on podman, whose Docker
+        API has no /distribution (404), of the registry's HTTP API (registry_http.py). None
+        when the registry serves nothing under `ref` or will not say."""
         try:
             data = self.api.inspect_distribution(ref, auth_config=auth_config)
         except _SDK_ERRORS:
             self.interrupt.check()
+            if self.product() != PODMAN:
+                return None
         else:
             digest = (data.get("Descriptor") or {}).get("digest")
-            if isinstance(digest, str) and identity.DIGEST_RE.fullmatch(digest):
-                return digest
+            return digest if isinstance(digest, str) and identity.DIGEST_RE.fullmatch(digest) else None
         try:
             manifest = self.registry_manifest(ref, auth_config=auth_config)
         except Cancelled:

@@ -62,7 +62,8 @@ def test_the_engine_tells_podman_from_docker_once_a_run():
 
 
 def test_a_base_digest_comes_from_the_registry_when_the_engine_has_no_distribution_api(monkeypatch):
-    """podman 4.3 answers GET /distribution with 404: the registry's HTTP API is asked instead."""
+    """podman 4.3 answers GET /distribution with 404: the registry's HTTP API is asked instead
+    (on podman only: Docker's engine answers it, and its silence means the registry's)."""
     from imagefactory.engine import Engine
 
     asked: list[str] = []
@@ -77,8 +78,10 @@ def test_a_base_digest_comes_from_the_registry_when_the_engine_has_no_distributi
     # an engine that answers is believed, and the registry not asked
     other = "sha256:" + "b" * 64
     assert _engine(DOCKER_VERSION, {"Descriptor": {"digest": other}}).registry_digest(ref) == other and asked == [ref]
-    # an engine answer that is not a digest is not taken: the registry is asked
-    assert _engine(DOCKER_VERSION, {"Descriptor": {"digest": "sha256:x"}}).registry_digest(ref) == DIGEST
+    # an engine answer that is not a digest is not taken
+    assert _engine(DOCKER_VERSION, {"Descriptor": {"digest": "sha256:x"}}).registry_digest(ref) is None
+    # Docker's engine that cannot say (a missing tag, a registry it cannot reach) is believed: no second ask
+    assert _engine(DOCKER_VERSION).registry_digest(ref) is None and asked == [ref]
 
 
 def test_a_registry_that_has_nothing_or_refuses_gives_no_digest(monkeypatch):
