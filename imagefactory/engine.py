@@ -41,6 +41,9 @@ from imagefactory.interrupt import Interrupt
 STEP_RE = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
 # The classic builder runs each RUN step in a container and names it in the stream.
 RUNNING_IN_RE = re.compile(r"^ ---> Running in ([0-9a-f]{12,64})$")
+# A push's last status line, "TAG: digest: sha256:... size: N": the graph-driver store also sends the
+# digest as an aux event, the containerd image store only this line.
+PUSHED_RE = re.compile(r"(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}): digest: (?P<digest>sha256:[0-9a-f]{64}) size: [0-9]{1,12}")
 TAIL_LINES = 30
 
 __all__ = ["BuildProgress", "BuildRequest", "ContainerEngine", "Engine", "EngineFactory", "EngineInfo", "PushOutcome", "RunResult",
@@ -453,6 +456,10 @@ class Engine:
                     aux = event.get("aux") or {}
                     if "Digest" in aux:
                         digest = aux["Digest"]
+                    elif digest is None:  # the containerd image store says it only in its last status line
+                        said = PUSHED_RE.fullmatch(status.strip())
+                        if said is not None and said["tag"] == tag:
+                            digest = said["digest"]
         except Cancelled:
             raise
         except PushError:

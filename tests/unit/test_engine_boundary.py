@@ -197,3 +197,47 @@ def test_a_failed_background_docker_info_is_asked_again_by_the_engine(clients):
     _Client.info_fails = 1  # the background question fails; the engine's own answers
     assert not engines.docker_factory()().gpus_available()
     assert _Client.infos == 2
+
+
+# --------------------------------------------------------------------------- a push's digest
+class _PushClient:
+    """A docker.DockerClient whose push streams `events` (what each image store sends)."""
+
+    def __init__(self, events: list[dict]):
+        self.events = events
+        self.api = type("Api", (), {"hooks": {"response": []}, "push": self._push})()
+
+    def _push(self, repo, tag=None, stream=True, decode=True, auth_config=None):
+        return iter(self.events)
+
+    def ping(self) -> bool:
+        return True
+
+
+DIGEST = "sha256:" + "5" * 64
+LAYERS = [{"status": "Pushed", "progressDetail": {}, "id": "aaaaaaaaaaaa"},
+          {"status": "Layer already exists", "progressDetail": {}, "id": "bbbbbbbbbbbb"}]
+
+
+@pytest.mark.parametrize("events", [
+    # the graph-driver store: the digest in an aux event, after the status line
+    [*LAYERS, {"status": f"v1: digest: {DIGEST} size: 3048"}, {"aux": {"Tag": "v1", "Digest": DIGEST, "Size": 3048}}],
+    # the containerd image store: the status line only
+    [*LAYERS, {"status": f"v1: digest: {DIGEST} size: 3048"}],
+], ids=["graph-driver", "containerd"])
+def test_a_push_gives_its_digest_in_either_image_store(events):
+    from imagefactory.engine import Engine
+
+    outcome = Engine(_PushClient(events)).push("127.0.0.1:5001/ml/train:v1")
+    assert (outcome.digest, outcome.layers_pushed, outcome.layers_existing) == (
+        DIGEST, ["aaaaaaaaaaaa"], ["bbbbbbbbbbbb"])
+
+
+@pytest.mark.parametrize("line", [f"v2: digest: {DIGEST} size: 3048", f"v1: digest: {DIGEST[:-1]} size: 3048",
+                                  f"v1: digest: {DIGEST} size: 3048 extra", f"x v1: digest: {DIGEST} size: 1"])
+def test_a_status_line_that_names_no_digest_of_this_tag_is_not_taken(line):
+    from imagefactory.engine import Engine
+    from imagefactory.errors import PushError
+
+    with pytest.raises(PushError, match="ended without a digest"):
+        Engine(_PushClient([*LAYERS, {"status": line}])).push("127.0.0.1:5001/ml/train:v1")
