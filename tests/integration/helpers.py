@@ -554,10 +554,17 @@ def registry_tags(registry: str, repo: str, auth=(TEST_USER, TEST_PASSWORD)) -> 
     return sorted(r.json().get("tags") or [])
 
 
+# Every media type a tag may name: an image's manifest (Docker's, or OCI's as the containerd image
+# store pushes it) or a list (Docker's manifest list, OCI's index). A registry answers 404 for a
+# tag whose manifest's type the request does not accept.
+MANIFEST_TYPES = ("application/vnd.docker.distribution.manifest.v2+json", "application/vnd.oci.image.manifest.v1+json",
+                  "application/vnd.docker.distribution.manifest.list.v2+json",
+                  "application/vnd.oci.image.index.v1+json")
+
+
 def registry_digest(registry: str, repo: str, tag: str, auth=(TEST_USER, TEST_PASSWORD)) -> str | None:
     r = requests.head(f"http://{registry}/v2/{repo}/manifests/{tag}", auth=auth, timeout=10, headers={
-        "Accept": "application/vnd.docker.distribution.manifest.v2+json, "
-                  "application/vnd.oci.image.manifest.v1+json"})
+        "Accept": ", ".join(MANIFEST_TYPES)})
     return r.headers.get("Docker-Content-Digest") if r.status_code == 200 else None
 
 

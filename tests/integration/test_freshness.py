@@ -20,12 +20,11 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.integration.helpers import BASE_REGISTRY, matrix_text, run_cli
+from tests.integration.helpers import BASE_REGISTRY, MANIFEST_TYPES, matrix_text, run_cli
 
 pytestmark = [pytest.mark.docker, pytest.mark.registry]
 
 BASE_TAG = "3.11-slim-bookworm"
-SCHEMA2 = "application/vnd.docker.distribution.manifest.v2+json"
 
 
 def push_shared_base(engine, ref: str) -> str:
@@ -39,11 +38,13 @@ def move_tag(registry: str, repo: str, tag: str) -> str:
     whitespace, so other bytes and another digest; the same config and layers). Returns the new
     manifest digest, as the registry computed it."""
     url = f"http://{registry}/v2/{repo}/manifests/{tag}"
-    got = requests.get(url, timeout=10, headers={"Accept": SCHEMA2})
+    got = requests.get(url, timeout=10, headers={"Accept": ", ".join(MANIFEST_TYPES)})
     got.raise_for_status()
     body = json.dumps(json.loads(got.content), indent=7).encode()
     assert body != got.content
-    put = requests.put(url, data=body, timeout=10, headers={"Content-Type": SCHEMA2})
+    # the type it is served as: Docker's manifest from the graph-driver store, an OCI index of the
+    # shared base's two platforms from the containerd image store
+    put = requests.put(url, data=body, timeout=10, headers={"Content-Type": got.headers["Content-Type"]})
     assert put.status_code == 201, put.text
     return put.headers["Docker-Content-Digest"]
 
@@ -83,7 +84,7 @@ def _delete_from_registry(registry: str, repo: str) -> None:
     """Best effort: registries without storage.delete.enabled answer 405 (the name is unique anyway)."""
     try:
         r = requests.head(f"http://{registry}/v2/{repo}/manifests/{BASE_TAG}", timeout=10, headers={
-            "Accept": "application/vnd.docker.distribution.manifest.v2+json"})
+            "Accept": ", ".join(MANIFEST_TYPES)})
         if r.status_code == 200:
             requests.delete(f"http://{registry}/v2/{repo}/manifests/{r.headers['Docker-Content-Digest']}",
                             timeout=10)
