@@ -54,7 +54,8 @@ class Subject:
     image: str  # the matrix's image: [registry/]namespace/name
     cell: str
     content_hash: str  # sha256 hex
-    image_id: str  # sha256:<hex>: the image's config digest
+    image_id: str  # sha256:<hex>: the engine's id of the image (identity.py): config digest, or manifest digest
+    # in the containerd image store
     base_image: str  # name:tag@sha256:... as built
 
 

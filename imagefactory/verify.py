@@ -145,7 +145,7 @@ def _attested(key: signing.Key, pinned: str, auth: Auth | None, content: str, co
             if f"sha256:{subjects[0] if subjects else ''}" != digest:
                 raise signing.Refused("sbom", f"{kind} attestation for another digest ({subjects[:1]})")
             if kind == "cyclonedx":
-                components = max(components, _sbom_matches(st["predicate"], content, config))
+                components = max(components, _sbom_matches(st["predicate"], content, config, manifest=digest))
             elif provenance.content_hash_of(st["predicate"]) != content:
                 raise signing.Refused("sbom", f"provenance for another image (content hash "
                                               f"{str(provenance.content_hash_of(st['predicate']))[:12]}, the image has "
@@ -153,13 +153,17 @@ def _attested(key: signing.Key, pinned: str, auth: Auth | None, content: str, co
     return components
 
 
-def _sbom_matches(predicate: dict, content: str, config: str) -> int:
+def _sbom_matches(predicate: dict, content: str, config: str, *, manifest: str = "") -> int:
+    """The SBOM's components, when it describes this image: its content hash, and its image id,
+    which is the engine's id of the image that was probed (identity.py): the config digest in the
+    graph-driver store, the image's manifest digest (`manifest`, the digest verified) in the
+    containerd store. Either names this one image."""
     try:
         doc = sbom.validate(json.dumps(predicate))
     except sbom.SbomError as e:
         raise signing.Refused("sbom", f"SBOM attestation: {e.message}") from None
     said = sbom.described(doc)
-    if said.get("content-hash") != content or said.get("image-id") != config:
+    if said.get("content-hash") != content or said.get("image-id") not in {config, manifest} - {""}:
         raise signing.Refused("sbom", f"SBOM for another image (content hash {said.get('content-hash', '?')[:12]}, "
                                       f"config {said.get('image-id', '?')[:19]}; the image has {content[:12]}, "
                                       f"{config[:19]})")

@@ -487,7 +487,9 @@ def _statements(sbom_text: str, content: str) -> dict[str, list[dict]]:
     ("ok", "verified"), ("other-content", "FAILED: SBOM for another image"),
     ("other-config", "FAILED: SBOM for another image"), ("no-label", "FAILED: the image has no"),
     ("provenance", "FAILED: provenance for another image"), ("subject", "attestation for another digest"),
-    ("invalid", "FAILED: SBOM attestation: not a valid CycloneDX")])
+    ("invalid", "FAILED: SBOM attestation: not a valid CycloneDX"),
+    # the containerd image store names the image by its manifest digest, the one verified: the same image
+    ("manifest-id", "verified"), ("other-manifest-id", "FAILED: SBOM for another image")])
 def test_verify_refuses_attestations_that_do_not_describe_the_image(monkeypatch, case, expect):
     from imagefactory import verify
 
@@ -499,6 +501,10 @@ def test_verify_refuses_attestations_that_do_not_describe_the_image(monkeypatch,
                              "sha256:" + "f" * 64 if case == "other-config" else config, BASE)
         statements["cyclonedx"].append({"subject": statements["cyclonedx"][0]["subject"],
                                         "predicate": json.loads(sbom.document(other, inventory_probe(), None))})
+    if case in ("manifest-id", "other-manifest-id"):
+        by_manifest = sbom.Subject(SUBJECT.image, SUBJECT.cell, content,
+                                   "sha256:" + ("a" if case == "manifest-id" else "c") * 64, BASE)
+        statements["cyclonedx"][0]["predicate"] = json.loads(sbom.document(by_manifest, inventory_probe(), None))
     if case == "provenance":
         statements["slsaprovenance1"][0]["predicate"]["buildDefinition"]["internalParameters"]["contentHash"] = "9" * 64
     if case == "subject":
@@ -510,7 +516,7 @@ def test_verify_refuses_attestations_that_do_not_describe_the_image(monkeypatch,
     monkeypatch.setattr(signing, "verify_signature", lambda key, pinned, auth: None)
     monkeypatch.setattr(signing, "verified_statements", lambda key, pinned, kind, auth: statements[kind])
     v = verify.verify_ref("127.0.0.1:5001/ml/train:1", signing.Key("/k.pub", False), None)
-    assert expect in v.line and v.ok == (case == "ok"), v.line
+    assert expect in v.line and v.ok == (case in ("ok", "manifest-id")), v.line
     assert "\n" not in v.line
 
 

@@ -113,7 +113,7 @@ def test_every_check_of_an_image_is_made_on_its_digest(registry, cosign, monkeyp
     image = registry.image({"io.imagefactory.content-hash": CONTENT})
     registry.tags["1"] = image
     cosign.signed.add(image)
-    monkeypatch.setattr(verify, "_sbom_matches", lambda predicate, content, config: 0)
+    monkeypatch.setattr(verify, "_sbom_matches", lambda predicate, content, config, manifest="": 0)
     v = verify.verify_ref(f"{REPO}:1", KEY, None)
     assert v.ok and v.digest == image, v
     assert cosign.refs == [f"{REPO}@{image}"] * (1 + len(signing.TYPES))  # the signature, each attestation kind
