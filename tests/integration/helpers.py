@@ -481,10 +481,37 @@ def tiny_images(module: "ModuleImages", root: Path, name: str) -> dict[str, str]
         (context / "Dockerfile").write_text("FROM scratch\nCOPY hello.txt /\n")
         tag = f"imagefactory-test/{name}-{RUN_ID}:{platform.split('/')[1]}"
         labels = [a for k, v in module.labels.items() for a in ("--label", f"{k}={v}")]
-        docker_cli("buildx", "build", "--platform", platform, "--load", "-t", tag, *labels, str(context))
+        # no attestations: in the containerd image store they would make each image an index of two
+        # manifests, where a cell's image is one manifest
+        docker_cli("buildx", "build", "--platform", platform, "--provenance=false", "--sbom=false", "--load", "-t", tag,
+                   *labels, str(context))
         out[platform] = docker_cli("image", "inspect", "--format", "{{.Id}}", tag).strip()
         assert docker_cli("image", "inspect", "--format", "{{.Os}}/{{.Architecture}}", tag).strip() == platform
     return out
+
+
+def containerd_store() -> bool:
+    """Whether the default engine keeps its images in the containerd image store (docker info's
+    DriverStatus names containerd's snapshotter), where an image's id is its manifest digest."""
+    return "io.containerd.snapshotter.v1" in docker_cli("info", "--format", "{{json .DriverStatus}}")
+
+
+def assert_pulls_its_cell(ref: str, platform: str, image_id: str, digests: dict[str, str], config: Path) -> None:
+    """`docker pull --platform PLATFORM` of the list `ref` gives that platform's cell image (`image_id`,
+    pushed as `digests[platform]`) and not the other's. The graph-driver store then holds that very
+    image under the name; the containerd store holds the list, and an image's id is its manifest
+    digest, so the cell's id is the digest the list names for the platform."""
+    docker_cli("pull", "--platform", platform, ref, config=config)
+    got = json.loads(docker_cli("image", "inspect", ref))[0]
+    repo = ref.rsplit(":", 1)[0]
+    others = [d for p, d in digests.items() if p != platform]
+    if containerd_store():
+        assert image_id == digests[platform] and image_id not in others
+        assert any(d.startswith(f"{repo}@sha256:") for d in got["RepoDigests"]), got["RepoDigests"]
+        return
+    assert got["Id"] == image_id and f"{got['Os']}/{got['Architecture']}" == platform
+    assert f"{repo}@{digests[platform]}" in got["RepoDigests"], got["RepoDigests"]
+    assert not any(f"{repo}@{d}" in got["RepoDigests"] for d in others)
 
 
 def served_list(ref: str) -> requests.Response:

@@ -125,10 +125,15 @@ def test_base_digest_decides_rebuilds_and_passes_are_not_probed_twice(fresh):
     assert re.findall(r"^FROM (\S+)", dockerfile, re.M) == [f"{ref}@{digest_b}"] * 2
     assert "Step 1/" in out  # built (its steps from the layer cache: the image is the same)
 
-    # --pull never: the local copy's digest, no registry; still cached. (The engine keeps a record of
-    # every digest it pulled an image under, and this image came under both: the old one goes, as it
-    # would had the new digest brought a new image.)
-    engine.client.images.remove(f"{BASE_REGISTRY}/{repo}@{digest_a}")
+    # --pull never: the local copy's digest, no registry; still cached. The local name is first
+    # pulled anew, as a user would: the build's pull of the new digest left it where it was in the
+    # containerd image store (a record per name, the tag still on the old digest); the graph-driver
+    # store keeps one image with a record of every digest it came under, of which the old one goes,
+    # as it would had the new digest brought a new image.
+    engine.client.images.pull(f"{BASE_REGISTRY}/{repo}", tag=BASE_TAG)
+    if f"{BASE_REGISTRY}/{repo}@{digest_a}" in engine.local_repo_digests(ref):
+        engine.client.images.remove(f"{BASE_REGISTRY}/{repo}@{digest_a}")
+    assert engine.local_repo_digests(ref) == [f"{BASE_REGISTRY}/{repo}@{digest_b}"]
     offline, _ = run("build", "--pull", "never", work="offline")
     assert (offline["cached"], offline["verdicts"], offline["base_digest"]) == (True, "cached", digest_b)
     assert offline["content_hash"] == moved["content_hash"]

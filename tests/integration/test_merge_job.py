@@ -16,7 +16,8 @@ import pytest
 
 from imagefactory import matrix as matrix_mod
 from imagefactory import tags
-from tests.integration.helpers import (RUN_ID, TEST_PASSWORD, TEST_REGISTRY, TEST_USER, docker_cli, registry_digest,
+from tests.integration.helpers import (RUN_ID, TEST_PASSWORD, TEST_REGISTRY, TEST_USER, assert_pulls_its_cell, docker_cli,
+                                       registry_digest,
                                        run_cli, served_list)
 
 pytestmark = [pytest.mark.docker, pytest.mark.registry]
@@ -86,10 +87,7 @@ def test_the_merge_job_publishes_the_list_of_two_cell_jobs_and_each_platform_pul
     (lr,) = json.loads((tmp_path / "out" / "report-merge.json").read_text())["lists"]
     assert lr["publish"] == "published" and served.headers["Docker-Content-Digest"] == lr["digest"]
     for platform, image_id in tiny.items():
-        docker_cli("pull", "--platform", platform, taglist.ref, config=logged_in)
-        got = json.loads(docker_cli("image", "inspect", taglist.ref))[0]
-        assert got["Id"] == image_id and f"{got['Os']}/{got['Architecture']}" == platform
-        assert f"{taglist.ref.rsplit(':', 1)[0]}@{digests[platform]}" in got["RepoDigests"], got["RepoDigests"]
+        assert_pulls_its_cell(taglist.ref, platform, image_id, digests, logged_in)
 
 
 def test_without_the_arm64_report_the_list_is_refused_naming_the_cell_and_not_put(tiny, test_registry, logged_in,

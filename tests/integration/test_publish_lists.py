@@ -6,7 +6,6 @@ platform, the image whose digest was pushed for that cell. A list with a failed 
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,7 @@ from imagefactory.context import Options, RunContext, Silent
 from imagefactory.interrupt import Interrupt
 from imagefactory.model import Cell, Matrix
 from imagefactory.report import CHECK_FAILED, PASSED, CellReport
-from tests.integration.helpers import RUN_ID, TEST_PASSWORD, TEST_REGISTRY, TEST_USER, docker_cli, served_list
+from tests.integration.helpers import (RUN_ID, TEST_PASSWORD, TEST_REGISTRY, TEST_USER, assert_pulls_its_cell, served_list)
 
 pytestmark = [pytest.mark.docker, pytest.mark.registry]
 
@@ -54,13 +53,7 @@ def test_a_list_of_two_real_architectures_is_merged_and_each_platform_pulls_its_
     index = served.json()
     assert {f"{d['platform']['os']}/{d['platform']['architecture']}": d["digest"] for d in index["manifests"]} == pushed
     for platform, image_id in tiny.items():
-        docker_cli("pull", "--platform", platform, lr.ref, config=logged_in)
-        got = json.loads(docker_cli("image", "inspect", lr.ref))[0]
-        assert got["Id"] == image_id and f"{got['Os']}/{got['Architecture']}" == platform
-        repo = lr.ref.rsplit(":", 1)[0]
-        assert f"{repo}@{pushed[platform]}" in got["RepoDigests"], got["RepoDigests"]
-        other = next(d for p, d in pushed.items() if p != platform)
-        assert f"{repo}@{other}" not in got["RepoDigests"]
+        assert_pulls_its_cell(lr.ref, platform, image_id, pushed, logged_in)
 
 
 def test_a_list_whose_arm64_cell_failed_is_not_put_and_amd64_keeps_its_tag(tiny, test_registry, tmp_path,
