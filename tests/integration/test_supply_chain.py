@@ -208,9 +208,30 @@ def _registry_config(registry: str, ref: str) -> bytes:
     return manifest.content + blob.content
 
 
+class _Chained:
+    """A stream whose first bytes were read already (`head`), then the rest of `f`."""
+
+    def __init__(self, head: bytes, f: IO[bytes]):
+        self.head, self.f = head, f
+
+    def read(self, n: int = -1) -> bytes:
+        if self.head:
+            out, self.head = (self.head, b"") if n < 0 or n >= len(self.head) else (self.head[:n], self.head[n:])
+            return out
+        return self.f.read(n)
+
+
+def _is_layer(head: bytes) -> bool:
+    """A layer blob: a gzip stream (the containerd image store saves the compressed layers, under
+    blobs/sha256/) or a plain tar (the graph-driver store's LAYER/layer.tar)."""
+    return head[:2] == b"\x1f\x8b" or head[257:262] == b"ustar"
+
+
 def _scan_saved_image(ref: str, secrets: list[str]) -> set[tuple[str, str]]:
     """`docker save` the image and look for each secret in every file of every layer tar (names,
-    link targets and contents), and in the saved manifest and config."""
+    link targets and contents), and in the saved manifest and config. Either store's `docker save`:
+    the graph-driver store's layer.tar files, or the containerd store's OCI layout, whose layers are
+    compressed blobs."""
     needles = [s.encode() for s in secrets]
     found: set[tuple[str, str]] = set()
     layers = 0
@@ -220,11 +241,13 @@ def _scan_saved_image(ref: str, secrets: list[str]) -> set[tuple[str, str]]:
             for member in outer:
                 if not member.isfile():
                     continue
-                f = outer.extractfile(member)
-                assert f is not None
-                if member.name.endswith(".tar"):
+                raw = outer.extractfile(member)
+                assert raw is not None
+                head = raw.read(512)
+                f = _Chained(head, raw)
+                if _is_layer(head):
                     layers += 1
-                    with tarfile.open(fileobj=f, mode="r|") as layer:
+                    with tarfile.open(fileobj=f, mode="r|*") as layer:  # type: ignore[call-overload]
                         for entry in layer:
                             where = f"{member.name}:{entry.name}"
                             for n in needles:
@@ -233,7 +256,7 @@ def _scan_saved_image(ref: str, secrets: list[str]) -> set[tuple[str, str]]:
                             if entry.isfile():
                                 found |= {(where, n.decode()) for n in _in_stream(layer.extractfile(entry), needles)}
                 else:
-                    found |= {(member.name, n.decode()) for n in _in_stream(f, needles)}
+                    found |= {(member.name, n.decode()) for n in _in_stream(f, needles)}  # type: ignore[arg-type]
     assert proc.returncode == 0 and layers > 0, (proc.returncode, layers)
     return found
 
