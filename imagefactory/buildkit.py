@@ -401,9 +401,10 @@ class BuildxEngine(Engine):
             made = _metadata_digests(metadata)
         # The engine's id for the name, in its own store (identity.py), never buildx's config
         # digest: in the containerd image store no image answers to that.
-        image_id = identity.built(self.image_id(tag), made)
+        named = self.image_id(tag)
+        image_id = identity.built(named, made)
         if image_id is None:
-            raise parser.build_error("the build ended without producing an image" if self.image_id(tag) is None else
+            raise parser.build_error("the build ended without producing an image" if named is None else
                                      f"{tag} names another image than the build made (moved meanwhile?)")
         return image_id
 
