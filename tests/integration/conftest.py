@@ -95,9 +95,9 @@ def session_id() -> str:
 
 
 @pytest.fixture(scope="session")
-def created_images(engine):
+def created_images(engine, tmp_path_factory):
     """Image references tests register for removal at the end of the session (with everything
-    else this run built: see remove_run_images)."""
+    else this run built: see remove_run_images, and each step image its builds' logs name)."""
     refs: list[str] = []
     yield refs
     for background in (_Started.build, _Started.arm64):  # a session that ends before its test waited
@@ -109,6 +109,7 @@ def created_images(engine):
         return
     # No engine-wide prune: another run on the same engine may be mid-build, and a classic
     # multi-stage build's earlier stage is a dangling image until the build ends.
+    LEFTOVERS.from_tree(tmp_path_factory.getbasetemp())
     remove_run_images(engine.client, refs, RUN_ID, LEFTOVERS)
     prune_build_cache(engine.client, RUN_STARTED)
 

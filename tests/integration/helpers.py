@@ -100,6 +100,9 @@ def matrix_text(*, image: str, wheelhouse: Path, cells: str | None = None, label
 
 _STEP_RE = re.compile(r"^Step \d+/\d+ : (\S+)")
 _IMAGE_RE = re.compile(r"^ ---> ([0-9a-f]{12,64})$")
+# podman's classic build: "[1/2] STEP 2/9: SHELL ...", "--> Using cache <id>", "--> <id>"
+_PODMAN_STEP_RE = re.compile(r"^(?:\[\d+/\d+\] )?STEP \d+/\d+: (\S+)")
+_PODMAN_IMAGE_RE = re.compile(r"^--> ([0-9a-f]{11,64})$")
 
 
 def images_created(lines: Iterable[str]) -> list[str]:
@@ -110,14 +113,14 @@ def images_created(lines: Iterable[str]) -> list[str]:
     created: list[str] = []
     step, cached = None, False
     for line in lines:
-        m = _STEP_RE.match(line)
+        m = _STEP_RE.match(line) or _PODMAN_STEP_RE.match(line)
         if m:
             step, cached = m[1].upper(), False
             continue
-        if line.strip() == "---> Using cache":
+        if line.strip() == "---> Using cache" or line.startswith("--> Using cache "):
             cached = True
             continue
-        m = _IMAGE_RE.match(line)
+        m = _IMAGE_RE.match(line) or _PODMAN_IMAGE_RE.match(line)
         if m and step not in (None, "FROM") and not cached:
             created.append(m[1])
     return created
@@ -137,6 +140,15 @@ class Leftovers:
         same work dir rewrites them, so read them after each command)."""
         for log in sorted((work_dir / "logs").glob("*.log")):
             self.add(images_created(log.read_text(errors="replace").splitlines()))
+
+    def from_tree(self, root: Path) -> None:
+        """Every build log under `root` (the session's temporary tree: each work dir its
+        `imagefactory` runs used). In the containerd image store each step of a classic build
+        stays an image of its own once the built one is removed (there is no parent chain to
+        prune with it): a run left ~17 GB of them, which filled CI's disk on the next."""
+        for logs in sorted(root.glob("**/logs")):
+            if logs.is_dir() and not logs.is_symlink():
+                self.from_work_dir(logs.parent)
 
     def from_events(self, events: Iterable[dict]) -> Iterable[dict]:
         """Pass a decoded build stream through, noting what it created."""

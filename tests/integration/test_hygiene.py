@@ -3,6 +3,8 @@ nothing that another run on the same engine made."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.integration.helpers import (BASE_REGISTRY, RUN_ID, RUN_LABEL, Leftovers, images_created,
@@ -73,3 +75,72 @@ def test_a_runs_stage_images_are_removed_and_another_runs_are_not(engine, base_r
         assert stage not in _dangling(client)
     finally:
         remove_run_images(client, [tag_mine, tag_theirs], other_run, theirs)
+
+
+PODMAN_STREAM = """\
+[1/2] STEP 1/3: FROM 127.0.0.1:5000/library/debian:bookworm-slim AS stage
+[1/2] STEP 2/3: RUN echo one > /one
+--> Using cache acc1c8501080cf54ffdacd2961a0f10b9d06dfa66d8fb06fd5adfbed14da4c43
+--> acc1c850108
+[1/2] STEP 3/3: RUN echo two > /two
+--> 0c79bf36263
+[2/2] STEP 1/2: FROM 127.0.0.1:5000/library/debian:bookworm-slim
+[2/2] STEP 2/2: COPY --from=stage /two /two
+--> 39e0a3f8843
+"""
+
+
+def test_a_podman_build_stream_names_the_images_the_build_made_not_its_cache_hits():
+    assert images_created(PODMAN_STREAM.splitlines()) == ["0c79bf36263", "39e0a3f8843"]
+
+
+def test_the_logs_under_a_tree_name_every_work_dirs_images(tmp_path):
+    for name, stream in (("a", STREAM), ("b/c", PODMAN_STREAM)):
+        (tmp_path / name / "work" / "logs").mkdir(parents=True)
+        (tmp_path / name / "work" / "logs" / "cell.log").write_text(stream)
+    (tmp_path / "d" / "logs").mkdir(parents=True)  # a directory named logs holding no log
+    found = Leftovers()
+    found.from_tree(tmp_path)
+    assert sorted(found.ids) == sorted(images_created(STREAM.splitlines())
+                                       + images_created(PODMAN_STREAM.splitlines()))
+
+
+def _build_logged(client, context: Path, log: Path | None, **kwargs) -> list[str]:
+    lines = [str(e.get("stream", "")) for e in client.api.build(path=str(context), rm=True, forcerm=True, decode=True,
+                                                                 network_mode="none", **kwargs)]
+    if log is not None:
+        log.parent.mkdir(parents=True)
+        log.write_text("".join(lines))
+    return images_created("".join(lines).splitlines())
+
+
+@pytest.mark.docker
+def test_a_moved_tags_old_image_and_a_failed_builds_steps_go_with_the_run_on_either_store(
+        engine, base_registry, tmp_path):
+    """What a run leaves untagged: the image a rebuild moved its tag from (labelled; the first
+    build here keeps no log, as a test's own SDK build doesn't) and a failed build's finished
+    steps (unlabelled: the build's label is its last step; only its log names them)."""
+    client = engine.client
+    run, tag = f"moved-{RUN_ID}", f"imagefactory-test/hygiene-moved:{RUN_ID}"
+    made: list[str] = []
+    try:
+        for n, tail in enumerate((f"echo one-{RUN_ID} > /one", f"echo two-{RUN_ID} > /one", "false")):
+            context = tmp_path / f"context{n}"
+            context.mkdir()
+            (context / "Dockerfile").write_text(f"FROM {BASE_REGISTRY}/library/debian:bookworm-slim\n"
+                                                f"RUN echo step-{n}-{RUN_ID} > /step\nRUN {tail}\n")
+            log = tmp_path / "tree" / f"work{n}" / "logs" / "cell.log" if n else None
+            made += _build_logged(client, context, log, tag=tag, labels={RUN_LABEL: run})
+        assert len(made) == 2 * 3 + 1, made  # two whole builds (RUN, RUN, the label step), one RUN
+        leftovers = Leftovers()
+        leftovers.from_tree(tmp_path / "tree")
+        remove_run_images(client, [tag], run, leftovers)
+        left = {i.id.split(":")[1][:12] for i in client.images.list(all=True)} & {m[:12] for m in made}
+        assert not left, (left, made)
+    finally:
+        client.images.remove(tag, force=True) if engine.image_id(tag) else None
+        for image_id in reversed(made):
+            try:
+                client.images.remove(image_id, force=True)
+            except Exception:  # noqa: BLE001 - gone already
+                pass

@@ -18,11 +18,13 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.integration.helpers import PODMAN_HOST, TEST_REGISTRY, matrix_text, report_of, run_cli, unavailable
+from tests.integration.helpers import (PODMAN_HOST, TEST_REGISTRY, Leftovers, matrix_text, report_of, run_cli,
+                                       unavailable)
 
 pytestmark = pytest.mark.docker
 
@@ -52,7 +54,7 @@ def podman(session_id):
 
 
 @pytest.fixture(scope="module")
-def project(tmp_path_factory, podman, base_registry, wheelhouse, session_id) -> Path:
+def project(tmp_path_factory, podman, base_registry, wheelhouse, session_id) -> Iterator[Path]:
     root = tmp_path_factory.mktemp("podman")
     text = matrix_text(image=f"{TEST_REGISTRY}/it-{session_id}/podman", wheelhouse=wheelhouse,
                        labels={LABEL: session_id}).replace("threads: 2\n", "threads: auto\n")
@@ -61,7 +63,10 @@ def project(tmp_path_factory, podman, base_registry, wheelhouse, session_id) -> 
     # compile check is proven on Docker (test_train_fast); a g++ layer is a minute more on podman
     text += "compiler: false\n"
     (root / "matrix.yaml").write_text(text)
-    return root
+    yield root
+    steps = Leftovers()  # the build's steps before its LABEL, which only its logs name
+    steps.from_tree(root)
+    steps.remove(podman)
 
 
 def _cli(project: Path, *args: str) -> subprocess.CompletedProcess:
