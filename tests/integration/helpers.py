@@ -143,9 +143,9 @@ class Leftovers:
 
     def from_tree(self, root: Path) -> None:
         """Every build log under `root` (the session's temporary tree: each work dir its
-        `imagefactory` runs used). In the containerd image store each step of a classic build
-        stays an image of its own once the built one is removed (there is no parent chain to
-        prune with it): a run left ~17 GB of them, which filled CI's disk on the next."""
+        `imagefactory` runs used). A failed build's finished steps and a multi-stage build's
+        earlier stage have no child whose removal prunes them: left to the engine, runs on the
+        containerd-store engine here kept ~17 GB of them, and the next CI run filled the disk."""
         for logs in sorted(root.glob("**/logs")):
             if logs.is_dir() and not logs.is_symlink():
                 self.from_work_dir(logs.parent)
