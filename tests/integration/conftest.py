@@ -34,7 +34,7 @@ from tests.integration.helpers import (
     BASE_REGISTRY, CACHE, FIXTURES, INDEX_USER, PACKAGE, Background, BkBuild, DyingPush, Index, LEFTOVERS, Leftovers, ModuleImages, RUN_ID, RUN_LABEL, RUN_STARTED,
     TEST_PASSWORD, TEST_REGISTRY, TEST_USER, TORCH_CPU, Build, arm64_matrix_text, binfmt_or_unavailable, buildkit_args,
     buildx_or_skip, cuda_matrix_text, docker_cli, tiny_images,
-    free_port, index_matrix, make_wheel, prune_build_cache, remove_run_images, run_cli,
+    free_port, index_matrix, make_wheel, prune_build_cache, remove_run_images, remove_run_pushes, run_cli,
     unavailable)
 
 
@@ -111,6 +111,10 @@ def created_images(engine, tmp_path_factory):
     # multi-stage build's earlier stage is a dangling image until the build ends.
     LEFTOVERS.from_tree(tmp_path_factory.getbasetemp())
     remove_run_images(engine.client, refs, RUN_ID, LEFTOVERS)
+    try:
+        remove_run_pushes(RUN_ID)
+    except requests.RequestException:  # a registry a test stopped: its data stays, nothing else
+        pass
     prune_build_cache(engine.client, RUN_STARTED)
 
 

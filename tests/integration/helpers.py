@@ -607,6 +607,37 @@ def registry_digest(registry: str, repo: str, tag: str, auth=(TEST_USER, TEST_PA
     return r.headers.get("Docker-Content-Digest") if r.status_code == 200 else None
 
 
+def run_repositories(registry: str, run_id: str, auth=None) -> list[str]:
+    """The repositories of `registry` whose name has `run_id` as a whole word (it-RUN/train,
+    lists-RUN/x, ...): what a run pushed there, and nothing another run did."""
+    word = re.compile(rf"(?:^|[-/]){re.escape(run_id)}(?:$|[-/])")
+    repos: list[str] = []
+    url: str | None = f"http://{registry}/v2/_catalog?n=1000"
+    while url:  # the registry pages its answer (a Link header names the next page)
+        r = requests.get(url, auth=auth, timeout=30)
+        r.raise_for_status()
+        repos += [repo for repo in r.json().get("repositories") or [] if word.search(repo)]
+        following = r.links.get("next", {}).get("url")
+        url = f"http://{registry}{following}" if following else None
+    return sorted(repos)
+
+
+def remove_run_pushes(run_id: str) -> int:
+    """Delete the manifests of every tag in this run's repositories on both registries (their
+    blobs are freed by the garbage collection scripts/ci-setup.sh runs before it starts a
+    registry): each run pushed ~1.3 GB that no one removed, and CI runs on the same disk as the
+    sessions before it. Returns how many manifests went."""
+    deleted = 0
+    for registry, auth in ((TEST_REGISTRY, (TEST_USER, TEST_PASSWORD)), (BASE_REGISTRY, None)):
+        for repo in run_repositories(registry, run_id, auth):
+            for tag in registry_tags(registry, repo, auth):
+                digest = registry_digest(registry, repo, tag, auth)
+                if digest and requests.delete(f"http://{registry}/v2/{repo}/manifests/{digest}", auth=auth,
+                                              timeout=30).status_code == 202:
+                    deleted += 1
+    return deleted
+
+
 # --------------------------------------------------------------------------- the shared build
 
 class Build:

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.helpers import (BASE_REGISTRY, RUN_ID, RUN_LABEL, Leftovers, images_created,
+from tests.integration.helpers import (BASE_REGISTRY, RUN_ID, RUN_LABEL, TEST_PASSWORD, TEST_REGISTRY, TEST_USER,
+                                       Leftovers, images_created, registry_tags, remove_run_pushes, run_repositories,
                                        remove_run_images)
 
 STREAM = """\
@@ -143,4 +144,31 @@ def test_a_moved_tags_old_image_and_a_failed_builds_steps_go_with_the_run_on_eit
             try:
                 client.images.remove(image_id, force=True)
             except Exception:  # noqa: BLE001 - gone already
+                pass
+
+
+@pytest.mark.docker
+@pytest.mark.registry
+def test_a_runs_pushes_are_deleted_from_the_registry_and_another_runs_are_not(engine, test_registry):
+    client = engine.client
+    auth = {"username": TEST_USER, "password": TEST_PASSWORD}
+    mine, theirs = f"m{RUN_ID}", f"t{RUN_ID}"
+    base = f"{BASE_REGISTRY}/library/debian:bookworm-slim"
+    repos = {run: f"{TEST_REGISTRY}/hygiene-{run}/x" for run in (mine, theirs)}
+    try:
+        for repo in repos.values():
+            client.images.get(base).tag(repo, "1")
+            for event in client.api.push(repo, "1", auth_config=auth, stream=True, decode=True):
+                assert "error" not in event, event
+        # a name that only contains the id inside a word is another run's
+        assert run_repositories(TEST_REGISTRY, mine[1:], (TEST_USER, TEST_PASSWORD)) == []
+        assert remove_run_pushes(mine) == 1
+        assert registry_tags(TEST_REGISTRY, f"hygiene-{mine}/x") == []
+        assert registry_tags(TEST_REGISTRY, f"hygiene-{theirs}/x") == ["1"]
+    finally:
+        remove_run_pushes(theirs)
+        for repo in repos.values():
+            try:
+                client.images.remove(f"{repo}:1")
+            except Exception:  # noqa: BLE001 - never made
                 pass

@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from tests.integration.helpers import (TEST_PASSWORD, TEST_REGISTRY, TEST_USER, Build, Registry, registry_digest,
-                                      registry_tags, report_of)
+from tests.integration.helpers import (RUN_ID, TEST_PASSWORD, TEST_REGISTRY, TEST_USER, Build, Registry,
+                                      registry_digest, registry_tags, report_of)
 
 pytestmark = [pytest.mark.docker, pytest.mark.registry]
 
@@ -118,7 +118,7 @@ def test_registry_stopped_gives_retries_then_a_clean_failure(cpu_build, tmp_path
 def test_build_with_push_publishes_in_one_command(cpu_build, pushed, created_images):
     """To a repository of its own on the shared registry: its blobs are there already (from `pushed`),
     so the push mounts them instead of compressing a gigabyte again."""
-    image = f"{TEST_REGISTRY}/onecommand-{id(cpu_build)}/train"
+    image = f"{TEST_REGISTRY}/onecommand-{RUN_ID}/train"
     result = cpu_build.run("build", "--only", Build.GOOD, "--push", matrix=cpu_build.with_image(image), env=CREDS)
     good = cpu_build.report()[Build.GOOD]
     created_images.extend(good["tags"])
