@@ -73,16 +73,7 @@ install_current_engine() {
         compgen -G "${debs}/${pkg}_*.deb" >/dev/null || missing+=("$pkg")
     done
     if ((${#missing[@]})); then
-        local apt_dir="${CACHE_DIR}/apt-trixie"
-        mkdir -p "${apt_dir}/lists/partial" "${apt_dir}/archives/partial"
-        printf 'deb %s trixie main\n' "$MIRROR" >"${apt_dir}/sources.list"
-        local opts=(-o "Dir::Etc::sourcelist=${apt_dir}/sources.list" -o "Dir::Etc::sourceparts=/nonexistent"
-                    -o "Dir::State::Lists=${apt_dir}/lists" -o "Dir::Cache::Archives=${apt_dir}/archives"
-                    -o "APT::Get::List-Cleanup=0")
-        log "fetching ${missing[*]} from Debian trixie"
-        apt-get "${opts[@]}" update -qq || die "apt-get update against trixie failed"
-        (cd "$debs" && apt-get "${opts[@]}" download "${missing[@]}" 2>/dev/null) ||
-            die "apt-get download ${missing[*]} from trixie failed"
+        trixie_download "$debs" "${missing[@]}"  # (scripts/ci-setup.sh)
     fi
     local root="${CURRENT_PREFIX}/root" versions=()
     rm -rf "${CURRENT_PREFIX}.tmp"

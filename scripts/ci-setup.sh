@@ -117,6 +117,21 @@ install_packages() {
         || die "apt-get install ${missing[*]} failed"
 }
 
+# trixie_download DIR PACKAGE...: the packages' .debs from Debian trixie into DIR, through a
+# sources list and apt state kept apart from the system's (whose apt state is never touched).
+trixie_download() {
+    local dest="$1" apt_dir="${CACHE_DIR}/apt-trixie"
+    shift
+    mkdir -p "${apt_dir}/lists/partial" "${apt_dir}/archives/partial" "$dest"
+    printf 'deb %s trixie main\n' "$MIRROR" >"${apt_dir}/sources.list"
+    local opts=(-o "Dir::Etc::sourcelist=${apt_dir}/sources.list" -o "Dir::Etc::sourceparts=/nonexistent"
+                -o "Dir::State::Lists=${apt_dir}/lists" -o "Dir::Cache::Archives=${apt_dir}/archives"
+                -o "APT::Get::List-Cleanup=0")
+    log "fetching $* from Debian trixie"
+    apt-get "${opts[@]}" update -qq || die "apt-get update against trixie failed"
+    (cd "$dest" && apt-get "${opts[@]}" download "$@" 2>/dev/null) || die "apt-get download $* from trixie failed"
+}
+
 # --------------------------------------------------------------------------
 # 1b. docker buildx (BuildKit builds): Debian 12 has no package; Debian 13's
 #     docker-buildx is one Go binary that needs only libc6 (>= 2.34). Fetch the
@@ -129,17 +144,10 @@ install_buildx() {
         log "buildx present: $(docker buildx version 2>/dev/null | head -n1)"
         return 0
     fi
-    local apt_dir="${CACHE_DIR}/apt-trixie" work
-    mkdir -p "${apt_dir}/lists/partial" "${apt_dir}/archives/partial"
-    printf 'deb %s trixie main\n' "$MIRROR" >"${apt_dir}/sources.list"
-    local opts=(-o "Dir::Etc::sourcelist=${apt_dir}/sources.list" -o "Dir::Etc::sourceparts=/nonexistent"
-                -o "Dir::State::Lists=${apt_dir}/lists" -o "Dir::Cache::Archives=${apt_dir}/archives"
-                -o "APT::Get::List-Cleanup=0")
-    log "fetching docker-buildx from Debian trixie"
-    apt-get "${opts[@]}" update -qq || die "apt-get update against trixie failed"
+    local work
     work="$(mktemp -d)"
     CLEANUP_PATHS+=("$work")
-    (cd "$work" && apt-get "${opts[@]}" download docker-buildx) || die "apt-get download docker-buildx failed"
+    trixie_download "$work" docker-buildx
     dpkg-deb -x "$work"/docker-buildx_*.deb "$work/root"
     install -D -m 0755 "$work/root/usr/libexec/docker/cli-plugins/docker-buildx" "${BUILDX_PLUGIN_DIR}/docker-buildx"
     docker buildx version >/dev/null 2>&1 || die "docker buildx does not answer after install"
@@ -188,17 +196,11 @@ install_cosign() {
         log "cosign present: $COSIGN_BIN (cosign $(cosign_major "$COSIGN_BIN").x)"
         return 0
     fi
-    local apt_dir="${CACHE_DIR}/apt-trixie" work deb version
-    mkdir -p "${apt_dir}/lists/partial" "${apt_dir}/archives/partial" "${CACHE_DIR}/debs"
+    local work deb version
+    mkdir -p "${CACHE_DIR}/debs"
     deb="$(find "${CACHE_DIR}/debs" -name 'cosign_*.deb' | sort | tail -n1)"
     if [[ -z "$deb" ]]; then
-        printf 'deb %s trixie main\n' "$MIRROR" >"${apt_dir}/sources.list"
-        local opts=(-o "Dir::Etc::sourcelist=${apt_dir}/sources.list" -o "Dir::Etc::sourceparts=/nonexistent"
-                    -o "Dir::State::Lists=${apt_dir}/lists" -o "Dir::Cache::Archives=${apt_dir}/archives"
-                    -o "APT::Get::List-Cleanup=0")
-        log "fetching cosign from Debian trixie"
-        apt-get "${opts[@]}" update -qq || die "apt-get update against trixie failed"
-        (cd "${CACHE_DIR}/debs" && apt-get "${opts[@]}" download cosign) || die "apt-get download cosign failed"
+        trixie_download "${CACHE_DIR}/debs" cosign
         deb="$(find "${CACHE_DIR}/debs" -name 'cosign_*.deb' | sort | tail -n1)"
     fi
     version="$(dpkg-deb -f "$deb" Version)" || die "$deb: not a readable .deb"
