@@ -119,6 +119,24 @@ def steps(log: str) -> dict[str, bool]:
     return found
 
 
+def _warm_venv_stage(bk_build, root: Path, image: str, netrc: tuple[str, ...], created_images: list) -> None:
+    """Make sure BuildKit holds the venv stage's records before the test starts its clock: a
+    build of the cell with a final stage of its own (another env value), not pushed. With
+    bk_build's records still there it is cache hits up to the final stage; without them (on the
+    containerd-store engine another module's BuildKit work had dropped them by the time this
+    test ran, in two full runs) it builds the stage again, before the clock, not after."""
+    root.mkdir()
+    matrix = unique_matrix(bk_build.matrix, root, image, uuid.uuid4().hex)
+    report = root / "report.json"
+    result = run_cli("build", "--matrix", str(matrix), "--only", Build.GOOD, "--plain", "--report", str(report),
+                     "--work-dir", str(root / "work"), "--builder", "buildkit", *netrc,
+                     env={"IMAGEFACTORY_CACHE_DIR": str(root / "verdicts")})
+    assert report.exists(), result.stdout[-2000:] + result.stderr[-2000:]
+    cell = {c["cell"]: c for c in json.loads(report.read_text())["cells"]}[Build.GOOD]
+    created_images.extend(cell["tags"] + ([cell["candidate"]] if cell.get("candidate") else []))
+    assert cell["status"] == "passed", result.stdout[-2000:] + result.stderr[-2000:]
+
+
 def test_a_changed_cell_reuses_the_registrys_inline_cache_on_a_fresh_runner(bk_build, engine, tmp_path,
                                                                             created_images):
     """BuildKit: the first runner pushes the cell with inline cache metadata; a fresh runner builds
@@ -136,6 +154,7 @@ def test_a_changed_cell_reuses_the_registrys_inline_cache_on_a_fresh_runner(bk_b
     netrc = ("--netrc", str(bk_build.netrc))
     try:
         image = f"{registry.address}/regcache/train"
+        _warm_venv_stage(bk_build, tmp_path / "warm", f"{registry.address}/regcache/warm", netrc, created_images)
         started = time.time() - 1
         matrix = unique_matrix(bk_build.matrix, tmp_path, image, uuid.uuid4().hex)
         matrix.write_text(matrix.read_text() + f"user: {{uid: {random.randint(20000, 60000)}}}\n")
