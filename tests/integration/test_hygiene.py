@@ -140,7 +140,8 @@ def test_a_moved_tags_old_image_and_a_failed_builds_steps_go_with_the_run_on_eit
         left = {i.id.split(":")[1][:12] for i in client.images.list(all=True)} & {m[:12] for m in made}
         assert not left, (left, made)
     finally:
-        client.images.remove(tag, force=True) if engine.image_id(tag) else None
+        if engine.image_id(tag):
+            client.images.remove(tag, force=True)
         for image_id in reversed(made):
             try:
                 client.images.remove(image_id, force=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.helpers import TEST_PASSWORD, TEST_REGISTRY, TEST_USER, Build, registry_digest
+from tests.integration.helpers import RUN_ID, TEST_PASSWORD, TEST_REGISTRY, TEST_USER, Build, registry_digest
 
 pytestmark = [pytest.mark.docker, pytest.mark.registry]
 
@@ -18,7 +18,7 @@ OTHER_CREDS = {"IMAGEFACTORY_REGISTRY_USER_LOCALHOST_" + OTHER.rsplit(":", 1)[1]
 
 def test_a_tag_on_another_registry_gets_only_that_registrys_credentials(cpu_build, test_registry,
                                                                        created_images):
-    repo = f"regs-{id(cpu_build)}/train"
+    repo = f"regs-{RUN_ID}/train"  # the run id: the run deletes its pushes as it ends
     matrix = cpu_build.with_image(f"{TEST_REGISTRY}/{repo}")
     # the default template's tag part: it is the image's version label, so the content stays the same
     template = f"{OTHER}/{repo}:{{torch}}-py{{python}}-{{accel}}-{{blas}}{{installer_suffix}}"
