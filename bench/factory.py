@@ -87,8 +87,8 @@ from typing import Callable
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from imagefactory.engine import Engine  # noqa: E402
-from imagefactory.engine_api import Builder, BuildRequest  # noqa: E402
+from imagefactory.engine.docker.docker import Engine  # noqa: E402
+from imagefactory.engine.docker.api import Builder, BuildRequest  # noqa: E402
 from imagefactory.errors import EngineError  # noqa: E402
 
 BASE_REGISTRY = "127.0.0.1:5000"
@@ -202,7 +202,7 @@ pip:
         ctx = self.root / f"base-{self.runs}"
         ctx.mkdir()
         (ctx / "Dockerfile").write_text(f"FROM {BASE_REGISTRY}/library/python:3.11-slim-bookworm\n"
-                                        f"LABEL io.imagefactory.bench.run={self.id}-{self.runs}\n"
+                                        f"LABEL io.imagefactory.tools.bench.run={self.id}-{self.runs}\n"
                                         # a layer of its own: BuildKit keys an image source by its layers
                                         # alone, so a label-only base would not make its builds cold
                                         f"RUN echo {self.id}-{self.runs} > /etc/imagefactory-bench-run\n")
@@ -292,7 +292,8 @@ pip:
         """Every launch mode, side by side, vs the docker mode alone: what the modes cost."""
         from dataclasses import replace
 
-        from imagefactory import matrix, smoke
+        from imagefactory.config import matrix
+        from imagefactory.probe import smoke
 
         cell = matrix.load(self.matrix).cell(GOOD)
         image = self.report()[GOOD]["candidate"]
@@ -422,7 +423,8 @@ pip:
 
     def mounts(self, n: int) -> Row:
         """Cold BuildKit builds of the cell with and without the pip cache mount."""
-        from imagefactory import matrix, render
+        from imagefactory.config import matrix
+        from imagefactory.render.contexts import contexts as render
 
         m = matrix.load(self.matrix)
         cell = m.cell(GOOD)
@@ -491,7 +493,7 @@ pip:
                    note="inline cache from 127.0.0.1:5000; this bench's build cache records pruned before each run")
 
     def sizes(self) -> tuple[Row, Row]:
-        from imagefactory import matrix
+        from imagefactory.config import matrix
 
         ours = self.report()[GOOD]
         image = self.engine.client.images.get(ours["image_id"])

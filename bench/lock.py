@@ -21,9 +21,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from imagefactory import lockfile, matrix, render
-from imagefactory.engine_api import BuildRequest, ContainerEngine
-from imagefactory.engines import docker_engine
+from imagefactory.lock.resolve import lockfile
+from imagefactory.config import matrix
+from imagefactory.render.contexts import contexts as render
+from imagefactory.engine.docker.api import BuildRequest, ContainerEngine
+from imagefactory.engine.docker.select import docker_engine
 from imagefactory.errors import BuildError
 
 

@@ -5,11 +5,11 @@ import sys
 
 
 def main() -> None:
-    from imagefactory import helpcache
+    from imagefactory.cli import helpcache
 
     if helpcache.replay(sys.argv[1:]):
         return
-    from imagefactory import cli
+    from imagefactory.cli import app as cli
 
     cli.main()
 

@@ -17,13 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from imagefactory.context import UI, Options, RunContext, Silent
-from imagefactory import platforms
-from imagefactory.engine_api import (Builder, BuildProgress, BuildRequest, ContainerEngine, EngineInfo, Manifest,
+from imagefactory.run.context import UI, Options, RunContext, Silent
+from imagefactory.config import platforms
+from imagefactory.engine.api import (Builder, BuildProgress, BuildRequest, ContainerEngine, EngineInfo, Manifest,
                                      PushOutcome, RunResult, is_transient, refuse_foreign)
 from imagefactory.errors import BuildError, Cancelled, EngineError, EngineGone, PushError, RegistryError
 from imagefactory.interrupt import Interrupt
-from imagefactory.schedule import instructions
+from imagefactory.pipeline.schedule import instructions
 
 LABEL_RE = re.compile(r'(\S+)="([^"]*)"')
 ENGINE_INFO = EngineInfo("27.3.1", "1.47", ("runc",), (), cpus=16, architecture="x86_64")
@@ -125,7 +125,7 @@ def as_launched(probe: dict, options: dict[str, Any], environment: dict[str, str
 
 
 class FakeEngine:
-    """Implements imagefactory.engine.ContainerEngine in memory."""
+    """Implements imagefactory.engine.docker.ContainerEngine in memory."""
 
     def __init__(self, world: World):
         self.world = world

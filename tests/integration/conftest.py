@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from imagefactory.engine import Engine
+from imagefactory.engine.docker import Engine
 from imagefactory.errors import DockerUnavailable
 from tests.integration.helpers import (
     BASE_REGISTRY, CACHE, FIXTURES, INDEX_USER, PACKAGE, Background, BkBuild, DyingPush, Index, LEFTOVERS, Leftovers, ModuleImages, RUN_ID, RUN_LABEL, RUN_STARTED,
@@ -337,7 +337,8 @@ def arm64_background(engine, base_registry, test_registry, tmp_path_factory, whe
 def cpu_auto_image(tmp_path_factory, engine, cpu_build, session_id, created_images) -> tuple:
     """(cell, image): cpu_build's good cell with `threads: auto`. Only the runtime layers differ, so
     it builds in seconds from cpu_build's layers (tests/integration/test_launch.py)."""
-    from imagefactory import matrix, render
+    from imagefactory.config import matrix
+    from imagefactory.render import contexts as render
 
     root = tmp_path_factory.mktemp("cpu-auto")
     path = root / "matrix.yaml"

@@ -530,7 +530,7 @@ def assert_pulls_its_cell(ref: str, platform: str, image_id: str, digests: dict[
 
 def served_list(ref: str) -> requests.Response:
     """GET of `ref` on the test registry (with its login), asking for a list (an index)."""
-    from imagefactory import registry_http
+    from imagefactory.engine import registry as registry_http
 
     repo, tag = ref.split("/", 1)[1].rsplit(":", 1)
     return requests.get(f"http://{TEST_REGISTRY}/v2/{repo}/manifests/{tag}", auth=(TEST_USER, TEST_PASSWORD),
@@ -762,7 +762,7 @@ INDEX_USER = "ci-index"
 
 
 def buildx_or_skip() -> None:
-    from imagefactory import buildkit
+    from imagefactory.engine import buildkit
 
     version, why = buildkit.buildx_version()
     if version is None:

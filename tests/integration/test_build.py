@@ -12,7 +12,8 @@ from pathlib import Path
 import docker
 import pytest
 
-from imagefactory import matrix, smoke
+from imagefactory.config import matrix
+from imagefactory.probe import smoke
 from tests.integration.helpers import ONE_MODE, REPO, RUN_ID, Build, Leftovers, judged
 
 pytestmark = pytest.mark.docker

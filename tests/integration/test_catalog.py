@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from imagefactory import catalog
+from imagefactory.report import catalog
 from tests.integration.helpers import unavailable
 
 REPO = Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from imagefactory import matrix
+from imagefactory.config import matrix
 from tests.integration.helpers import TEST_REGISTRY, matrix_text, registry_digest, run_cli
 
 pytestmark = pytest.mark.docker

@@ -20,8 +20,10 @@ from pathlib import Path
 import pytest
 import requests
 
-from imagefactory import checks, platforms, smoke
-from imagefactory.model import Cell
+from imagefactory.probe import checks
+from imagefactory.config import platforms
+from imagefactory.probe import smoke
+from imagefactory.config.model import Cell
 from tests.integration.helpers import BASE_REGISTRY, FIXTURES, RUN_ID, buildx_or_skip, unavailable
 
 ARM64 = platforms.ARM64

@@ -21,8 +21,11 @@ from pathlib import Path
 import docker
 import pytest
 
-from imagefactory import build, matrix, render, tags
-from imagefactory.engine_api import BuildRequest
+from imagefactory.pipeline import build
+from imagefactory.config import matrix
+from imagefactory.render import contexts as render
+from imagefactory.config import tags
+from imagefactory.engine.api import BuildRequest
 from tests.integration.helpers import (BASE_REGISTRY, TEST_PASSWORD, TEST_REGISTRY, TEST_USER, Build,
                                       Registry, Run, matrix_text, registry_tags, report_of)
 

@@ -10,7 +10,9 @@ from dataclasses import replace
 
 import pytest
 
-from imagefactory import checks, matrix, smoke
+from imagefactory.probe import checks
+from imagefactory.config import matrix
+from imagefactory.probe import smoke
 from tests.conftest import REPO
 from tests.integration.helpers import Build, judged
 

@@ -18,7 +18,8 @@ from pathlib import Path
 import docker
 import pytest
 
-from imagefactory import lockfile, smoke
+from imagefactory.lock import lockfile
+from imagefactory.probe import smoke
 from tests.integration.helpers import LEFTOVERS, RUN_LABEL, RUN_ID, TEST_REGISTRY, ModuleImages, matrix_text, run_cli
 
 OWN = ModuleImages(__name__)  # the locked cells' images are this module's alone: removed as it ends

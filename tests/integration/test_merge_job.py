@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from imagefactory import matrix as matrix_mod
-from imagefactory import tags
+from imagefactory.config import matrix as matrix_mod
+from imagefactory.config import tags
 from tests.integration.helpers import (RUN_ID, TEST_PASSWORD, TEST_REGISTRY, TEST_USER, assert_pulls_its_cell, docker_cli,
                                        registry_digest,
                                        run_cli, served_list)

@@ -48,7 +48,7 @@ def noop_build(matrix: Path, root: Path) -> tuple[set[str], int, str]:
 
 
 def test_a_no_op_build_imports_no_serializer_parser_validator_or_template_engine(cpu_build, tmp_path):
-    from imagefactory import sbom
+    from imagefactory.attest import sbom
 
     first = cpu_build.first_report[CELL]  # later tests rewrite cpu_build's own report
     documents = []
@@ -77,7 +77,7 @@ def test_a_new_process_engine_skips_negotiating_the_version_this_engine_answered
     asks no GET /version; its `docker info` is the engine's."""
     from docker.api.client import APIClient
 
-    from imagefactory import engine as engine_mod
+    from imagefactory.engine import docker as engine_mod
 
     monkeypatch.setenv("IMAGEFACTORY_CACHE_DIR", str(tmp_path / "cache"))
     negotiated = []
@@ -97,7 +97,8 @@ def test_the_engine_takes_an_image_by_name_only_with_the_content_hash_label(cpu_
     """find_built's one inspect (engine.labelled_image), on the real engine: cpu_build's image by
     its candidate name carries its content hash; the same image under another hash, the cell's
     base image (a name on an image without the label) and a missing name are not taken."""
-    from imagefactory import matrix, render
+    from imagefactory.config import matrix
+    from imagefactory.render import contexts as render
 
     first = cpu_build.first_report[CELL]
     assert engine.labelled_image(first["candidate"], render.HASH_LABEL, first["content_hash"]) == first["image_id"]

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from imagefactory import matrix, smoke
+from imagefactory.config import matrix
+from imagefactory.probe import smoke
 from tests.integration.helpers import Build
 from tests.unit.helpers import assert_torch_section
 

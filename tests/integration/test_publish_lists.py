@@ -10,11 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from imagefactory import engines, platforms, publish, tags
-from imagefactory.context import Options, RunContext, Silent
+from imagefactory.engine import select as engines
+from imagefactory.config import platforms
+from imagefactory.publish import push as publish
+from imagefactory.config import tags
+from imagefactory.run.context import Options, RunContext, Silent
 from imagefactory.interrupt import Interrupt
-from imagefactory.model import Cell, Matrix
-from imagefactory.report import CHECK_FAILED, PASSED, CellReport
+from imagefactory.config.model import Cell, Matrix
+from imagefactory.report.summary import CHECK_FAILED, PASSED, CellReport
 from tests.integration.helpers import (RUN_ID, TEST_PASSWORD, TEST_REGISTRY, TEST_USER, assert_pulls_its_cell, served_list)
 
 pytestmark = [pytest.mark.docker, pytest.mark.registry]

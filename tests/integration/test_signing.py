@@ -126,7 +126,7 @@ def test_verify_with_another_key_fails_naming_the_key(signed, keys):
 
 
 def test_the_sbom_lists_torch_numpy_the_probed_blas_and_the_base_digest(signed, cpu_build, engine):
-    from imagefactory import sbom
+    from imagefactory.attest import sbom
 
     path = Path(signed.cell["sbom"])
     assert path == cpu_build.report_path.parent / "sbom" / f"{Build.GOOD}.cdx.json"

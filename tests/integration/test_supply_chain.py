@@ -22,7 +22,7 @@ from typing import IO, Iterator
 import pytest
 import requests
 
-from imagefactory import matrix
+from imagefactory.config import matrix
 from imagefactory.errors import ConfigError
 
 from tests.integration.helpers import (BASE_REGISTRY, HOST_CAS, RUN_ID, RUN_LABEL, TEST_PASSWORD, TEST_REGISTRY,

@@ -17,7 +17,9 @@ from pathlib import Path
 import docker
 import pytest
 
-from imagefactory import checks, matrix, smoke
+from imagefactory.probe import checks
+from imagefactory.config import matrix
+from imagefactory.probe import smoke
 from tests.integration.helpers import (FIXTURES, ONE_MODE, RUN_ID, TEST_REGISTRY, Build, judged, matrix_text,
                                        run_cli)
 

@@ -7,11 +7,12 @@ module ties every importer to that module's edits (tests/unit/test_lint.py check
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 import pytest
 
-from imagefactory.checks import Check, judge, passed
-from imagefactory.model import Cell
+from imagefactory.probe.checks import Check, judge, passed
+from imagefactory.config.model import Cell
 
 # Two pip CPU cells (Python 3.11 and 3.12) that build and pass: what most orchestration tests run.
 TWO_PIP_CELLS = """\
@@ -140,7 +141,7 @@ def run_cli(args: list[str], monkeypatch, capsys) -> tuple[int, str, str]:
     """The installed entry point (cli.main), in this process: (exit code, stdout, stderr)."""
     import sys
 
-    from imagefactory import cli
+    from imagefactory.cli import app as cli
 
     monkeypatch.setattr(sys, "argv", ["imagefactory", *args])
     with pytest.raises(SystemExit) as e:
@@ -181,7 +182,7 @@ def pip_both_project(root):
 # loaded and its exit code, for the tests that check what a command imports.
 RUN_CLI = """
 import json, sys
-from imagefactory import cli
+from imagefactory.cli import app as cli
 sys.argv = ["imagefactory", *json.loads(sys.argv[1])]
 try:
     cli.main()
@@ -191,3 +192,19 @@ else:
     code = 0
 sys.__stderr__.write("\\nMODULES " + json.dumps(sorted(m for m in sys.modules)) + " EXIT " + str(code) + "\\n")
 """
+
+
+PACKAGE_DIR = Path(__file__).resolve().parents[2] / "imagefactory"
+
+
+def package_modules() -> dict[str, Path]:
+    """Every Python module of the package, subpackages included (resources/ holds the files that
+    run inside images, not modules of the package): dotted name -> path."""
+    found = {}
+    for path in sorted(PACKAGE_DIR.rglob("*.py")):
+        rel = path.relative_to(PACKAGE_DIR.parent).with_suffix("")
+        if "resources" in rel.parts or "__pycache__" in rel.parts:
+            continue
+        parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+        found[".".join(parts)] = path
+    return found

@@ -9,8 +9,9 @@ import sys
 
 import pytest
 
-from imagefactory import availability, matrix
-from imagefactory.availability import conda_build_spec, conda_problem
+from imagefactory.config import availability
+from imagefactory.config import matrix
+from imagefactory.config.availability import conda_build_spec, conda_problem
 from imagefactory.errors import ConfigError
 from tests.conftest import REPO
 

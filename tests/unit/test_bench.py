@@ -10,8 +10,12 @@ import sys
 
 import pytest
 
-from imagefactory import bench, build, matrix, render, tags
-from imagefactory.engine_api import RunResult
+from imagefactory.tools import bench
+from imagefactory.pipeline import build
+from imagefactory.config import matrix
+from imagefactory.render import contexts as render
+from imagefactory.config import tags
+from imagefactory.engine.api import RunResult
 from imagefactory.errors import EngineError
 from tests.conftest import REPO
 from tests.fake_engine import Image, World

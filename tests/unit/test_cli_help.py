@@ -7,7 +7,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from imagefactory import cli
+from imagefactory.cli import app as cli
 
 WIDTH = 100  # columns
 SCREEN = 40  # lines

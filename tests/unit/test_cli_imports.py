@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from imagefactory import matrix
+from imagefactory.config import matrix
 from tests.conftest import REPO
 from tests.unit.helpers import RUN_CLI as RUN, TWO_PIP_CELLS
 
@@ -20,12 +20,12 @@ from tests.unit.helpers import RUN_CLI as RUN, TWO_PIP_CELLS
 # a step's own: the Docker SDK and requests the engine's, jsonschema the first validation's, Jinja2
 # render's, tenacity publish's, rich the live display's, packaging a matrix with packages').
 LAZY = ("docker", "requests", "urllib3", "jsonschema", "jinja2", "tenacity", "rich", "packaging",
-        "imagefactory.build", "imagefactory.render", "imagefactory.publish", "imagefactory.engine",
-        "imagefactory.lock", "imagefactory.smoke",
+        "imagefactory.pipeline.build", "imagefactory.render.contexts", "imagefactory.publish.push", "imagefactory.engine.docker",
+        "imagefactory.lock.resolve", "imagefactory.probe.smoke",
         # context.py's annotations only (TYPE_CHECKING): a run's engines, netrc reader and report
-        "imagefactory.engines", "imagefactory.netrc", "imagefactory.report", "imagefactory.checks")
+        "imagefactory.engine.select", "imagefactory.config.netrc", "imagefactory.report.summary", "imagefactory.probe.checks")
 # ... and what only a command that reads a matrix imports (PyYAML: inputs.py imports it to parse)
-HELP_LAZY = ("yaml", "imagefactory.matrix", "imagefactory.model", "imagefactory.availability")
+HELP_LAZY = ("yaml", "imagefactory.config.matrix", "imagefactory.config.model", "imagefactory.config.availability")
 
 
 def imported(args: list[str], cache: os.PathLike | str) -> tuple[set[str], int, str]:
@@ -67,7 +67,7 @@ def test_the_table_is_what_rich_printed(tmp_path, monkeypatch, capsys):
     from rich.console import Console
     from rich.table import Table
 
-    from imagefactory import cli
+    from imagefactory.cli import app as cli
 
     lines = [list(cli.TABLE_COLUMNS), ["py3.11-cpu-openblas-pip", "2.13.0", "2", "python:3.11-slim-bookworm",
                                        "registry.example.com/ml/train:2.13.0-py3.11-cpu-openblas-pip", "linux/amd64"],
@@ -214,7 +214,7 @@ def test_odd_kept_data_is_parsed_again_and_json_must_hold_the_data_exactly(tmp_p
     kept.symlink_to(elsewhere)  # never through a link
     calls = parses(monkeypatch)
     assert matrix.load(path) == first and len(calls) == 1
-    from imagefactory import passcache
+    from imagefactory.files import store as passcache
 
     real = passcache.code_digest
     monkeypatch.setattr(passcache, "code_digest", lambda *names: real(*names) + "-edited")
@@ -238,7 +238,8 @@ def test_an_unwritable_cache_is_not_fatal(tmp_path, monkeypatch):
 def test_a_build_that_pushes_nothing_imports_no_retry_library():
     """tenacity is a push's (publish.py, publish_lists.py import it where they retry): the modules
     a no-op `build` loads leave it out."""
-    code = ("import sys; from imagefactory import build, engine, publish, publish_lists, regcache; "
+    code = ("import sys; from imagefactory.pipeline import build, regcache; from imagefactory.engine import docker; "
+            "from imagefactory.publish import push, lists; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'tenacity'))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120,
                        env={**os.environ, "PYTHONPATH": str(REPO)})

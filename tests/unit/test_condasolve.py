@@ -21,7 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from imagefactory import condasolve, lock, lockfile, matrix
+from imagefactory.lock import condasolve
+from imagefactory.lock import resolve as lock
+from imagefactory.lock import lockfile
+from imagefactory.config import matrix
 from imagefactory.errors import ConfigError
 from tests.conda_channel.server import QuietServer
 from tests.unit import helpers

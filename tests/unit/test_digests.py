@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from imagefactory import digests
+from imagefactory.render import digests
 
 
 @pytest.fixture(autouse=True)

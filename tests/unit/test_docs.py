@@ -22,6 +22,8 @@ from typing import Any, Iterator
 
 import pytest
 
+from tests.unit.helpers import package_modules
+
 REPO = Path(__file__).resolve().parents[2]
 DOCS = sorted([REPO / "README.md", *(REPO / "docs").glob("*.md")])
 SCHEMA = REPO / "imagefactory" / "resources" / "matrix.schema.json"
@@ -174,7 +176,7 @@ def cli_exit_codes() -> set[int]:
 
     codes = {0, ImageFactoryError.exit_code, Interrupted(signal.SIGINT).exit_code,
              Interrupted(signal.SIGTERM).exit_code}
-    for path in sorted(PACKAGE.glob("*.py")):
+    for path in package_modules().values():
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.ClassDef):
@@ -182,7 +184,7 @@ def cli_exit_codes() -> set[int]:
                     if (isinstance(stmt, ast.Assign) and [ast.unparse(t) for t in stmt.targets] == ["exit_code"]
                             and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, int)):
                         codes.add(stmt.value.value)
-            elif (path.name == "cli.py" and isinstance(node, ast.Call)
+            elif (path.parent.name == "cli" and isinstance(node, ast.Call)
                   and ast.unparse(node.func) in ("sys.exit", "os._exit", "typer.Exit")
                   and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, int)):
                 codes.add(node.args[0].value)
@@ -236,7 +238,7 @@ def test_the_help_states_the_clis_exit_codes() -> None:
     """`imagefactory --help` names every code; a command's own help names none the CLI lacks."""
     from typer.main import get_command
 
-    from imagefactory.cli import app
+    from imagefactory.cli.app import app
 
     codes = cli_exit_codes()
     assert app.info.help is not None and stated_exit_codes(app.info.help) == codes
@@ -247,7 +249,7 @@ def test_the_help_states_the_clis_exit_codes() -> None:
 
 def test_lock_checks_exit_code_table_is_what_it_exits_with() -> None:
     """docs/locks.md's `lock --check` table: each row's code is lock.check_exit's for that case."""
-    from imagefactory import lock
+    from imagefactory.lock import resolve as lock
     from imagefactory.errors import ImageFactoryError
 
     def code(status: str, problems: list[str]) -> int:
@@ -288,7 +290,7 @@ def cli_options() -> dict[str, dict[str, Any]]:
     parameter}, from the CLI itself (typer.main.get_command)."""
     from typer.main import get_command
 
-    from imagefactory.cli import app
+    from imagefactory.cli.app import app
 
     return {name: {opt: p for p in command.params for opt in (*p.opts, *p.secondary_opts) if opt.startswith("-")}
             for name, command in get_command(app).commands.items()}  # type: ignore[attr-defined]

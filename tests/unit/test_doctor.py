@@ -8,11 +8,12 @@ import subprocess
 
 import pytest
 
-from imagefactory import doctor, platforms
-from imagefactory.doctor import CANNOT, LIMITS, RUNS, Driver, EngineFacts
-from imagefactory.engine_api import EngineInfo
+from imagefactory.tools import doctor
+from imagefactory.config import platforms
+from imagefactory.tools.doctor import CANNOT, LIMITS, RUNS, Driver, EngineFacts
+from imagefactory.engine.api import EngineInfo
 from imagefactory.errors import DockerUnavailable
-from imagefactory.model import Cell
+from imagefactory.config.model import Cell
 from tests.fake_engine import World
 
 TABLE = doctor.load_table()
@@ -230,7 +231,7 @@ def test_exit_codes():
     gone = doctor.diagnose(None, engine_factory=unreachable, driver_query=lambda: Driver(error="nvidia-smi: not found"))
     assert gone.exit_code == 3 and gone.to_json()["engine"]["error"].startswith("no Docker engine answered")
 
-    from imagefactory.model import Matrix
+    from imagefactory.config.model import Matrix
     from pathlib import Path
     m = Matrix(path=Path("/x/matrix.yaml"), image="reg.example/ml/train", cells=tuple(CELLS))
     here = World(info=EngineInfo("27.3.1", "1.47", ("nvidia",), ())).engine
@@ -264,7 +265,7 @@ BOTH = [pip_cell(platforms.AMD64), pip_cell(platforms.ARM64), pip_cell(platforms
 def _diagnose(cells: list[Cell], machine: str, driver: Driver = Driver("580.65.06", ["H200"])) -> doctor.Report:
     from pathlib import Path
 
-    from imagefactory.model import Matrix
+    from imagefactory.config.model import Matrix
     m = Matrix(path=Path("/x/matrix.yaml"), image="reg.example/ml/train", cells=tuple(cells))
     here = World(info=EngineInfo("27.3.1", "1.47", ("nvidia",), ())).engine
     return doctor.diagnose(m, engine_factory=here, driver_query=lambda: driver, machine=machine)

@@ -13,10 +13,19 @@ from pathlib import Path
 
 import pytest
 
-from imagefactory import bench, build, checks, matrix, platforms, render, report, smoke, tags, verdicts
-from imagefactory.cellreport import PASSED, CellReport
-from imagefactory.engine import Engine
-from imagefactory.engine_api import RunResult
+from imagefactory.tools import bench
+from imagefactory.pipeline import build
+from imagefactory.probe import checks
+from imagefactory.config import matrix
+from imagefactory.config import platforms
+from imagefactory.render import contexts as render
+from imagefactory.report import summary as report
+from imagefactory.probe import smoke
+from imagefactory.config import tags
+from imagefactory.probe import verdicts
+from imagefactory.report.cell import PASSED, CellReport
+from imagefactory.engine.docker import Engine
+from imagefactory.engine.api import RunResult
 from tests.fake_engine import ENGINE_INFO, Image, World, as_launched
 from tests.unit.helpers import AMD, ARM, CPU_OPENBLAS, by_name, good_probe, only_failure, pip_both_project
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
+from tests.unit.helpers import package_modules
 
 MATRIX = """\
 image: registry.example.com/ml/train
@@ -32,7 +33,7 @@ def imported_modules(args: list[str], cwd: Path) -> set[str]:
     r = subprocess.run([sys.executable, "-X", "importtime", "-m", "imagefactory", *args], cwd=cwd, env=env,
                        capture_output=True, text=True, timeout=120)
     rows = [line.rsplit("|", 1)[-1].strip() for line in r.stderr.splitlines() if line.startswith("import time:")]
-    assert "imagefactory.cli" in rows, r.stderr[-2000:]  # the command really ran through the CLI
+    assert "imagefactory.cli.app" in rows, r.stderr[-2000:]  # the command really ran through the CLI
     return set(rows)
 
 
@@ -50,7 +51,7 @@ def project(tmp_path: Path) -> Path:
                          ids=["list", "schema", "render", "lock-check"])
 def test_commands_without_an_engine_load_no_docker_sdk(args, project):
     modules = imported_modules(args, project)
-    sdk = sorted(m for m in modules if m.split(".")[0] == "docker" or m == "imagefactory.engine")
+    sdk = sorted(m for m in modules if m.split(".")[0] == "docker" or m == "imagefactory.engine.docker")
     assert not sdk, f"`imagefactory {' '.join(args)}` imported {sdk}"
     if args[0] == "render":
         assert (project / "out" / "py3.11-cpu-openblas-pip" / "Dockerfile").is_file()
@@ -59,8 +60,8 @@ def test_commands_without_an_engine_load_no_docker_sdk(args, project):
 def test_only_engine_py_imports_the_docker_sdk():
     """Outside engine.py (package and bench/ scripts), no module imports `docker`."""
     offenders = []
-    for path in [*(REPO / "imagefactory").glob("*.py"), *(REPO / "bench").glob("*.py")]:
-        if path.name == "engine.py" and path.parent.name == "imagefactory":
+    for path in [*package_modules().values(), *(REPO / "bench").glob("*.py")]:
+        if path == REPO / "imagefactory" / "engine" / "docker.py":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             names = ([a.name for a in node.names] if isinstance(node, ast.Import)
@@ -74,8 +75,8 @@ def test_the_fake_and_the_docker_engine_implement_the_whole_interface():
     same parameters: a command that works on the fake uses nothing the real engine lacks."""
     import inspect
 
-    from imagefactory.engine import Engine
-    from imagefactory.engine_api import ContainerEngine
+    from imagefactory.engine.docker import Engine
+    from imagefactory.engine.api import ContainerEngine
     from tests.fake_engine import FakeEngine
 
     methods = [n for n, f in vars(ContainerEngine).items() if callable(f) and not n.startswith("_")]
@@ -142,7 +143,8 @@ def clients(monkeypatch) -> list[str | None]:
 def test_the_engines_of_one_factory_negotiate_once_and_ask_docker_info_once(clients):
     """A run makes one engine per worker: the second takes the first's API version (no second
     negotiation round trip) and its `docker info` (runtimes, architecture) instead of asking again."""
-    from imagefactory import engines, platforms
+    from imagefactory.engine import select as engines
+    from imagefactory.config import platforms
 
     factory = engines.docker_factory()
     first = factory()
@@ -160,7 +162,7 @@ def test_the_engines_of_one_factory_negotiate_once_and_ask_docker_info_once(clie
 
 
 def test_the_next_run_uses_the_version_the_engine_answered_when_its_ping_names_it_again(clients):
-    from imagefactory import engines
+    from imagefactory.engine import select as engines
 
     engines.docker_factory()()
     assert clients[0] is None  # the first run negotiates ...
@@ -173,7 +175,9 @@ def test_the_next_run_uses_the_version_the_engine_answered_when_its_ping_names_i
 def test_a_kept_version_the_engine_does_not_name_is_negotiated_anew(clients, change):
     """The engine upgraded (its ping names another version), or it refuses the kept version,
     or the kept file is not a version: the run negotiates, and keeps what it negotiated."""
-    from imagefactory import engine, engines, passcache
+    from imagefactory.engine import docker as engine
+    from imagefactory.engine import select as engines
+    from imagefactory.files import store as passcache
 
     engines.docker_factory()()
     file = next(passcache.path(engine.API_VERSIONS).iterdir())
@@ -192,7 +196,7 @@ def test_a_kept_version_the_engine_does_not_name_is_negotiated_anew(clients, cha
 
 
 def test_a_failed_background_docker_info_is_asked_again_by_the_engine(clients):
-    from imagefactory import engines
+    from imagefactory.engine import select as engines
 
     _Client.info_fails = 1  # the background question fails; the engine's own answers
     assert not engines.docker_factory()().gpus_available()
@@ -226,7 +230,7 @@ LAYERS = [{"status": "Pushed", "progressDetail": {}, "id": "aaaaaaaaaaaa"},
     [*LAYERS, {"status": f"v1: digest: {DIGEST} size: 3048"}],
 ], ids=["graph-driver", "containerd"])
 def test_a_push_gives_its_digest_in_either_image_store(events):
-    from imagefactory.engine import Engine
+    from imagefactory.engine.docker import Engine
 
     outcome = Engine(_PushClient(events)).push("127.0.0.1:5001/ml/train:v1")
     assert (outcome.digest, outcome.layers_pushed, outcome.layers_existing) == (
@@ -236,7 +240,7 @@ def test_a_push_gives_its_digest_in_either_image_store(events):
 @pytest.mark.parametrize("line", [f"v2: digest: {DIGEST} size: 3048", f"v1: digest: {DIGEST[:-1]} size: 3048",
                                   f"v1: digest: {DIGEST} size: 3048 extra", f"x v1: digest: {DIGEST} size: 1"])
 def test_a_status_line_that_names_no_digest_of_this_tag_is_not_taken(line):
-    from imagefactory.engine import Engine
+    from imagefactory.engine.docker import Engine
     from imagefactory.errors import PushError
 
     with pytest.raises(PushError, match="ended without a digest"):

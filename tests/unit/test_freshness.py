@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from imagefactory import freshness
-from imagefactory.context import Options, Pull
+from imagefactory.pipeline import bases as freshness
+from imagefactory.run.context import Options, Pull
 from imagefactory.errors import ConfigError
 
 REF = "127.0.0.1:5000/library/python:3.11-slim-bookworm"

@@ -10,7 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from imagefactory import cacerts, cli, fsutil, inputs, matrix, netrc, smoke
+from imagefactory.config import cacerts
+from imagefactory.cli import app as cli
+from imagefactory.files import fsutil
+from imagefactory.files import inputs
+from imagefactory.config import matrix
+from imagefactory.config import netrc
+from imagefactory.probe import smoke
 from imagefactory.errors import ConfigError
 from tests.unit.helpers import run_cli
 
@@ -211,7 +217,7 @@ def test_render_prints_its_out_path_escaped(project, monkeypatch, capsys):
 
 
 def test_doctor_prints_docker_host_escaped(project, monkeypatch, capsys):
-    from imagefactory import doctor
+    from imagefactory.tools import doctor
 
     report = doctor.Report(engine=doctor.EngineFacts(reachable=True, version="20.10.24", api_version="1.41"),
                            driver=doctor.Driver(error="none"), matrix=None, cells=[], recommended=None,
@@ -228,7 +234,7 @@ def test_the_escaping_stream_keeps_newlines_and_tabs_and_escapes_the_rest():
 
 # --------------------------------------------------------------------------- 5. lock files
 
-@pytest.mark.parametrize("which", ["build/.imagefactory.lock", "build/.report.json.lock"])
+@pytest.mark.parametrize("which", ["build/.imagefactory.lock.resolve", "build/.report.json.lock"])
 def test_a_planted_lock_link_never_truncates_its_target(project, monkeypatch, capsys, which):
     victim = project / "precious.txt"
     victim.write_text("do not empty me\n")
@@ -376,7 +382,7 @@ def test_a_fifo_or_huge_docker_config_is_exit_2_not_a_hang(project, monkeypatch,
 
 
 def test_the_cached_buildx_answer_is_read_bounded(project, monkeypatch):
-    from imagefactory import buildkit
+    from imagefactory.engine import buildkit
 
     monkeypatch.setattr(buildkit, "docker_cli", lambda: "/usr/bin/true")
     monkeypatch.setattr(buildkit, "_answer_key", lambda cli: "k")
@@ -412,7 +418,8 @@ def test_registries_that_map_to_one_credential_variable_are_refused(project, mon
 
 
 def test_the_credential_mapping_is_one_to_one_for_a_loaded_matrix(project):
-    from imagefactory import publish, tags
+    from imagefactory.publish import push as publish
+    from imagefactory.config import tags
 
     m = matrix.load(write(project, PIP + "tags:\n  registries: [a.example.com, b.example.com:5000, Other.Example.NET]\n"))
     suffixes = [tags.env_suffix(r) for r in tags.allowed_registries(m)[1:]]
@@ -420,7 +427,7 @@ def test_the_credential_mapping_is_one_to_one_for_a_loaded_matrix(project):
 
 
 def test_the_schemas_tag_defaults_are_the_codes():
-    from imagefactory.model import Matrix
+    from imagefactory.config.model import Matrix
 
     props = matrix.schema()["properties"]["tags"]["properties"]
     assert props["template"]["default"] == Matrix.tag_template
@@ -477,7 +484,7 @@ def test_two_conda_pins_of_one_package_are_refused(project, monkeypatch, capsys)
 def _hook():
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("launch_iii", Path(inputs.__file__).parent / "resources" / "launch.py")
+    spec = importlib.util.spec_from_file_location("launch_iii", Path(inputs.__file__).parents[1] / "resources" / "launch.py")
     assert spec and spec.loader
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -619,7 +626,7 @@ class _CacheEngine:
 
 
 def test_the_registry_cache_refuses_a_pulled_image_without_the_label_even_if_another_has_it(project):
-    from imagefactory import regcache
+    from imagefactory.pipeline import regcache
 
     m = matrix.load(project / "matrix.yaml")
     cell, lines = m.cells[0], []
@@ -632,7 +639,7 @@ def test_the_registry_cache_refuses_a_pulled_image_without_the_label_even_if_ano
 
 
 def test_an_hpc_probe_that_reports_no_launch_facts_fails_launch_conditions():
-    from imagefactory import checks
+    from imagefactory.probe import checks
 
     expect = smoke.MODES["hpc"].expect()
     assert expect.get("root read-only") is True
@@ -643,7 +650,7 @@ def test_an_hpc_probe_that_reports_no_launch_facts_fails_launch_conditions():
 
 
 def test_tags_registries_names_are_normalised(project):
-    from imagefactory import tags
+    from imagefactory.config import tags
 
     assert tags.registries("registry.example.com/ml/train", ("Other.Example.NET", "index.docker.io")) == (
         "registry.example.com", "other.example.net", "docker.io")
@@ -704,7 +711,7 @@ def test_every_copy_reads_a_fifo_as_it_reads_a_folder_without_waiting(tmp_path, 
     for rel, data in files.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         os.mkfifo(root / rel) if data == "fifo" else (root / rel).write_bytes(data)
-    resources = Path(inputs.__file__).parent / "resources"
+    resources = Path(inputs.__file__).parents[1] / "resources"
     for name in ("launch.py", "probe.py", "workload.py"):
         spec = importlib.util.spec_from_file_location(f"iii_{name[:-3]}", resources / name)
         assert spec and spec.loader

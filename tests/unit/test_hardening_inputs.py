@@ -10,7 +10,11 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from imagefactory import cacerts, fsutil, inputs, matrix, render
+from imagefactory.config import cacerts
+from imagefactory.files import fsutil
+from imagefactory.files import inputs
+from imagefactory.config import matrix
+from imagefactory.render import contexts as render
 from imagefactory.errors import ConfigError
 from tests.conftest import REPO
 from tests.unit.helpers import run_cli
@@ -212,7 +216,7 @@ def test_the_refused_characters_are_exactly_what_pyyaml_refuses():
     every code point it must match exactly what PyYAML's reader refuses."""
     import yaml.reader
 
-    from imagefactory import inputs
+    from imagefactory.files import inputs
 
     every = "".join(map(chr, range(0x110000)))
     ours = [m.start() for m in inputs._UNREADABLE.finditer(every)]

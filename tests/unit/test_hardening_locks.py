@@ -15,7 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from imagefactory import lock, lockfile, matrix, render
+from imagefactory.lock import resolve as lock
+from imagefactory.lock import lockfile
+from imagefactory.config import matrix
+from imagefactory.render import contexts as render
 from imagefactory.errors import ConfigError
 from tests.conftest import REPO
 from tests.unit.helpers import run_cli

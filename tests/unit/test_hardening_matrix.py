@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from imagefactory import matrix
+from imagefactory.config import matrix
 from imagefactory.errors import ConfigError
 
 BASE = """

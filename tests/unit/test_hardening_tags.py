@@ -9,13 +9,14 @@ from typing import Any
 
 import pytest
 
-from imagefactory.context import Options, RunContext
-from imagefactory import matrix, refs
-from imagefactory import publish as publish_mod
-from imagefactory import tags as tagging
+from imagefactory.run.context import Options, RunContext
+from imagefactory.config import matrix
+from imagefactory.config import refs
+from imagefactory.publish import push as publish_mod
+from imagefactory.config import tags as tagging
 from imagefactory.errors import ConfigError
-from imagefactory.progress import Plain
-from imagefactory.report import PASSED, PUBLISH_FAILED, PUBLISHED, CellReport
+from imagefactory.pipeline.progress import Plain
+from imagefactory.report.summary import PASSED, PUBLISH_FAILED, PUBLISHED, CellReport
 from tests.fake_engine import Image, World
 
 ONE_CELL = """

@@ -17,7 +17,8 @@ from typing import Callable
 import pytest
 import yaml
 
-from imagefactory import matrix, render
+from imagefactory.config import matrix
+from imagefactory.render import contexts as render
 from tests.unit.helpers import run_cli
 
 REPO = Path(__file__).resolve().parents[2]

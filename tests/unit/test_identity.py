@@ -3,7 +3,7 @@ image by its config digest, the containerd store by its manifest or index digest
 
 from __future__ import annotations
 
-from imagefactory import identity
+from imagefactory.engine import identity
 
 CONFIG, MANIFEST, OTHER = ("sha256:" + c * 64 for c in "123")
 

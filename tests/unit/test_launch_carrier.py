@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from imagefactory import checks, render
+from imagefactory.probe import checks
+from imagefactory.render import contexts as render
 from tests.unit.helpers import CPU_OPENBLAS
 from tests.unit.thread_rule import (
     AFFINITIES, AUTO_CELL, CASES, CPUS, REFUSED, RESOURCES, USER_VALUES, _run_hooked, _shell, _tree, launch,

@@ -10,7 +10,9 @@ from dataclasses import replace
 
 import pytest
 
-from imagefactory import checks, report, smoke
+from imagefactory.probe import checks
+from imagefactory.report import summary as report
+from imagefactory.probe import smoke
 from imagefactory.errors import ConfigError
 from tests.fake_engine import Image, World, as_launched
 from tests.unit.helpers import CPU_OPENBLAS, CUDA_MKL, by_name, good_probe, only_failure
@@ -203,7 +205,8 @@ def test_good_probes_of_every_mode_pass_for_every_cell_shape():
 
 
 def test_probe_shm_option_is_checked_once_into_the_run_options():
-    from imagefactory import cli, context
+    from imagefactory.cli import app as cli
+    from imagefactory.run import context
     from tests.conftest import REPO
 
     golden = REPO / "tests" / "golden" / "matrix.yaml"

@@ -17,9 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from imagefactory import checks, lock, lockfile, matrix, render
+from imagefactory.probe import checks
+from imagefactory.lock import resolve as lock
+from imagefactory.lock import lockfile
+from imagefactory.config import matrix
+from imagefactory.render import contexts as render
 from imagefactory.errors import ConfigError, ImageFactoryError, LocksMissing
-from imagefactory.model import Cell
+from imagefactory.config.model import Cell
 from imagefactory.resources import probe as probe_script
 from tests.conftest import REPO
 
@@ -229,7 +233,7 @@ def cli(*args: str) -> int:
     """The exit code `imagefactory ARGS` ends with (main() maps typed errors to codes)."""
     from typer.testing import CliRunner
 
-    from imagefactory.cli import app
+    from imagefactory.cli.app import app
     result = CliRunner().invoke(app, list(args))
     if isinstance(result.exception, ImageFactoryError):
         return result.exception.exit_code
@@ -437,7 +441,7 @@ def test_check_prints_a_lock_path_with_terminal_escapes_escaped(project, tmp_pat
     terminal escape sequence must not reach the terminal raw."""
     from typer.testing import CliRunner
 
-    from imagefactory.cli import app
+    from imagefactory.cli.app import app
 
     odd = tmp_path / "proj\x1b[2Jclear"
     shutil.copytree(project, odd)

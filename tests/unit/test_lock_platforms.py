@@ -23,9 +23,12 @@ from pathlib import Path
 
 import pytest
 
-from imagefactory import lock, lockfile, matrix, platforms
+from imagefactory.lock import resolve as lock
+from imagefactory.lock import lockfile
+from imagefactory.config import matrix
+from imagefactory.config import platforms
 from imagefactory.errors import ConfigError
-from imagefactory.model import Cell, Matrix
+from imagefactory.config.model import Cell, Matrix
 
 pytest.importorskip("uv")
 

@@ -10,7 +10,7 @@ import hashlib
 
 import pytest
 
-from imagefactory import lockfile
+from imagefactory.lock import lockfile
 from imagefactory.errors import ConfigError
 
 URL = "https://conda.anaconda.org/conda-forge/linux-64/numpy-2.0.2-py311h9cb892a_1.conda"

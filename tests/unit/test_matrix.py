@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from imagefactory import matrix
+from imagefactory.config import matrix
 from imagefactory.errors import ConfigError
 
 BASE = """

@@ -11,8 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from imagefactory import build, engines, inputs, matrix, merge, publish, report
-from imagefactory import tags as tagging
+from imagefactory.pipeline import build
+from imagefactory.engine import select as engines
+from imagefactory.files import inputs
+from imagefactory.config import matrix
+from imagefactory.publish import merge
+from imagefactory.publish import push as publish
+from imagefactory.report import summary as report
+from imagefactory.config import tags as tagging
 from tests.fake_engine import World
 from tests.unit.helpers import AMD, AMD_TAG, ARM, ARM_TAG, BASE, LIST, PIP_BOTH, good_probe, pip_both_project, run_cli
 

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from imagefactory import matrix, netrc, render
-from imagefactory.engine_api import Builder
+from imagefactory.config import matrix
+from imagefactory.config import netrc
+from imagefactory.render import contexts as render
+from imagefactory.engine.api import Builder
 from imagefactory.errors import ConfigError
 
 SECRET = "Sup3r-S3cret-pw"
@@ -161,7 +163,7 @@ def test_harmless_query_parameters_pass(tmp_path, url):
 
 
 def test_the_settings_line_shows_the_netrc_path_and_nothing_of_its_content(tmp_path):
-    from imagefactory.context import Options
+    from imagefactory.run.context import Options
 
     path = tmp_path / "netrc"
     path.write_text(f"machine pkgs.example.com login me password {SECRET}\n")

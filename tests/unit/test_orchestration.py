@@ -18,18 +18,19 @@ from pathlib import Path
 import pytest
 import requests
 
-from imagefactory import build as build_mod
-from imagefactory import cli, engines
-from imagefactory import matrix as matrix_mod
-from imagefactory import publish as publish_mod
-from imagefactory import render
-from imagefactory.engine import Engine
-from imagefactory.engine_api import BuildRequest
+from imagefactory.pipeline import build as build_mod
+from imagefactory.cli import app as cli
+from imagefactory.engine import select as engines
+from imagefactory.config import matrix as matrix_mod
+from imagefactory.publish import push as publish_mod
+from imagefactory.render import contexts as render
+from imagefactory.engine.docker import Engine
+from imagefactory.engine.api import BuildRequest
 from imagefactory.errors import (BuildError, Cancelled, CellFailure, ConfigError, DockerUnavailable, EngineError,
                                  EngineGone, Interrupted)
 from imagefactory.interrupt import Interrupt
-from imagefactory.progress import Plain
-from imagefactory.report import (BUILD_FAILED, CHECK_FAILED, INTERRUPTED, NOT_PUBLISHED, PASSED,
+from imagefactory.pipeline.progress import Plain
+from imagefactory.report.summary import (BUILD_FAILED, CHECK_FAILED, INTERRUPTED, NOT_PUBLISHED, PASSED,
                                  PUBLISH_FAILED, PUBLISHED, SKIPPED)
 from tests.conftest import REPO
 from tests.fake_engine import World

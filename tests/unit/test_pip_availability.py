@@ -12,7 +12,8 @@ from importlib import resources
 
 import pytest
 
-from imagefactory import availability, matrix
+from imagefactory.config import availability
+from imagefactory.config import matrix
 from imagefactory.errors import ConfigError
 from tests.conftest import REPO
 

@@ -12,9 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from imagefactory import availability, matrix, platforms, render, tags
-from imagefactory.engine_api import BuildRequest
-from imagefactory.model import Cell
+from imagefactory.config import availability
+from imagefactory.config import matrix
+from imagefactory.config import platforms
+from imagefactory.render import contexts as render
+from imagefactory.config import tags
+from imagefactory.engine.api import BuildRequest
+from imagefactory.config.model import Cell
 from tests.conftest import REPO
 
 GOLDEN = REPO / "tests" / "golden"
@@ -171,7 +175,8 @@ def test_the_schema_allows_exactly_the_platforms_of_the_table():
 # -- builds per platform (the fake engine) -------------------------------------------------------
 
 def _build(pip_project: Path, world_builder: str, **world):
-    from imagefactory import build, publish
+    from imagefactory.pipeline import build
+    from imagefactory.publish import push as publish
     from tests.fake_engine import World
     from tests.unit.helpers import good_probe
 
@@ -212,7 +217,7 @@ def test_the_classic_builder_refuses_a_foreign_platform(pip_project):
 
 
 def test_refuse_foreign_follows_the_engines_own_platform():
-    from imagefactory.engine_api import refuse_foreign
+    from imagefactory.engine.api import refuse_foreign
     from imagefactory.errors import BuildError, ForeignPlatform
 
     arm = BuildRequest("/ctx", "t:1", platform=platforms.ARM64)

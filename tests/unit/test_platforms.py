@@ -9,10 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from imagefactory import buildkit, engines, platforms
-from imagefactory.engine_api import Builder, BuildRequest
-from imagefactory.model import Cell
+from imagefactory.engine import buildkit
+from imagefactory.engine import select as engines
+from imagefactory.config import platforms
+from imagefactory.engine.api import Builder, BuildRequest
+from imagefactory.config.model import Cell
 from tests.conftest import REPO
+from tests.unit.helpers import package_modules
 
 PACKAGE = REPO / "imagefactory"
 
@@ -61,19 +64,18 @@ def _imports(path: Path) -> set[str]:
             found.update(f"{node.module}.{a.name}" for a in node.names)
         elif isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name.startswith("imagefactory"))
-    modules = {f"imagefactory.{p.stem}" for p in PACKAGE.glob("*.py")}
-    return found & modules
+    return found & set(package_modules())
 
 
 def test_the_engine_interface_constructs_no_engine():
     """engine_api.py describes engines; engines.py makes them. An interface module that imports its
     implementations closes the engine_api -> engine/buildkit -> context -> engine_api circle."""
-    assert not _imports(PACKAGE / "engine_api.py") & {"imagefactory.engine", "imagefactory.buildkit",
-                                                       "imagefactory.engines", "imagefactory.context"}
+    assert not _imports(PACKAGE / "engine" / "api.py") & {"imagefactory.engine.docker", "imagefactory.engine.buildkit",
+                                                       "imagefactory.engine.select", "imagefactory.run.context"}
 
 
 def test_the_package_has_no_import_cycle():
-    graph = {f"imagefactory.{p.stem}": _imports(p) for p in PACKAGE.glob("*.py")}
+    graph = {name: _imports(path) for name, path in package_modules().items()}
 
     def cycle_from(start: str, node: str, seen: tuple[str, ...]) -> tuple[str, ...] | None:
         for nxt in sorted(graph.get(node, ())):
@@ -97,8 +99,8 @@ def test_auto_is_a_choice_no_engine_is_made_of(monkeypatch):
 def test_an_arm64_pip_cell_on_this_host_is_resolved_by_uv_not_by_pip(tmp_path, monkeypatch):
     """pip's --platform reads markers on this host (an aarch64 torch would lock x86 CUDA wheels): a
     cell of another platform goes to uv (tests/unit/test_lock_platforms.py locks one for real)."""
-    from imagefactory import lock
-    from imagefactory.model import Matrix
+    from imagefactory.lock import resolve as lock
+    from imagefactory.config.model import Matrix
 
     cell = Cell(python="3.11", cuda=None, blas="openblas", installer="pip", torch="2.10.0", threads=2,
                 base_image="python:3.11-slim-bookworm", platform=platforms.ARM64)

@@ -9,8 +9,9 @@ from typing import Any
 import docker.errors
 import pytest
 
-from imagefactory import checks, smoke
-from imagefactory.engine_api import DOCKER, PODMAN, Manifest
+from imagefactory.probe import checks
+from imagefactory.probe import smoke
+from imagefactory.engine.api import DOCKER, PODMAN, Manifest
 from imagefactory.errors import ConfigError, RegistryError
 from tests.unit.helpers import CPU_OPENBLAS, good_probe
 
@@ -46,7 +47,7 @@ class _Client:
 
 
 def _engine(version: dict, distribution: Any = None, shared: dict | None = None):
-    from imagefactory.engine import Engine
+    from imagefactory.engine.docker import Engine
 
     return Engine(_Client(version, distribution), shared=shared)
 
@@ -64,7 +65,7 @@ def test_the_engine_tells_podman_from_docker_once_a_run():
 def test_a_base_digest_comes_from_the_registry_when_the_engine_has_no_distribution_api(monkeypatch):
     """podman 4.3 answers GET /distribution with 404: the registry's HTTP API is asked instead
     (on podman only: Docker's engine answers it, and its silence means the registry's)."""
-    from imagefactory.engine import Engine
+    from imagefactory.engine.docker import Engine
 
     asked: list[str] = []
 
@@ -85,7 +86,7 @@ def test_a_base_digest_comes_from_the_registry_when_the_engine_has_no_distributi
 
 
 def test_a_registry_that_has_nothing_or_refuses_gives_no_digest(monkeypatch):
-    from imagefactory.engine import Engine
+    from imagefactory.engine.docker import Engine
 
     monkeypatch.setattr(Engine, "registry_manifest", lambda self, ref, auth_config=None: None)
     assert _engine(PODMAN_VERSION).registry_digest("127.0.0.1:5000/x:1") is None
@@ -101,8 +102,8 @@ def test_buildkit_through_podman_is_refused_naming_the_engine(monkeypatch):
     """Made as a run makes it (its own client, connected through _connect): refused at once."""
     from concurrent.futures import Future
 
-    from imagefactory import buildkit
-    from imagefactory import engine as engine_mod
+    from imagefactory.engine import buildkit
+    from imagefactory.engine import docker as engine_mod
 
     answered: Future = Future()
     answered.set_result({"Architecture": "x86_64"})

@@ -261,8 +261,8 @@ def test_smoke_runs_the_probe_without_the_compile_child_only_for_compiler_false_
     check either way, so only the command shows whether the compile child was spared."""
     from dataclasses import replace
 
-    from imagefactory import smoke
-    from imagefactory.engine import RunResult
+    from imagefactory.probe import smoke
+    from imagefactory.engine.docker import RunResult
 
     commands: list[list[str]] = []
 

@@ -6,10 +6,10 @@ import io
 
 from rich.console import Console
 
-from imagefactory.checks import Check
-from imagefactory.engine import BuildProgress
-from imagefactory.progress import Live, Plain
-from imagefactory.report import CellReport
+from imagefactory.probe.checks import Check
+from imagefactory.engine.docker import BuildProgress
+from imagefactory.pipeline.progress import Live, Plain
+from imagefactory.report.summary import CellReport
 
 
 def failed_build() -> CellReport:

@@ -13,7 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from imagefactory import build, matrix, publish, registry_http, report
+from imagefactory.pipeline import build
+from imagefactory.config import matrix
+from imagefactory.publish import push as publish
+from imagefactory.engine import registry as registry_http
+from imagefactory.report import summary as report
 from imagefactory.errors import RegistryError
 from tests.fake_engine import World
 from tests.unit.helpers import AMD, AMD_TAG, ARM, ARM_TAG, LIST, PIP_BOTH, good_probe, pip_both_project

@@ -8,8 +8,13 @@ from __future__ import annotations
 
 import pytest
 
-from imagefactory import build, matrix, publish, regcache, render, tags
-from imagefactory.report import PASSED, summary
+from imagefactory.pipeline import build
+from imagefactory.config import matrix
+from imagefactory.publish import push as publish
+from imagefactory.pipeline import regcache
+from imagefactory.render import contexts as render
+from imagefactory.config import tags
+from imagefactory.report.summary import PASSED, summary
 from tests.fake_engine import Image, World
 from tests.unit.helpers import BASE_DIGESTS, TWO_PIP_CELLS, good_probe
 

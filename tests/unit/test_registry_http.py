@@ -13,8 +13,8 @@ import hashlib
 
 import pytest
 
-from imagefactory import registry_http
-from imagefactory.engine_api import Manifest
+from imagefactory.engine import registry as registry_http
+from imagefactory.engine.api import Manifest
 from imagefactory.errors import RegistryError
 
 DOCKER = registry_http.DOCKER_MANIFEST

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from imagefactory import matrix, render
-from imagefactory.engine_api import Builder
+from imagefactory.config import matrix
+from imagefactory.render import contexts as render
+from imagefactory.engine.api import Builder
 from tests.conftest import REPO
 
 GOLDEN = REPO / "tests" / "golden"

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from imagefactory import passcache, render, rendered
+from imagefactory.files import store as passcache
+from imagefactory.render import contexts as render
+from imagefactory.render import rendered
 from tests.unit.helpers import CPU_OPENBLAS
 
 

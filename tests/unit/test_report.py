@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from imagefactory import report
+from imagefactory.report import summary as report
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "report"
 GOOD, BAD = "py3.11-cpu-openblas-pip", "py3.12-cpu-openblas-pip"

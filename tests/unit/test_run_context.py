@@ -12,10 +12,11 @@ import threading
 
 import pytest
 
-from imagefactory import build as build_mod
-from imagefactory import cli, engines
-from imagefactory import matrix as matrix_mod
-from imagefactory.context import Gpus, Options
+from imagefactory.pipeline import build as build_mod
+from imagefactory.cli import app as cli
+from imagefactory.engine import select as engines
+from imagefactory.config import matrix as matrix_mod
+from imagefactory.run.context import Gpus, Options
 from imagefactory.errors import Cancelled, ConfigError
 from imagefactory.interrupt import Interrupt
 from tests.fake_engine import World

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from imagefactory import sbom
-from imagefactory.lockfile import Lock, Pin
+from imagefactory.attest import sbom
+from imagefactory.lock.lockfile import Lock, Pin
 from tests.unit.helpers import CUDA_MKL, good_probe
 
 BASE = "127.0.0.1:5000/library/debian:bookworm-slim@sha256:" + "c" * 64

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from imagefactory import schedule
+from imagefactory.pipeline import schedule
 
 A = "# comment\nFROM base AS venv\n\nSHELL [\"bash\"]\nRUN a \\\n && b\nRUN torch-a\nFROM base\nLABEL x=1\n"
 B = "FROM base AS venv\nSHELL [\"bash\"]\nRUN a \\\n  && b\nRUN torch-b\nFROM base\nLABEL x=2\n"

@@ -17,11 +17,19 @@ from pathlib import Path
 import pytest
 from packageurl import PackageURL
 
-from imagefactory import build, matrix, provenance, publish, regcache, sbom, signing, supply, tags
-from imagefactory.context import Options
+from imagefactory.pipeline import build
+from imagefactory.config import matrix
+from imagefactory.attest import provenance
+from imagefactory.publish import push as publish
+from imagefactory.pipeline import regcache
+from imagefactory.attest import sbom
+from imagefactory.attest import signing
+from imagefactory.attest import supply
+from imagefactory.config import tags
+from imagefactory.run.context import Options
 from imagefactory.errors import ConfigError
-from imagefactory.lockfile import Lock, Pin
-from imagefactory.report import PASSED, PUBLISHED, CellReport
+from imagefactory.lock.lockfile import Lock, Pin
+from imagefactory.report.summary import PASSED, PUBLISHED, CellReport
 from tests.fake_engine import World
 from tests.unit.helpers import BASE_DIGESTS, CPU_OPENBLAS, TWO_PIP_CELLS, good_probe
 
@@ -107,7 +115,8 @@ def test_an_edit_to_the_code_that_makes_a_kept_document_is_a_new_key(tmp_path, m
     import importlib
     import sys
 
-    from imagefactory import cacerts, passcache
+    from imagefactory.config import cacerts
+    from imagefactory.files import store as passcache
 
     mod = tmp_path / "codedigest_probe.py"
     mod.write_text("X = 1\n")
@@ -491,7 +500,7 @@ def _statements(sbom_text: str, content: str) -> dict[str, list[dict]]:
     # the containerd image store names the image by its manifest digest, the one verified: the same image
     ("manifest-id", "verified"), ("other-manifest-id", "FAILED: SBOM for another image")])
 def test_verify_refuses_attestations_that_do_not_describe_the_image(monkeypatch, case, expect):
-    from imagefactory import verify
+    from imagefactory.attest import verify
 
     content, config = "a" * 64, "sha256:" + "b" * 64
     statements = _statements(sbom.document(SUBJECT, inventory_probe(), None), content)
@@ -521,7 +530,7 @@ def test_verify_refuses_attestations_that_do_not_describe_the_image(monkeypatch,
 
 
 def test_doctor_verify_fails_the_exit_code_and_prints_each_line():
-    from imagefactory import doctor
+    from imagefactory.tools import doctor
 
     report = doctor.Report(engine=doctor.EngineFacts(reachable=True), driver=doctor.Driver(), matrix="m.yaml",
                            cells=[], recommended=None)
@@ -535,7 +544,7 @@ def test_doctor_verify_fails_the_exit_code_and_prints_each_line():
                                               ("[::1]:5000", "http"), ("ghcr.io", "https"),
                                               ("127.0.0.1.evil.example:5000", "https"), ("localhost.evil", "https")])
 def test_verify_reads_plain_http_only_from_loopback_registries(registry, scheme):
-    from imagefactory import verify
+    from imagefactory.attest import verify
 
     assert verify._scheme(registry) == scheme
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import datetime
 
-from imagefactory import tags
-from imagefactory.engine import is_transient, split_tag
-from imagefactory.model import Cell
+from imagefactory.config import tags
+from imagefactory.engine.docker import is_transient, split_tag
+from imagefactory.config.model import Cell
 
 CELL = Cell(python="3.11", cuda="12.9", blas="mkl", installer="pip", torch="2.8.0", threads=4,
             base_image="python:3.11-slim-bookworm")

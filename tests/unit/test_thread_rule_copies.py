@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from imagefactory import render
+from imagefactory.render import contexts as render
 from tests.unit.thread_rule import (
     AUTO_CELL, CASES, CPUS, REFUSED, _run_hooked, _tree, launch, make_hooked_venv, probe, shell_copies, workload,
 )
 
-REPO = Path(render.__file__).resolve().parents[1]
+REPO = Path(render.__file__).resolve().parents[2]
 
 # Every file that reads the CPU quota, and how test_every_copy_of_the_cpu_budget_rule_agrees runs it.
 # A new copy (a file naming cpu.max or cfs_quota_us) fails the test below until it is run there too.

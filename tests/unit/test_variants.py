@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from imagefactory import matrix, render
+from imagefactory.config import matrix
+from imagefactory.render import contexts as render
 from imagefactory.errors import ConfigError
 
 VARIANTS = """

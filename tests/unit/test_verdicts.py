@@ -7,7 +7,9 @@ import dataclasses
 import json
 import os
 
-from imagefactory import checks, smoke, verdicts
+from imagefactory.probe import checks
+from imagefactory.probe import smoke
+from imagefactory.probe import verdicts
 from tests.fake_engine import as_launched
 from tests.unit.helpers import CPU_OPENBLAS, good_probe
 

@@ -13,7 +13,9 @@ import json
 
 import pytest
 
-from imagefactory import registry_http, signing, verify
+from imagefactory.engine import registry as registry_http
+from imagefactory.attest import signing
+from imagefactory.attest import verify
 
 REPO = "127.0.0.1:5001/ml/train"
 CONTENT = "c" * 64

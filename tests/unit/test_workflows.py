@@ -34,7 +34,7 @@ import typer
 import yaml
 from typer.testing import CliRunner
 
-from imagefactory.cli import app
+from imagefactory.cli.app import app
 
 REPO = Path(__file__).resolve().parents[2]
 WORKFLOW_DIR = REPO / ".github" / "workflows"

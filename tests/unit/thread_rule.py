@@ -14,11 +14,11 @@ import venv
 from dataclasses import replace
 from pathlib import Path
 
-from imagefactory import render
-from imagefactory.model import AUTO, Cell
+from imagefactory.render import contexts as render
+from imagefactory.config.model import AUTO, Cell
 from tests.unit.helpers import CPU_OPENBLAS
 
-RESOURCES = Path(render.__file__).resolve().parent / "resources"
+RESOURCES = Path(render.__file__).resolve().parents[1] / "resources"
 CPUS = sorted(os.sched_getaffinity(0))
 AFFINITIES = sorted({1, len(CPUS)})  # 1 and 2 on the 2-core CI machine: both sides of every quota below
 

@@ -1,0 +1,196 @@
+"""The registry HTTP API (distribution's /v2/), in one place: what the engine cannot do through the
+Docker daemon (read a manifest as the registry serves it, PUT a list) and what `verify` reads.
+
+- Loopback registries (127.0.0.0/8, localhost, [::1]) are plain HTTP, as Docker trusts them; every
+  other one is HTTPS. Docker Hub's API is registry-1.docker.io.
+- A 401 is answered once: Basic with the registry's own credentials, or Bearer through the token
+  realm the challenge names (an https URL, or http on loopback only; its service and scope checked
+  whole). The token is checked whole before it goes into a header.
+- Every body is read bounded: at most MAX_BYTES + 1 bytes are kept, so a caller sees an answer
+  that is too large by its length, never by the memory it took.
+- Nothing a registry says is echoed raw: errors carry the HTTP status, the error code when it is
+  one of distribution's (`MANIFEST_UNKNOWN`), and values shown through `shown` (escaped, capped).
+
+The references are parsed by refs.py (the one grammar); a digest is sha256:<64 hex>, whole.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from imagefactory.config import refs
+from imagefactory.engine.api import Manifest
+from imagefactory.errors import RegistryError
+
+DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
+OCI_INDEX = "application/vnd.oci.image.index.v1+json"
+MANIFEST_TYPES = (OCI_MANIFEST, DOCKER_MANIFEST)
+INDEX_TYPES = (OCI_INDEX, DOCKER_LIST)
+MAX_BYTES = 4 << 20  # the manifest size every registry must accept (OCI distribution spec)
+TIMEOUT = (5, 20)  # connect, read (s): an interrupt is seen between requests, so keep them short
+DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
+_LOOPBACK_RE = re.compile(r"localhost|\[::1\]|127(?:\.[0-9]{1,3}){3}")
+_REALM_RE = re.compile(rf"(?P<scheme>https?)://(?P<host>{refs._DOMAIN})(?P<path>/[A-Za-z0-9._~/-]*)?", re.ASCII)
+_PARAM_RE = re.compile(r"[A-Za-z0-9._:/,*@+-]{1,512}", re.ASCII)  # service, scope
+_TOKEN_RE = re.compile(r"[A-Za-z0-9._~+/=-]{1,16384}", re.ASCII)
+_CODE_RE = re.compile(r"[A-Z][A-Z_]{0,63}", re.ASCII)
+Auth = dict[str, str]
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A registry's answer, its body bounded (longer than MAX_BYTES means too large)."""
+
+    status_code: int
+    headers: Mapping[str, str] = field(default_factory=dict)
+    content: bytes = b""
+
+    def json(self) -> Any:
+        return json.loads(self.content)
+
+
+def shown(text: object, limit: int = 80) -> str:
+    """A value a registry gave, safe to print: escaped (ascii()), capped."""
+    return ascii(str(text)[:limit])
+
+
+def _host(registry: str) -> str:
+    return registry.split("]", 1)[0] + "]" if registry.startswith("[") else registry.rsplit(":", 1)[0]
+
+
+def scheme(registry: str) -> str:
+    return "http" if _LOOPBACK_RE.fullmatch(_host(registry)) else "https"
+
+
+def api(registry: str) -> str:
+    host = "registry-1.docker.io" if registry == refs.DOCKER_HUB else registry
+    return f"{scheme(registry)}://{host}/v2"
+
+
+def _bounded(response: Any) -> bytes:
+    body = b""
+    for chunk in response.iter_content(65536):
+        body += chunk
+        if len(body) > MAX_BYTES:
+            break
+    response.close()
+    return body[:MAX_BYTES + 1]
+
+
+def _send(method: str, url: str, headers: dict[str, str], data: bytes | None, basic: tuple[str, str] | None) -> Reply:
+    import requests
+
+    r = requests.request(method, url, headers=headers, data=data, auth=basic, timeout=TIMEOUT, stream=True,
+                         allow_redirects=method in ("GET", "HEAD"))
+    return Reply(r.status_code, r.headers, b"" if method == "HEAD" else _bounded(r))
+
+
+def _token(challenge: str, basic: tuple[str, str] | None) -> str | None:
+    """The Bearer token the challenge's realm gives, or None when the challenge is not one to follow."""
+    params = dict(re.findall(r'(\w+)="([^"]*)"', challenge))
+    realm = _REALM_RE.fullmatch(params.pop("realm", ""))
+    if realm is None or (realm["scheme"] == "http" and not _LOOPBACK_RE.fullmatch(_host(realm["host"]))):
+        return None
+    query = {k: v for k, v in params.items() if k in ("service", "scope") and _PARAM_RE.fullmatch(v)}
+    import requests
+
+    r = requests.get(realm.group(0), params=query, auth=basic, timeout=TIMEOUT, stream=True)
+    body = _bounded(r)
+    try:
+        doc = json.loads(body) if r.ok and len(body) <= MAX_BYTES else {}
+    except ValueError:
+        return None
+    token = str(doc.get("token") or doc.get("access_token") or "") if isinstance(doc, dict) else ""
+    return token if _TOKEN_RE.fullmatch(token) else None
+
+
+def request(method: str, url: str, auth: Auth | None, accept: str = "", *, content_type: str = "",
+            data: bytes | None = None) -> Reply:
+    """One registry request, answering a Basic or Bearer challenge once. requests' errors (OSErrors)
+    go to the caller."""
+    headers = {k: v for k, v in (("Accept", accept), ("Content-Type", content_type)) if v}
+    basic = (auth["username"], auth["password"]) if auth else None
+    r = _send(method, url, headers, data, None)
+    if r.status_code != 401:
+        return r
+    challenge = r.headers.get("WWW-Authenticate", "")
+    if challenge.lower().startswith("bearer"):
+        token = _token(challenge, basic)
+        return r if token is None else _send(method, url, {**headers, "Authorization": f"Bearer {token}"}, data, None)
+    return _send(method, url, headers, data, basic) if basic else r
+
+
+def _url(ref: str) -> tuple[str, str]:
+    """(manifest URL, reference part) of `ref`; RegistryError for a non-reference."""
+    parsed = refs.parse(ref)
+    if parsed is None:
+        raise RegistryError(f"{shown(ref, 200)} is not an image reference", transient=False)
+    path = parsed.path if parsed.registry != refs.DOCKER_HUB or "/" in parsed.path else f"library/{parsed.path}"
+    reference = parsed.digest or parsed.tag or "latest"
+    return f"{api(parsed.registry)}/{path}/manifests/{reference}", reference
+
+
+def _failure(what: str, r: Reply) -> RegistryError:
+    try:
+        errors = r.json().get("errors") or []
+        code = str(errors[0].get("code", ""))
+    except (ValueError, AttributeError, IndexError, TypeError):
+        code = ""
+    why = f"HTTP {r.status_code}" + (f" {code}" if _CODE_RE.fullmatch(code) else "")
+    return RegistryError(f"{what}: the registry answered {why}", transient=r.status_code >= 500 or r.status_code == 429)
+
+
+def _call(method: str, url: str, auth: Auth | None, what: str, **kwargs: Any) -> Reply:
+    try:
+        return request(method, url, auth, **kwargs)
+    except OSError as e:  # requests' errors
+        raise RegistryError(f"{what}: the registry did not answer ({type(e).__name__})", transient=True) from None
+
+
+def get_manifest(ref: str, auth: Auth | None) -> Manifest | None:
+    """The manifest (or index) the registry serves for `ref`, its digest checked against its bytes;
+    None when the registry has none under that name."""
+    url, reference = _url(ref)
+    what = f"reading {ref}"
+    r = _call("GET", url, auth, what, accept=", ".join(MANIFEST_TYPES + INDEX_TYPES))
+    if r.status_code == 404:
+        return None
+    if r.status_code != 200:
+        raise _failure(what, r)
+    if len(r.content) > MAX_BYTES:
+        raise RegistryError(f"{what}: the registry's manifest is larger than {MAX_BYTES >> 20} MiB", transient=False)
+    media_type = r.headers.get("Content-Type", "").split(";", 1)[0].strip()
+    if media_type not in MANIFEST_TYPES + INDEX_TYPES:
+        raise RegistryError(f"{what}: the registry serves media type {shown(media_type)}", transient=False)
+    digest = "sha256:" + hashlib.sha256(r.content).hexdigest()
+    named = r.headers.get("Docker-Content-Digest", digest)
+    if DIGEST_RE.fullmatch(reference) and reference != digest:  # whatever digest it names for them
+        said = f", named {shown(named)}" if "Docker-Content-Digest" in r.headers else ""
+        raise RegistryError(f"{what}: the registry served other bytes (their sha256 is {digest}{said})",
+                            transient=False)
+    if named != digest:
+        raise RegistryError(f"{what}: the registry names digest {shown(named)} for a manifest whose sha256 is "
+                            f"{digest}", transient=False)
+    return Manifest(media_type, digest, r.content)
+
+
+def put_manifest(ref: str, manifest: Manifest, auth: Auth | None) -> str:
+    """PUT `manifest` under `ref` (a tag or its own digest); the digest the registry stored it as."""
+    url, _ = _url(ref)
+    what = f"putting {ref}"
+    if len(manifest.body) > MAX_BYTES or manifest.media_type not in MANIFEST_TYPES + INDEX_TYPES:
+        raise RegistryError(f"{what}: not a manifest to put ({manifest.media_type[:60]})", transient=False)
+    r = _call("PUT", url, auth, what, content_type=manifest.media_type, data=manifest.body)
+    if r.status_code not in (200, 201):
+        raise _failure(what, r)
+    stored = r.headers.get("Docker-Content-Digest", manifest.digest)
+    if stored != manifest.digest:
+        raise RegistryError(f"{what}: the registry stored it as {shown(stored)}, not {manifest.digest}",
+                            transient=False)
+    return stored

@@ -1,0 +1,38 @@
+"""Where Docker engines come from: the one place that constructs engine.Engine and
+buildkit.BuildxEngine.
+
+engine_api.py only describes the interface; the commands that drive an engine get a factory
+from here. The Docker SDK is imported on the first call, never by the commands that need no
+engine (`list`, `render`, `schema`, `lock --check`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from imagefactory.engine.api import Builder, ContainerEngine, EngineFactory
+from imagefactory.interrupt import Interrupt
+
+
+def docker_engine(interrupt: Interrupt | None = None, *, builder: Builder = Builder.classic,
+                  buildx_builder: str | None = None, shared: dict[str, Any] | None = None) -> ContainerEngine:
+    """A connected Docker engine that builds with `builder` (engine.Engine, or buildkit.BuildxEngine
+    that runs `docker buildx`; auto must have been resolved by buildkit.select). `shared`: what
+    the engines of one factory learn once (engine.Engine). Raises DockerUnavailable."""
+    if builder is Builder.auto:
+        raise ValueError("Builder.auto is a choice: resolve it with buildkit.select first")
+    if builder is Builder.buildkit:
+        from imagefactory.engine.buildkit import BuildxEngine
+
+        return BuildxEngine(interrupt=interrupt, buildx_builder=buildx_builder, shared=shared)
+    from imagefactory.engine.docker import Engine
+
+    return Engine(interrupt=interrupt, shared=shared)
+
+
+def docker_factory(interrupt: Interrupt | None = None, *, builder: Builder = Builder.classic,
+                   buildx_builder: str | None = None) -> EngineFactory:
+    """Makes Docker engines that share `interrupt` (one per worker thread), and what the first
+    learnt of the engine: its API version and `docker info`, asked once a run."""
+    shared: dict[str, Any] = {}
+    return lambda: docker_engine(interrupt, builder=builder, buildx_builder=buildx_builder, shared=shared)

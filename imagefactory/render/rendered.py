@@ -1,0 +1,114 @@
+"""Template text kept between runs: what a Jinja2 template renders is a pure function of the
+template files, the values it is given and the code that renders it (Jinja2 and MarkupSafe, and
+the modules whose filters and properties the templates call). A render whose key is unchanged
+reads its text back instead of importing Jinja2 and compiling the templates (~35 ms): a no-op
+build renders the same contexts every run, and writes the same catalogue (render.py, catalog.py).
+
+The key: this module's format, imagefactory's version, the source of the calling modules
+(passcache.code_digest), Jinja2's and MarkupSafe's own source files (found, not imported), every
+file of the template folder, the template's name and the values as JSON that keeps what a
+template can tell apart (_exact). A value it cannot state exactly (anything but str, int, float,
+bool, None, lists, tuples, dicts, dataclasses, enums and paths) makes no key: that render always
+runs. One text file per key in
+the cache folder (fsutil.cache_root), read bounded, never through a link; the newest KEPT stay.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import hashlib
+import json
+from pathlib import Path, PurePath
+from typing import Any, Callable, Mapping
+
+from imagefactory import __version__
+from imagefactory.files import store as passcache
+
+FORMAT = 1
+FOLDER = "rendered"  # under the cache folder
+KEPT = 512
+MAX_BYTES = 16 << 20
+
+
+def text(name: str, values: Mapping[str, Any], make: Callable[[], str], *, templates: Path,
+         code: tuple[str, ...]) -> str:
+    """The text template `name` of the folder `templates` renders for `values`: `make()`'s, kept
+    for the next render of the same key; `code`: the modules whose code the render runs."""
+    key = _key(name, values, templates, code)
+    kept = _read(key) if key is not None else None
+    if kept is not None:
+        return kept
+    out = make()
+    if key is not None:
+        _keep(key, out)
+    return out
+
+
+def _exact(value: object) -> object:
+    """`value` as JSON that keeps what a template can tell apart: the order of a dict's items, a
+    tuple from a list, a dataclass's, enum's or path's type. TypeError for anything else (a set's
+    order is not the same from run to run)."""
+    if isinstance(value, enum.Enum):  # before str and int: a StrEnum is a str
+        return {"__enum__": f"{type(value).__qualname__}.{value.name}", "value": _exact(value.value)}
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
+    if isinstance(value, list):
+        return [_exact(v) for v in value]
+    if isinstance(value, tuple):
+        return {"__tuple__": [_exact(v) for v in value]}
+    if isinstance(value, dict):
+        return {"__dict__": [[_exact(k), _exact(v)] for k, v in value.items()]}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {"__dataclass__": type(value).__qualname__,
+                "fields": [[f.name, _exact(getattr(value, f.name))] for f in dataclasses.fields(value)]}
+    if isinstance(value, PurePath):
+        return {"__path__": str(value)}
+    raise TypeError(f"no exact JSON for {type(value).__qualname__}")
+
+
+def _key(name: str, values: Mapping[str, Any], templates: Path, code: tuple[str, ...]) -> str | None:
+    try:
+        what = json.dumps([FORMAT, __version__, passcache.code_digest(__name__, *code), _libraries(),
+                           _folder(str(templates)), name, _exact(dict(values))])
+    except (TypeError, ValueError, RecursionError, OSError):
+        return None
+    return hashlib.sha256(what.encode()).hexdigest()
+
+
+@functools.lru_cache(maxsize=1)
+def _libraries() -> str:
+    """sha256 of Jinja2's and MarkupSafe's package files, found without importing them."""
+    import importlib.util
+
+    h = hashlib.sha256()
+    for name in ("jinja2", "markupsafe"):
+        spec = importlib.util.find_spec(name)
+        folder = Path(spec.origin).parent if spec is not None and spec.origin else None
+        h.update(name.encode() + b"\0" + (_folder(str(folder)).encode() if folder else b"?") + b"\0")
+    return h.hexdigest()
+
+
+@functools.lru_cache(maxsize=None)
+def _folder(folder: str) -> str:
+    """sha256 of every .py and template file under `folder` (names and bytes)."""
+    h = hashlib.sha256()
+    root = Path(folder)
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+        h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def _file(key: str) -> Path | None:
+    folder = passcache.path(FOLDER)
+    return None if folder is None or not passcache.is_key(key) else folder / f"{key}.txt"
+
+
+def _read(key: str) -> str | None:
+    return passcache.read_kept(_file(key), MAX_BYTES)
+
+
+def _keep(key: str, out: str) -> None:
+    if len(out) <= MAX_BYTES:
+        passcache.keep(_file(key), out, ".txt", KEPT)
