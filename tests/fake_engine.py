@@ -125,7 +125,7 @@ def as_launched(probe: dict, options: dict[str, Any], environment: dict[str, str
 
 
 class FakeEngine:
-    """Implements imagefactory.engine.docker.ContainerEngine in memory."""
+    """Implements imagefactory.engine.api.ContainerEngine in memory."""
 
     def __init__(self, world: World):
         self.world = world

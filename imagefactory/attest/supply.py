@@ -2,9 +2,7 @@
 cell that passes), and, with `--sign KEY`, a signature and both documents as attestations on
 every digest it was pushed under.
 
-- record(): after a cell passed (probed now, or its verdicts cached), the SBOM from the probe's
-  inventory (sbom.py) and the provenance statement (provenance.py), under build/sbom/ and
-  build/provenance/.
+- record.py writes both documents after a cell passed (the pipeline calls it after the probe).
 - sign_published(): after publish.py verified each push, sign each distinct pushed digest once
   (signing.py runs cosign). With --atomic, nothing is signed unless every cell was published.
   A cell whose signing fails is reported publish-failed (exit 1), with cosign's reason.
@@ -17,42 +15,15 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
-from imagefactory.files import fsutil
-from imagefactory.lock import lockfile
-from imagefactory.attest import provenance
 from imagefactory.config import refs
 from imagefactory.attest import sbom
 from imagefactory.attest import signing
 from imagefactory.run.context import RunContext
 from imagefactory.errors import ImageFactoryError
-from imagefactory.config.model import Cell, Matrix
+from imagefactory.config.model import Matrix
 from imagefactory.report.summary import PASSED, PUBLISH_FAILED, PUBLISHED, CellReport
 
 SIGNED, SIGN_FAILED, NOT_SIGNED = "signed", "sign-failed", "not-signed"
-
-
-def record(matrix: Matrix, cell: Cell, report: CellReport, probes: dict | None, report_path: Path) -> str:
-    """Write the SBOM and the provenance of a cell that passed; their paths go into `report`.
-    Returns what the cell's log says. An image without the probe's inventory (a probe from before
-    it) or without an image id gets none, and cannot be signed; an SBOM that does not validate
-    is an error."""
-    probe = sbom.probe_for_sbom(probes or {})
-    if probe is None or not sbom.IMAGE_ID_RE.fullmatch(report.image_id):
-        return "sbom: none (the probe gave no inventory, or the image has no id)"
-    lock = lockfile.load(matrix, cell)
-    subject = sbom.Subject(image=matrix.image, cell=cell.id, content_hash=report.content_hash,
-                           image_id=report.image_id, base_image=cell.base_image)
-    text = sbom.document(subject, probe, lock)
-    sbom_path = sbom.write(sbom.path_for(report_path, cell.id), text)
-    pred = provenance.predicate(
-        matrix_path=matrix.path, cell=cell.id, content_hash=report.content_hash, builder=report.builder or "classic",
-        base_image=cell.base_image, lock_path=lockfile.path_for(matrix, cell) if lock is not None else None,
-        sbom_sha256=provenance.sha256_text(text), git=provenance.git_commit(matrix.directory, matrix.path))
-    prov_path = provenance.path_for(report_path, cell.id)
-    prov_path.parent.mkdir(parents=True, exist_ok=True)
-    fsutil.atomic_write(prov_path, provenance.text(provenance.statement(matrix.image, report.image_id, pred)))
-    report.sbom, report.provenance = str(sbom_path), str(prov_path)
-    return f"sbom: {sbom_path} ({len(json.loads(text).get('components') or ())} components); provenance: {prov_path}"
 
 
 def _targets(r: CellReport) -> list[str]:

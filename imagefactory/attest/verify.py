@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from imagefactory.engine import logins
 from imagefactory.attest import provenance
 from imagefactory.config import refs
 from imagefactory.engine import registry as registry_http
@@ -207,9 +208,8 @@ def verify_refs(targets: list[tuple[str, Auth | None]], key: signing.Key) -> lis
 
 def matrix_targets(matrix: Any, cells: list[Any]) -> list[tuple[str, Auth | None]]:
     """Each selected cell's release tags, with the credentials of the tag's registry."""
-    from imagefactory.publish import push as publish
 
-    creds = publish.registry_credentials(matrix)
+    creds = logins.registry_credentials(matrix)
     out = []
     for cell in cells:
         for tag in cell.tags:
@@ -219,7 +219,6 @@ def matrix_targets(matrix: Any, cells: list[Any]) -> list[tuple[str, Auth | None
 
 
 def one_target(ref: str) -> list[tuple[str, Auth | None]]:
-    from imagefactory.publish import push as publish
 
     registry = refs.registry(ref) or refs.DOCKER_HUB
-    return [(ref, publish.credentials() or docker_config_auth(registry))]
+    return [(ref, logins.credentials() or docker_config_auth(registry))]

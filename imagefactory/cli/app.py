@@ -278,9 +278,10 @@ def _builder(m: matrix_mod.Matrix, cells: list[Cell], settings: dict[str, Any]) 
 def _publishing(m: matrix_mod.Matrix, cells: list[Cell], options: context.Options) -> context.Options:
     """Check everything publishing needs before anything is built: the credentials, the commit
     id, every tag of every cell."""
+    from imagefactory.engine import logins
     from imagefactory.publish import push as publish_mod
 
-    publish_mod.registry_credentials(m)
+    logins.registry_credentials(m)
     options = dataclasses.replace(options, git_sha=publish_mod.git_sha())
     for cell in cells:
         publish_mod.tags_for(m, cell.id, "0" * 64, options)
@@ -435,11 +436,12 @@ def build(inv: Invocation) -> None:
     every option explained: docs/builders.md#build-options."""
 
     from imagefactory.pipeline import build as build_mod
-    from imagefactory.publish import push as publish_mod
 
     def steps(run: RunContext) -> build_mod.Outcome:
         outcome = build_mod.build(inv.matrix, inv.cells, run)
         if run.options.push:  # after an interrupt: marks every cell not published
+            from imagefactory.publish import push as publish_mod  # a build that pushes nothing loads no publish code
+
             outcome.lists = publish_mod.publish(inv.matrix, outcome.reports, run)
         return outcome
 

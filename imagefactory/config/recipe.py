@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from imagefactory import __version__
 from imagefactory.config import availability
-from imagefactory.lock import lockfile
 from imagefactory.config import platforms
 from imagefactory.config import tags
 from imagefactory.config.availability import conda_build_spec
@@ -164,7 +163,7 @@ def _conda_values(matrix: Matrix, cell: Cell, locked: bool = False) -> dict[str,
     }
 
 
-def _index_opts(matrix: Matrix, first: str | None, extra: list[str]) -> list[str]:
+def index_opts(matrix: Matrix, first: str | None, extra: list[str]) -> list[str]:
     """pip options: the first index (None: pip's default), extra indexes, then the wheelhouse."""
     opts = ["--index-url", first] if first else []
     for url in extra:
@@ -180,14 +179,14 @@ def torch_requirement(matrix: Matrix, cell: Cell) -> tuple[str, list[str]]:
     variant = "cpu" if cell.cuda is None else "cu" + cell.cuda.replace(".", "")
     if pip.torch_index_url:
         extra = [pip.index_url] if pip.index_url else []
-        opts = _index_opts(matrix, pip.torch_index_url.replace("{variant}", variant),
+        opts = index_opts(matrix, pip.torch_index_url.replace("{variant}", variant),
                            extra + list(pip.extra_index_urls))
         return f"torch=={cell.torch}+{variant}", opts
     # PyPI's plain torch is its default CUDA build (validated), or a CPU build where PyPI has one
     # (aarch64 2.9, 2.10); the index's CPU builds (a wheelhouse's) carry +cpu.
     plain = cell.cuda is not None or availability.pypi_serves_cpu(cell.torch, cell.python, cell.platform)
     requirement = f"torch=={cell.torch}" if plain else f"torch=={cell.torch}+cpu"
-    return requirement, _index_opts(matrix, pip.index_url, list(pip.extra_index_urls))
+    return requirement, index_opts(matrix, pip.index_url, list(pip.extra_index_urls))
 
 
 def conda_specs(matrix: Matrix, cell: Cell) -> list[str]:
@@ -201,20 +200,3 @@ def pip_requirements(cell: Cell) -> list[str]:
     """What a pip cell installs besides torch."""
     numpy = f"numpy=={cell.numpy}" if cell.numpy else "numpy"
     return [numpy, "threadpoolctl>=3.1", *cell.packages]
-
-
-def _pip_values(matrix: Matrix, cell: Cell, locked: bool) -> dict[str, object]:
-    pip = matrix.pip
-    requirement, torch_opts = torch_requirement(matrix, cell)
-    numpy_index = [pip.numpy_index_url] if cell.blas == "mkl" and pip.numpy_index_url else []
-    opts = _index_opts(matrix, pip.index_url, list(pip.extra_index_urls) + numpy_index)
-    return {
-        "wheelhouse": pip.wheelhouse is not None,
-        "torch_requirement": requirement,
-        "torch_opts": torch_opts,
-        "pip_opts": opts,
-        "requirements": pip_requirements(cell),
-        # A lock installs every file from every index the lock was resolved against.
-        "lock": locked,
-        "lock_opts": _index_opts(matrix, *lockfile.pip_sources(matrix, cell)),
-    }

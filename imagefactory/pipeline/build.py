@@ -26,17 +26,17 @@ from typing import Callable
 
 from imagefactory.pipeline import bases as freshness
 from imagefactory.files import fsutil
-from imagefactory.publish import push as publish
 from imagefactory.pipeline import regcache
 from imagefactory.render import contexts as render
 from imagefactory.pipeline import schedule
 from imagefactory.probe import smoke
-from imagefactory.attest import supply
+from imagefactory.attest import record
 from imagefactory.config import tags
 from imagefactory.probe import verdicts
 from imagefactory.config import netrc as netrc_mod
 from imagefactory.probe.checks import FAIL, Check
 from imagefactory.run.context import UI, Gpus, Network, Options, Pull, RunContext
+from imagefactory.engine import logins
 from imagefactory.engine.api import Builder, BuildProgress, BuildRequest, ContainerEngine
 from imagefactory.errors import BuildError, Cancelled, ConfigError, EngineGone, ImageFactoryError
 from imagefactory.interrupt import GRACE_SECONDS, Interrupt
@@ -102,6 +102,7 @@ class _Cell:
                                  candidate=tags.candidate(cell, ctx.content_hash), log=str(log_path),
                                  base_image=cell.base_image, base_digest=cell.base_image.partition("@")[2])
         self.on_step: Callable[[int], None] = lambda step: None  # the scheduler's gate (schedule.py)
+        self.passing_probe: dict | None = None  # the probe that passed the image: what attest() records
         log_path.parent.mkdir(parents=True, exist_ok=True)
         # a re-test (test, push) appends: the build's log stays readable after it
         self.log_file = log_path.open("a" if keep_log else "w", encoding="utf-8")
@@ -138,7 +139,7 @@ class _Cell:
         if self.registry_cache:
             self.ui.status(cell.id, "looking in the registry")
             pulled = regcache.pull_content(self.engine, self.matrix, cell, self.ctx.content_hash,
-                                           publish.registry_credentials(self.matrix), self.log)
+                                           logins.registry_credentials(self.matrix), self.log)
             if pulled:
                 self.engine.tag(pulled.image_id, r.candidate)
                 r.image_id, r.cached, r.pulled, r.status = pulled.image_id, True, pulled.ref, CACHED
@@ -222,7 +223,7 @@ class _Cell:
         if hit is not None:
             r.checks, r.status, r.verdicts, r.verdicts_at = hit.checks, PASSED, CACHED, hit.at
             self.log(f"verdicts cached: image {vkey.image_id[:19]} passed probe {vkey.probe_version} at {hit.at}")
-            self.log(supply.record(self.matrix, cell, r, hit.probe, self.options.report), show=False)
+            self.passing_probe = hit.probe
             return True
         self.ui.status(cell.id, "testing")
         result = smoke.test_image(self.engine, cell, image, gpus=self.gpus, timeout=self.options.probe_timeout,
@@ -239,11 +240,17 @@ class _Cell:
         r.checks = result.checks
         r.status = PASSED if result.passed else CHECK_FAILED
         if result.passed:
-            self.log(supply.record(self.matrix, cell, r, result.probe, self.options.report), show=False)
+            self.passing_probe = result.probe
         if result.probe is None:  # it never judged the image: say why (an engine error, a crash, the timeout)
             r.error = "the probe did not run: " + next((c.detail or c.actual for c in result.checks
                                                         if c.name == "probe.ran"), "no probe JSON")
         return result.passed
+
+    def attest(self) -> None:
+        """The attest step, once the probe passed: the image's SBOM and provenance (attest/record.py),
+        from the probe that passed it; their paths go into the cell's report."""
+        self.log(record.record(self.matrix, self.ctx.cell, self.report, self.passing_probe, self.options.report),
+                 show=False)
 
     def close(self) -> None:
         self.log_file.close()
@@ -359,13 +366,19 @@ def _unfinished(ctx: render.Context, status: str, error: str) -> CellReport:
                       candidate=tags.candidate(ctx.cell, ctx.content_hash), error=error)
 
 
+def _attested(c: _Cell) -> bool:
+    """After a cell passed its probe, the pipeline's attest step; True (the cell passed)."""
+    c.attest()
+    return True
+
+
 def build(matrix: Matrix, cells: list[Cell], run: RunContext) -> Outcome:
     """Render, build (or reuse) and smoke-test every cell."""
 
     def work(c: _Cell) -> bool:
         built = c.build()
         c.on_step(BUILD_ENDED)  # the cells that share its layers may start now
-        return built and c.test(c.report.image_id)
+        return built and c.test(c.report.image_id) and _attested(c)
 
     return _run(matrix, cells, run, work)
 
@@ -396,7 +409,7 @@ def test(matrix: Matrix, cells: list[Cell], run: RunContext) -> Outcome:
             c.log(f"found the image the {how.builder.value} builder built (content hash {how.content_hash[:12]})")
         r.image_id, r.cached, r.builder = image, True, how.builder.value
         c.engine.tag(image, r.candidate)
-        return c.test(image)
+        return c.test(image) and _attested(c)
 
     return _run(matrix, cells, run, work, keep_log=True)
 
@@ -405,7 +418,7 @@ def test(matrix: Matrix, cells: list[Cell], run: RunContext) -> Outcome:
 def locked(work_dir: Path, report: Path) -> Iterator[None]:
     """Hold exclusive locks on the work dir and on the report for the whole run, so that a
     second run on either stops at once instead of overwriting this run's files."""
-    with exclusive(Path(work_dir) / ".imagefactory.lock.resolve", f"--work-dir {work_dir}"), \
+    with exclusive(Path(work_dir) / ".imagefactory.lock", f"--work-dir {work_dir}"), \
             exclusive(Path(report).with_name(f".{Path(report).name}.lock"), f"--report {report}"):
         yield
 

@@ -13,7 +13,7 @@ target registry instead of building.
   built-in BuildKit does not have: inline cache only.
 
 Lookups go through the engine with the credentials of the content tag's own registry
-(publish.auth_for: IMAGEFACTORY_REGISTRY_* for `image`'s registry, the _<HOST> pair for one
+(logins.auth_for: IMAGEFACTORY_REGISTRY_* for `image`'s registry, the _<HOST> pair for one
 under tags.registries, else `docker login`'s), and only for the matrix's own tags: base
 registries and other registries never see them. A registry that does not answer, or serves something else, costs
 a build, never the run.
@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
-from imagefactory.publish import push as publish
+from imagefactory.engine import logins
 from imagefactory.render import contexts as render
 from imagefactory.config import tags
 from imagefactory.engine.api import ContainerEngine
@@ -53,13 +53,13 @@ def lookup(engine: ContainerEngine, ref: str, auth: dict[str, str] | None) -> st
 
 
 def pull_content(engine: ContainerEngine, matrix: Matrix, cell: Cell, content_hash: str,
-                 creds: dict[str, publish.Auth | None], log: Callable[[str], None]) -> Pulled | None:
+                 creds: dict[str, logins.Auth | None], log: Callable[[str], None]) -> Pulled | None:
     """Pull the cell's content-hash tag when the registry has it, and tag it locally under
     that tag (so later runs find it without the registry). `creds`: per registry, as
-    publish.registry_credentials gives them. None: build instead (`log` says why)."""
+    logins.registry_credentials gives them. None: build instead (`log` says why)."""
     ref = content_ref(matrix, cell, content_hash)
     try:
-        auth = publish.auth_for(ref, creds)
+        auth = logins.auth_for(ref, creds)
     except PushError as e:
         log(f"registry cache: {e.message}; building")
         return None

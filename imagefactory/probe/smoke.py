@@ -34,12 +34,12 @@ from typing import Any
 
 from imagefactory.probe import checks
 from imagefactory.config import platforms
-from imagefactory.run.context import DEFAULT_PROBE_SHM, DEFAULT_PROBE_TIMEOUT
+from imagefactory.probe.limits import DEFAULT_PROBE_SHM, DEFAULT_PROBE_TIMEOUT
 from imagefactory.engine.api import DOCKER, PODMAN, ContainerEngine, RunResult
 from imagefactory.errors import ConfigError, EngineError, EngineGone
 from imagefactory.config.model import Cell
 
-DEFAULT_TIMEOUT = DEFAULT_PROBE_TIMEOUT  # defined once, in context.py
+DEFAULT_TIMEOUT = DEFAULT_PROBE_TIMEOUT  # defined once, in limits.py
 DEFAULT_SHM = DEFAULT_PROBE_SHM
 # a size as Docker's --shm-size takes it (1g, 1G, 1gb, 512m): normalised to "1g", "512m"
 SHM_RE = re.compile(r"host|default|(?P<n>[1-9][0-9]{0,5})(?P<unit>[kmgKMG])[bB]?")

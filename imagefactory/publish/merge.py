@@ -25,8 +25,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from imagefactory.engine import logins
 from imagefactory.files import inputs
-from imagefactory.publish import push as publish
 from imagefactory.publish import lists as publish_lists
 from imagefactory.config import refs
 from imagefactory.config import tags as tagging
@@ -168,8 +168,8 @@ def members(found: Found) -> list[CellReport]:
 
 def merge(matrix: Matrix, found: Found, run: RunContext) -> list[ListReport]:
     """Each list of the matrix, merged (publish_lists) when `found` lets it, refused otherwise."""
-    creds = publish.registry_credentials(matrix)
+    creds = logins.registry_credentials(matrix)
     lists = publish_lists.start(matrix, members(found), run.options)
-    publish_lists.publish_lists(lists, run, lambda ref: publish.auth_for(ref, creds),
-                                lambda text: publish.redact(text, creds), lambda lr: refusal(matrix, lr, found))
+    publish_lists.publish_lists(lists, run, lambda ref: logins.auth_for(ref, creds),
+                                lambda text: logins.redact(text, creds), lambda lr: refusal(matrix, lr, found))
     return lists

@@ -19,10 +19,10 @@ import subprocess
 from typing import TYPE_CHECKING
 
 from imagefactory.publish import lists as publish_lists
-from imagefactory.config import refs
 from imagefactory.config import tags as tagging
 from imagefactory.run.context import UI, Options, RunContext
 from imagefactory.engine.api import ContainerEngine, PushOutcome
+from imagefactory.engine.logins import Auth, auth_for, redact, registry_credentials
 from imagefactory.errors import Cancelled, ConfigError, EngineError, PushError
 from imagefactory.interrupt import Interrupt
 from imagefactory.config.model import Matrix
@@ -31,53 +31,6 @@ from imagefactory.report.summary import (INTERRUPTED, NOT_PUBLISHED, PASSED, PUB
 
 if TYPE_CHECKING:
     import tenacity
-
-USER_ENV = "IMAGEFACTORY_REGISTRY_USER"
-PASSWORD_ENV = "IMAGEFACTORY_REGISTRY_PASSWORD"
-
-
-Auth = dict[str, str]
-
-
-def _pair(user_env: str, password_env: str) -> Auth | None:
-    user, password = os.environ.get(user_env), os.environ.get(password_env)
-    if user and password:
-        return {"username": user, "password": password}
-    if user or password:
-        raise ConfigError(f"set both {user_env} and {password_env}, or neither (to use `docker login`)")
-    return None
-
-
-def credentials() -> Auth | None:
-    """The credentials of `image`'s registry from the environment, else None: the SDK then uses
-    the Docker config and its credential helpers (`docker login`). Never printed or stored."""
-    return _pair(USER_ENV, PASSWORD_ENV)
-
-
-env_suffix = tagging.env_suffix  # one mapping: the matrix refuses registries it would confuse
-
-
-def registry_credentials(matrix: Matrix) -> dict[str, Auth | None]:
-    """Credentials per registry, as Docker's config keeps them: IMAGEFACTORY_REGISTRY_USER/PASSWORD
-    belong to `image`'s registry alone; a registry under tags.registries gets
-    IMAGEFACTORY_REGISTRY_USER_<HOST>/PASSWORD_<HOST> (env_suffix), or None (`docker login`)."""
-    own, *extra = tagging.allowed_registries(matrix)
-    found: dict[str, Auth | None] = {own: credentials()}
-    for registry in extra:
-        suffix = env_suffix(registry)
-        found[registry] = _pair(f"{USER_ENV}_{suffix}", f"{PASSWORD_ENV}_{suffix}")
-    return found
-
-
-def auth_for(ref: str, creds: dict[str, Auth | None]) -> Auth | None:
-    """The credentials that may go with a push of `ref`: its own registry's, and only for a
-    registry the matrix allows (anything else is refused, never sent another registry's)."""
-    why = tagging.refusal(ref, tuple(creds))
-    if why:
-        raise PushError(f"not pushed: {why}", transient=False)
-    registry = refs.registry(ref)
-    return creds[registry] if registry else None
-
 
 def git_sha() -> str | None:
     """The commit being published (GITHUB_SHA, else `git rev-parse HEAD`), checked before it
@@ -103,13 +56,6 @@ def tags_for(matrix: Matrix, cell_id: str, content_hash: str, options: Options) 
     extras = [t for r in release for t in tagging.extra_tags(r, matrix.extra_tags, today=options.today,
                                                              git_sha=options.git_sha)]
     return list(dict.fromkeys(release + [immutable] + extras))
-
-
-def redact(text: str, creds: dict[str, Auth | None]) -> str:
-    for auth in creds.values():
-        if auth and auth.get("password"):
-            text = text.replace(auth["password"], "***")
-    return text
 
 
 def publish(matrix: Matrix, reports: list[CellReport], run: RunContext) -> list[ListReport]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
-from imagefactory.config import cacerts
+from imagefactory.config import cacerts, recipe
 from imagefactory.render import digests
 from imagefactory.files import inputs
 from imagefactory.lock import lockfile
@@ -31,7 +31,7 @@ from imagefactory.config.model import AUTO, Cell, Matrix
 # The recipe (what a cell's image is made of) lives in recipe.py; its names stay reachable here.
 from imagefactory.config.recipe import (CACHE_DIRS, CERT_BUNDLE, CERT_ENV, CGROUP_ROOT, ENV_PATH, ENV_PREFIX,  # noqa: F401
                                  HASH_LABEL, LABEL_PREFIX, LAUNCH_HOOK, LAUNCH_PTH, MINICONDA_URL,
-                                 MINIFORGE_URL, MKL_THREADING_LAYER, _conda_values, _pip_values, conda_specs,
+                                 MINIFORGE_URL, MKL_THREADING_LAYER, _conda_values, conda_specs,
                                  image_env, labels, newer_python_modules, pip_requirements, runtime_env,
                                  site_packages, torch_requirement)
 
@@ -329,3 +329,20 @@ def render(matrix: Matrix, out: Path, cells: list[Cell] | None = None,
     finally:
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
+
+
+def _pip_values(matrix: Matrix, cell: Cell, locked: bool) -> dict[str, object]:
+    pip = matrix.pip
+    requirement, torch_opts = recipe.torch_requirement(matrix, cell)
+    numpy_index = [pip.numpy_index_url] if cell.blas == "mkl" and pip.numpy_index_url else []
+    opts = recipe.index_opts(matrix, pip.index_url, list(pip.extra_index_urls) + numpy_index)
+    return {
+        "wheelhouse": pip.wheelhouse is not None,
+        "torch_requirement": requirement,
+        "torch_opts": torch_opts,
+        "pip_opts": opts,
+        "requirements": recipe.pip_requirements(cell),
+        # A lock installs every file from every index the lock was resolved against.
+        "lock": locked,
+        "lock_opts": recipe.index_opts(matrix, *lockfile.pip_sources(matrix, cell)),
+    }

@@ -19,17 +19,16 @@ from typing import TYPE_CHECKING, Protocol
 from imagefactory.engine.api import Builder
 from imagefactory.errors import ConfigError
 from imagefactory.interrupt import Interrupt
+from imagefactory.probe.limits import DEFAULT_PROBE_SHM, DEFAULT_PROBE_TIMEOUT
 
 if TYPE_CHECKING:  # annotations only: the engines, the netrc reader and the report are a run's, not --help's
     from imagefactory.engine.api import BuildProgress, EngineFactory
     from imagefactory.config.netrc import Netrc
     from imagefactory.report.summary import CellReport
 
-DEFAULT_PROBE_TIMEOUT = 300.0  # seconds the in-image probe may run
 DEFAULT_PUSH_TRIES = 4  # tries per tag, the first included
 DEFAULT_RETRY_DELAY = 2.0  # seconds before the first push retry; doubles each time, at most 60 s
 DEFAULT_BENCH_BUDGET = 50.0  # seconds of bench workload per image (both containers together)
-DEFAULT_PROBE_SHM = "1g"  # /dev/shm of the probe containers (smoke.shm_options)
 
 
 class Gpus(str, Enum):

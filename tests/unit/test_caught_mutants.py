@@ -12,6 +12,7 @@ from dataclasses import replace
 
 import pytest
 
+from imagefactory.engine import logins
 from imagefactory.pipeline import build as build_mod
 from imagefactory.tools import doctor
 from imagefactory.config import matrix as matrix_mod
@@ -46,7 +47,7 @@ def world(m) -> World:
 
 @pytest.fixture(autouse=True)
 def no_credentials(monkeypatch):
-    for name in (publish_mod.USER_ENV, publish_mod.PASSWORD_ENV, "GITHUB_SHA"):
+    for name in (logins.USER_ENV, logins.PASSWORD_ENV, "GITHUB_SHA"):
         monkeypatch.delenv(name, raising=False)
 
 

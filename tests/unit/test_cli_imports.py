@@ -244,3 +244,42 @@ def test_a_build_that_pushes_nothing_imports_no_retry_library():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120,
                        env={**os.environ, "PYTHONPATH": str(REPO)})
     assert r.returncode == 0 and r.stdout.strip() == "[]", r.stderr
+
+
+# The CLI's `build` in a fresh interpreter, against the fake engine (tests/fake_engine.py): every
+# cell builds and passes its probe.
+RUN_BUILD_ON_FAKE = """
+import json, sys
+from imagefactory.engine import select as engines
+from imagefactory.config import matrix
+from tests.fake_engine import World
+from tests.unit.helpers import good_probe
+m = matrix.load(sys.argv[2])
+world = World(probes={c.id: good_probe(c) for c in m.cells})
+def engine(interrupt, **kwargs):
+    world.interrupt = interrupt
+    return world.engine()
+engines.docker_engine = engine
+""" + RUN.replace("json.loads(sys.argv[1])", "json.loads(sys.argv[1])")
+
+# What a build that pushes nothing may load of the later steps: the attest step's record (a passing
+# cell's SBOM and provenance are written by every build, pushed or not), nothing of publish, nothing
+# of signing or verify.
+PLAIN_BUILD_ATTEST = {"imagefactory.attest", "imagefactory.attest.record", "imagefactory.attest.sbom",
+                      "imagefactory.attest.provenance"}
+
+
+def test_a_build_without_push_imports_no_publish_or_signing_module(tmp_path):
+    (tmp_path / "matrix.yaml").write_text(TWO_PIP_CELLS)
+    args = ["build", "--matrix", str(tmp_path / "matrix.yaml"), "--builder", "classic", "--plain", "--gpus", "none",
+            "--work-dir", str(tmp_path / "work"), "--report", str(tmp_path / "report.json")]
+    env = {**os.environ, "IMAGEFACTORY_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(REPO)}
+    r = subprocess.run([sys.executable, "-c", RUN_BUILD_ON_FAKE, json.dumps(args), str(tmp_path / "matrix.yaml")],
+                       capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
+    modules, code = r.stderr.rsplit("\nMODULES ", 1)[1].rsplit(" EXIT ", 1)
+    loaded = set(json.loads(modules))
+    assert int(code) == 0, r.stderr[-3000:]
+    assert {c["status"] for c in json.loads((tmp_path / "report.json").read_text())["cells"]} == {"passed"}
+    assert "imagefactory.pipeline.build" in loaded  # the build really ran through the pipeline
+    later = sorted(m for m in loaded if m.split(".")[:2] in (["imagefactory", "publish"], ["imagefactory", "attest"]))
+    assert set(later) == PLAIN_BUILD_ATTEST, later

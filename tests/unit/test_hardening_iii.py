@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from imagefactory.engine import logins
 from imagefactory.config import cacerts
 from imagefactory.cli import app as cli
 from imagefactory.files import fsutil
@@ -234,7 +235,7 @@ def test_the_escaping_stream_keeps_newlines_and_tabs_and_escapes_the_rest():
 
 # --------------------------------------------------------------------------- 5. lock files
 
-@pytest.mark.parametrize("which", ["build/.imagefactory.lock.resolve", "build/.report.json.lock"])
+@pytest.mark.parametrize("which", ["build/.imagefactory.lock", "build/.report.json.lock"])
 def test_a_planted_lock_link_never_truncates_its_target(project, monkeypatch, capsys, which):
     victim = project / "precious.txt"
     victim.write_text("do not empty me\n")
@@ -418,12 +419,11 @@ def test_registries_that_map_to_one_credential_variable_are_refused(project, mon
 
 
 def test_the_credential_mapping_is_one_to_one_for_a_loaded_matrix(project):
-    from imagefactory.publish import push as publish
     from imagefactory.config import tags
 
     m = matrix.load(write(project, PIP + "tags:\n  registries: [a.example.com, b.example.com:5000, Other.Example.NET]\n"))
     suffixes = [tags.env_suffix(r) for r in tags.allowed_registries(m)[1:]]
-    assert len(set(suffixes)) == len(suffixes) and publish.env_suffix is tags.env_suffix
+    assert len(set(suffixes)) == len(suffixes) and logins.env_suffix is tags.env_suffix
 
 
 def test_the_schemas_tag_defaults_are_the_codes():

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from imagefactory.engine import logins
 from imagefactory.run.context import Options, RunContext
 from imagefactory.config import matrix
 from imagefactory.config import refs
@@ -134,8 +135,8 @@ def _publish(m, sent) -> CellReport:
 @pytest.fixture
 def clean_env(monkeypatch):
     for name in ("", "_OTHER_EXAMPLE_NET", "_THIRD_EXAMPLE_NET_5000"):
-        monkeypatch.delenv(publish_mod.USER_ENV + name, raising=False)
-        monkeypatch.delenv(publish_mod.PASSWORD_ENV + name, raising=False)
+        monkeypatch.delenv(logins.USER_ENV + name, raising=False)
+        monkeypatch.delenv(logins.PASSWORD_ENV + name, raising=False)
     return monkeypatch
 
 
@@ -143,10 +144,10 @@ def test_each_registry_gets_only_its_own_credentials(write_matrix, clean_env):
     text = ONE_CELL + ('tags: {template: "other.example.net/x:{id}", hash_template: "third.example.net:5000/x:{hash}",\n'
                        '       registries: [other.example.net, "third.example.net:5000"]}\n')
     m = matrix.load(write_matrix(text))
-    clean_env.setenv(publish_mod.USER_ENV, "own")
-    clean_env.setenv(publish_mod.PASSWORD_ENV, "own-secret")
-    clean_env.setenv(publish_mod.USER_ENV + "_OTHER_EXAMPLE_NET", "other")
-    clean_env.setenv(publish_mod.PASSWORD_ENV + "_OTHER_EXAMPLE_NET", "other-secret")
+    clean_env.setenv(logins.USER_ENV, "own")
+    clean_env.setenv(logins.PASSWORD_ENV, "own-secret")
+    clean_env.setenv(logins.USER_ENV + "_OTHER_EXAMPLE_NET", "other")
+    clean_env.setenv(logins.PASSWORD_ENV + "_OTHER_EXAMPLE_NET", "other-secret")
     sent: list[tuple[str, str, Any]] = []
     report = _publish(m, sent)
     assert report.publish == PUBLISHED
@@ -161,8 +162,8 @@ def test_each_registry_gets_only_its_own_credentials(write_matrix, clean_env):
 
 def test_image_registry_credentials_stay_there(write_matrix, clean_env):
     m = matrix.load(write_matrix(ONE_CELL))
-    clean_env.setenv(publish_mod.USER_ENV, "own")
-    clean_env.setenv(publish_mod.PASSWORD_ENV, "own-secret")
+    clean_env.setenv(logins.USER_ENV, "own")
+    clean_env.setenv(logins.PASSWORD_ENV, "own-secret")
     sent: list[tuple[str, str, Any]] = []
     assert _publish(m, sent).publish == PUBLISHED
     assert sent and all(auth == {"username": "own", "password": "own-secret"} for _, _, auth in sent)
@@ -172,8 +173,8 @@ def test_a_tag_that_escaped_validation_is_not_pushed_nor_given_credentials(write
     m = matrix.load(write_matrix(ONE_CELL))
     cell = replace(m.cell(CELL), tags=("evil.example.net/steal:" + CELL,))
     m = replace(m, cells=(cell,))
-    clean_env.setenv(publish_mod.USER_ENV, "own")
-    clean_env.setenv(publish_mod.PASSWORD_ENV, "own-secret")
+    clean_env.setenv(logins.USER_ENV, "own")
+    clean_env.setenv(logins.PASSWORD_ENV, "own-secret")
     sent: list[tuple[str, str, Any]] = []
     report = _publish(m, sent)
     assert report.publish == PUBLISH_FAILED and "points at registry evil.example.net" in report.error
@@ -182,7 +183,7 @@ def test_a_tag_that_escaped_validation_is_not_pushed_nor_given_credentials(write
 
 def test_half_the_credentials_of_an_extra_registry_is_a_config_error(write_matrix, clean_env):
     m = matrix.load(write_matrix(ONE_CELL + 'tags: {registries: [other.example.net]}\n'))
-    clean_env.setenv(publish_mod.USER_ENV + "_OTHER_EXAMPLE_NET", "other")
+    clean_env.setenv(logins.USER_ENV + "_OTHER_EXAMPLE_NET", "other")
     with pytest.raises(ConfigError, match="IMAGEFACTORY_REGISTRY_PASSWORD_OTHER_EXAMPLE_NET"):
-        publish_mod.registry_credentials(m)
-    assert publish_mod.env_suffix("reg.example.com:5000") == "REG_EXAMPLE_COM_5000"
+        logins.registry_credentials(m)
+    assert logins.env_suffix("reg.example.com:5000") == "REG_EXAMPLE_COM_5000"

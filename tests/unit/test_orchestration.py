@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from imagefactory.engine import logins
 from imagefactory.pipeline import build as build_mod
 from imagefactory.cli import app as cli
 from imagefactory.engine import select as engines
@@ -56,8 +57,8 @@ def world(m) -> World:
 
 @pytest.fixture(autouse=True)
 def no_credentials(monkeypatch):
-    monkeypatch.delenv(publish_mod.USER_ENV, raising=False)
-    monkeypatch.delenv(publish_mod.PASSWORD_ENV, raising=False)
+    monkeypatch.delenv(logins.USER_ENV, raising=False)
+    monkeypatch.delenv(logins.PASSWORD_ENV, raising=False)
     monkeypatch.delenv("GITHUB_SHA", raising=False)
 
 
@@ -216,8 +217,8 @@ def test_a_pushed_digest_the_registry_does_not_serve_is_a_failure(m, world, tmp_
 
 
 def test_unauthorized_is_not_retried_and_the_password_is_redacted(m, world, tmp_path, monkeypatch):
-    monkeypatch.setenv(publish_mod.USER_ENV, "ci")
-    monkeypatch.setenv(publish_mod.PASSWORD_ENV, SECRET)
+    monkeypatch.setenv(logins.USER_ENV, "ci")
+    monkeypatch.setenv(logins.PASSWORD_ENV, SECRET)
     reports = run_build(m, world, tmp_path).reports
     immutable = publish_mod.tags_for(m, A, reports[0].content_hash, publish_mod.Options())[1]
     world.pushes[immutable] = ["unauthorized", "ok"]
@@ -228,8 +229,8 @@ def test_unauthorized_is_not_retried_and_the_password_is_redacted(m, world, tmp_
 
 
 def test_transient_push_failures_are_retried_and_counted(m, world, tmp_path, monkeypatch):
-    monkeypatch.setenv(publish_mod.USER_ENV, "ci")
-    monkeypatch.setenv(publish_mod.PASSWORD_ENV, SECRET)
+    monkeypatch.setenv(logins.USER_ENV, "ci")
+    monkeypatch.setenv(logins.PASSWORD_ENV, SECRET)
     reports = run_build(m, world, tmp_path).reports
     ref = release(m, A)
     world.pushes[ref] = ["transient", "transient", "ok"]
@@ -497,18 +498,18 @@ def test_an_sdk_error_after_an_interrupt_is_a_cancellation():
 # -- checked before anything is built ----------------------------------------------------------------
 def _cli(*args, env=None, cwd=REPO):
     full = {k: v for k, v in os.environ.items()
-            if k not in (publish_mod.USER_ENV, publish_mod.PASSWORD_ENV, "GITHUB_SHA")}
+            if k not in (logins.USER_ENV, logins.PASSWORD_ENV, "GITHUB_SHA")}
     return subprocess.run([sys.executable, "-m", "imagefactory", *args], capture_output=True, text=True,
                           cwd=cwd, env={**full, "PYTHONPATH": str(REPO), **(env or {})}, timeout=120)
 
 
-@pytest.mark.parametrize("variable", [publish_mod.USER_ENV, publish_mod.PASSWORD_ENV])
+@pytest.mark.parametrize("variable", [logins.USER_ENV, logins.PASSWORD_ENV])
 def test_half_the_credentials_stop_the_run_before_any_build(tmp_path, variable):
     (tmp_path / "matrix.yaml").write_text(MATRIX)
     r = _cli("build", "--push", "--plain", "--matrix", str(tmp_path / "matrix.yaml"), "--work-dir",
              str(tmp_path / "work"), "--report", str(tmp_path / "report.json"), env={variable: "x"})
     assert r.returncode == 2, r.stderr
-    assert f"set both {publish_mod.USER_ENV} and {publish_mod.PASSWORD_ENV}" in r.stderr
+    assert f"set both {logins.USER_ENV} and {logins.PASSWORD_ENV}" in r.stderr
     assert not (tmp_path / "work").exists() and not (tmp_path / "report.json").exists()
 
 

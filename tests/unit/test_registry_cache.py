@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from imagefactory.engine import logins
 from imagefactory.pipeline import build
 from imagefactory.config import matrix
 from imagefactory.publish import push as publish
@@ -24,8 +25,8 @@ BASES = BASE_DIGESTS
 
 @pytest.fixture
 def setup(tmp_path, write_matrix, monkeypatch):
-    monkeypatch.setenv(publish.USER_ENV, "ci")
-    monkeypatch.setenv(publish.PASSWORD_ENV, "s3cret")
+    monkeypatch.setenv(logins.USER_ENV, "ci")
+    monkeypatch.setenv(logins.PASSWORD_ENV, "s3cret")
     m = matrix.load(write_matrix(MATRIX))
     world = World(probes={c.id: good_probe(c, cpus=2) for c in m.cells}, registry=dict(BASES))
 
@@ -173,10 +174,10 @@ def test_the_content_tag_lookup_gets_only_its_own_registrys_credentials(tmp_path
     third = "third.example.net:5000"
     text = MATRIX + f'tags: {{hash_template: "{third}/it/fast:{{hash}}", registries: ["{third}"]}}\n'
     m = matrix.load(write_matrix(text))
-    monkeypatch.setenv(publish.USER_ENV, "own")
-    monkeypatch.setenv(publish.PASSWORD_ENV, "own-secret")
-    monkeypatch.setenv(publish.USER_ENV + "_THIRD_EXAMPLE_NET_5000", "third")
-    monkeypatch.setenv(publish.PASSWORD_ENV + "_THIRD_EXAMPLE_NET_5000", "third-secret")
+    monkeypatch.setenv(logins.USER_ENV, "own")
+    monkeypatch.setenv(logins.PASSWORD_ENV, "own-secret")
+    monkeypatch.setenv(logins.USER_ENV + "_THIRD_EXAMPLE_NET_5000", "third")
+    monkeypatch.setenv(logins.PASSWORD_ENV + "_THIRD_EXAMPLE_NET_5000", "third-secret")
     world = World(probes={c.id: good_probe(c, cpus=2) for c in m.cells}, registry=dict(BASES))
     opts = build.Options(work_dir=tmp_path / "w1", verdicts_dir=tmp_path / "cache", push=True)
     publish.publish(m, build.build(m, list(m.cells), world.context(opts)).reports, world.context(opts))

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from packageurl import PackageURL
 
+from imagefactory.engine import logins
 from imagefactory.pipeline import build
 from imagefactory.config import matrix
 from imagefactory.attest import provenance
@@ -381,7 +382,7 @@ def test_atomic_signs_nothing_when_a_cell_was_not_published(tmp_path, write_matr
                           pushed=[{"ref": c.tags[0], "digest": "sha256:" + "1" * 64}]) for i, c in enumerate(m.cells)]
     world = World()
     supply.sign_published(m, reports, world.context(Options(push=True, atomic=True, sign=str(keys[0]))),
-                          lambda ref: publish.auth_for(ref, publish.registry_credentials(m)))
+                          lambda ref: logins.auth_for(ref, logins.registry_credentials(m)))
     assert not log.exists()
     assert reports[0].signing == "not-signed" and "--atomic" in reports[0].error
 
@@ -393,7 +394,7 @@ def test_a_cell_without_an_sbom_is_not_signed_and_fails(tmp_path, write_matrix, 
     c = m.cells[0]
     r = CellReport(cell=c.id, status=PASSED, publish=PUBLISHED, pushed=[{"ref": c.tags[0], "digest": "sha256:" + "1" * 64}])
     supply.sign_published(m, [r], World().context(Options(push=True, sign=str(keys[0]))),
-                          lambda ref: publish.auth_for(ref, publish.registry_credentials(m)))
+                          lambda ref: logins.auth_for(ref, logins.registry_credentials(m)))
     assert not log.exists() and r.signing == "sign-failed" and r.publish == "publish-failed" and not r.ok
     assert "no SBOM" in r.error
 
@@ -428,8 +429,8 @@ def test_a_release_tag_shaped_like_a_cosign_tag_is_refused():
 
 def test_cosign_tags_in_the_registry_do_not_confuse_the_registry_cache_or_freshness(tmp_path, write_matrix,
                                                                                     monkeypatch):
-    monkeypatch.setenv(publish.USER_ENV, "ci")
-    monkeypatch.setenv(publish.PASSWORD_ENV, "s3cret")
+    monkeypatch.setenv(logins.USER_ENV, "ci")
+    monkeypatch.setenv(logins.PASSWORD_ENV, "s3cret")
     m = matrix.load(write_matrix(TWO_PIP_CELLS.replace("registry.example.com/ml/train", "127.0.0.1:5001/it/fast")))
     world = World(probes={c.id: good_probe(c, cpus=2) for c in m.cells}, registry=dict(BASE_DIGESTS))
     opts = build.Options(work_dir=tmp_path / "w1", verdicts_dir=tmp_path / "c1", push=True)
