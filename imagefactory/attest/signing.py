@@ -30,7 +30,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from imagefactory.files import inputs
+from imagefactory.files import bounded
+from imagefactory.files import terminal
 from imagefactory.config import refs
 from imagefactory.config import tags
 from imagefactory.errors import ConfigError, ImageFactoryError
@@ -79,17 +80,17 @@ def check_key(value: str, *, private: bool, flag: str) -> Key:
     if KMS_RE.fullmatch(value):
         return Key(value, True)
     if "://" in value:
-        raise ConfigError(f"{flag} {inputs.show(value)}: not a key file, and not a KMS URI cosign takes "
+        raise ConfigError(f"{flag} {terminal.show(value)}: not a key file, and not a KMS URI cosign takes "
                           "(awskms://, gcpkms://, azurekms://, hashivault://, k8s://)")
     path = Path(value).expanduser()
     try:
-        data = inputs.read_regular(path, 64 << 10)
+        data = bounded.read_regular(path, 64 << 10)
     except (OSError, ValueError) as e:
-        raise ConfigError(f"{flag} {inputs.show(value)}: cannot read the key file ({e})") from None
+        raise ConfigError(f"{flag} {terminal.show(value)}: cannot read the key file ({e})") from None
     pem = PRIVATE_PEM if private else PUBLIC_PEM
     if not pem.search(data):
         kind = "an encrypted cosign private key (cosign generate-key-pair)" if private else "a PEM public key"
-        raise ConfigError(f"{flag} {inputs.show(value)}: not {kind}")
+        raise ConfigError(f"{flag} {terminal.show(value)}: not {kind}")
     if private and PASSWORD_ENV not in os.environ:
         raise ConfigError(f"{flag}: set {PASSWORD_ENV} to the key's password (empty for a key without one); "
                           "it is read from the environment only")
@@ -121,7 +122,7 @@ def check_version(exe: str) -> str:
         return version
     flags = _plain(exe, ["sign", "--help"])
     if "--tlog-upload" not in flags or "--signing-config" in flags or "--use-signing-config" in flags:
-        raise ConfigError(f"cosign at {exe} reports no version ({inputs.show(version or 'none')}) and its `sign` has "
+        raise ConfigError(f"cosign at {exe} reports no version ({terminal.show(version or 'none')}) and its `sign` has "
                           f"not cosign {MAJOR}'s flags: install cosign {MAJOR}.x")
     return f"{version or 'unversioned'} (cosign {MAJOR} flags)"
 
@@ -196,7 +197,7 @@ def tail(text: str, secrets: tuple[str, ...] = ()) -> str:
     for s in secrets:
         if s:
             line = line.replace(s, "***")
-    line = inputs.escaped(line)
+    line = terminal.escaped(line)
     return line if len(line) <= TAIL_CHARS else line[:TAIL_CHARS - 3] + "..."
 
 

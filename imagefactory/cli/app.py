@@ -22,7 +22,10 @@ import typer
 
 from imagefactory.run import context
 from imagefactory.cli import helpcache
-from imagefactory.files import inputs
+from imagefactory.files import bounded
+from imagefactory.engine import environment
+from imagefactory.files import terminal
+from imagefactory.files import yamlfile
 from imagefactory.run.context import Builder, Gpus, Network, Pull, RunContext
 from imagefactory.errors import Cancelled, CellFailure, ConfigError, DockerUnavailable, ImageFactoryError, Interrupted
 from imagefactory.interrupt import Interrupt
@@ -224,11 +227,11 @@ def _outputs(m: matrix_mod.Matrix, settings: dict[str, Any]) -> None:
     exit 2 naming the flag before anything is built."""
     keep = (m.path,)
     if "work_dir" in settings:
-        inputs.check_output(Path(settings["work_dir"]), "--work-dir", folder=True, keep=keep)
+        bounded.check_output(Path(settings["work_dir"]), "--work-dir", folder=True, keep=keep)
     if "report" in settings:
         report = Path(settings["report"])
         for path in (report, report.with_suffix(".md")):
-            inputs.check_output(path, "--report", folder=False, keep=keep)
+            bounded.check_output(path, "--report", folder=False, keep=keep)
 
 
 def _cache_from(values: list[str] | tuple[str, ...]) -> tuple[str, ...]:
@@ -238,7 +241,7 @@ def _cache_from(values: list[str] | tuple[str, ...]) -> tuple[str, ...]:
 
     bad = [v for v in values if refs.parse(v) is None]
     if bad:
-        raise ConfigError([f"--cache-from {inputs.show(v)}: not an image reference (e.g. "
+        raise ConfigError([f"--cache-from {terminal.show(v)}: not an image reference (e.g. "
                            f"registry.example.com/ml/train:2.13.0-py3.11-cpu-openblas)" for v in bad])
     return tuple(values)
 
@@ -294,8 +297,8 @@ def select(m: matrix_mod.Matrix, only: Optional[List[str]]) -> list[Cell]:
     ids = [c.id for c in m.cells]
     unknown = list(dict.fromkeys(o for o in only if o not in ids))
     if unknown:
-        allowed = inputs.listing(ids)
-        raise ConfigError(inputs.capped([f"--only {inputs.short(u, 80)}: no such cell (allowed: {allowed}; "
+        allowed = terminal.listing(ids)
+        raise ConfigError(yamlfile.capped([f"--only {bounded.short(u, 80)}: no such cell (allowed: {allowed}; "
                                          f"`imagefactory list` shows them all)" for u in unknown]))
     return [c for c in m.cells if c.id in only]
 
@@ -347,7 +350,7 @@ def render(
     Same matrix in, same bytes out; nothing is written unless every cell renders."""
     from imagefactory.render import contexts as render_mod
 
-    inputs.check_output(out, "--out", folder=True, keep=(inv.matrix.path,))
+    bounded.check_output(out, "--out", folder=True, keep=(inv.matrix.path,))
     interrupt = Interrupt()
     try:
         with interrupt.signals():
@@ -385,8 +388,8 @@ def _engine_environment() -> None:
     bounded regular file, and a cache folder (HOME or IMAGEFACTORY_CACHE_DIR)."""
     from imagefactory.files import fsutil
 
-    inputs.docker_host()
-    inputs.check_docker_config()
+    environment.docker_host()
+    environment.check_docker_config()
     fsutil.cache_root()
 
 
@@ -547,8 +550,8 @@ def doctor(
 
     path = doctor_mod.default_matrix(matrix)
     m = matrix_mod.load(path) if path is not None else None
-    inputs.docker_host()
-    inputs.check_docker_config()
+    environment.docker_host()
+    environment.check_docker_config()
     report = doctor_mod.diagnose(m)
     if verify_key is not None:
         report.verification = _verified(m, verify_key, flag="--verify")
@@ -596,7 +599,7 @@ def verify_cmd(
     m = matrix_mod.load(matrix) if image is None else None
     results = _verified(m, key, flag="--key", only=only, image=image)
     for r in results:
-        print(inputs.escaped(r["line"]))
+        print(terminal.escaped(r["line"]))
     failed = [r for r in results if not r["ok"]]
     if failed or not results:
         raise verify_mod.VerifyFailed(f"{len(failed)} of {len(results)} image(s) failed verification"
@@ -622,7 +625,7 @@ def bench_cmd(
     from imagefactory.tools import bench as bench_mod
 
     for path in (out, out.with_suffix(".md")):
-        inputs.check_output(path, "--out", folder=False, keep=(inv.matrix.path,))
+        bounded.check_output(path, "--out", folder=False, keep=(inv.matrix.path,))
     inv = dataclasses.replace(inv, options=dataclasses.replace(inv.options, budget=budget),
                               fields=(*inv.fields, "budget"))
     with _run(inv, out) as run:
@@ -670,7 +673,7 @@ def lock_cmd(
             raise ConfigError("--check: resolves nothing, so it cannot be combined with --upgrade or PKG")
         outcomes = lock_mod.check(m, cells)
         for o in outcomes:
-            print(f"{o.cell}\t{o.status}\t{inputs.printable(str(o.path))}")  # a path may hold escapes
+            print(f"{o.cell}\t{o.status}\t{terminal.printable(str(o.path))}")  # a path may hold escapes
         lock_mod.check_exit(outcomes)
         return
 
@@ -725,16 +728,16 @@ def report_cmd(
 def _error(text: str) -> None:
     """An error line on stderr, every control character escaped: messages carry paths, URLs and
     engine answers, and none of them may drive the terminal."""
-    print(inputs.escaped(text), file=sys.stderr)
+    print(terminal.escaped(text), file=sys.stderr)
 
 
 @contextmanager
 def _escaped_output() -> Iterator[None]:
     """Every line the CLI prints, whoever prints it (a command, a warning, the plain progress
-    lines), goes through inputs.EscapingStream: paths, URLs, DOCKER_HOST and engine answers can
+    lines), goes through terminal.EscapingStream: paths, URLs, DOCKER_HOST and engine answers can
     hold terminal escapes, and none of them may reach the terminal raw."""
     saved = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = inputs.EscapingStream(saved[0]), inputs.EscapingStream(saved[1])
+    sys.stdout, sys.stderr = terminal.EscapingStream(saved[0]), terminal.EscapingStream(saved[1])
     try:
         yield
     finally:
@@ -783,7 +786,7 @@ def _main() -> None:
         sys.stderr.flush()
         os._exit(e.exit_code)  # do not wait for a worker still stuck in the engine
     except ConfigError as e:
-        for line in inputs.capped(e.problems):  # thousands of problems are 20 lines and a count
+        for line in yamlfile.capped(e.problems):  # thousands of problems are 20 lines and a count
             _error(f"error: {line}")
         sys.exit(e.exit_code)
     except ImageFactoryError as e:

@@ -10,10 +10,10 @@ import binascii
 import glob
 from pathlib import Path
 
-from imagefactory.files import inputs
+from imagefactory.files import pem
 from imagefactory.files import store as passcache
-from imagefactory.files.inputs import (CERT_MAX_BYTES, GLOB_CHARS, MAX_CA_FILES, InputError, pem_blocks, read_real,
-                                 resolved, short)
+from imagefactory.files.bounded import InputError, read_real, resolved, short
+from imagefactory.files.pem import CERT_MAX_BYTES, GLOB_CHARS, MAX_CA_FILES, pem_blocks
 
 CERTS_CHECKED = "certificates-checked.json"  # passcache.py's file for certificates()
 
@@ -57,7 +57,7 @@ def _plain_pem(blocks: list[tuple[str, bytes, int]]) -> bytes | None:
     for label, body, _ in blocks:
         if label != "CERTIFICATE":
             continue
-        if not inputs._BASE64.fullmatch(body):
+        if not pem._BASE64.fullmatch(body):
             return None
         try:
             b64 = base64.b64encode(base64.b64decode(body, validate=True))
@@ -75,7 +75,7 @@ def _pem_file(path: Path) -> tuple[Path, bytes, list[tuple[str, bytes, int]]]:
     except InputError as e:
         raise InputError(f"{short(path)}: {e}") from None
     if b"PRIVATE KEY-----" in data:  # whole or cut short, a key never enters an image
-        keys = sorted({m.decode() for m in inputs._BEGIN.findall(data) if b"PRIVATE KEY" in m})
+        keys = sorted({m.decode() for m in pem._BEGIN.findall(data) if b"PRIVATE KEY" in m})
         raise InputError(f"{short(path)} holds a private key ({', '.join(keys) or 'PRIVATE KEY'}); "
                          f"give a file with the certificates only")
     try:
@@ -93,7 +93,7 @@ def _parsed_certificates(path: Path, blocks: list[tuple[str, bytes, int]]) -> by
     for label, body, line in blocks:
         if label != "CERTIFICATE":
             continue
-        if not inputs._BASE64.fullmatch(body):
+        if not pem._BASE64.fullmatch(body):
             raise InputError(f"{short(path)}:{line}: a CERTIFICATE block is not base64")
         try:
             der = base64.b64decode(body, validate=True)

@@ -22,14 +22,18 @@ from typing import TYPE_CHECKING, Any
 from imagefactory import __version__
 from imagefactory.config import availability
 from imagefactory.config import cacerts
-from imagefactory.files import inputs
+from imagefactory.files import bounded
+from imagefactory.files import credentials
+from imagefactory.files import terminal
+from imagefactory.files import wheelfiles
+from imagefactory.files import yamlfile
 from imagefactory.files import store as passcache
 from imagefactory.config import platforms
 from imagefactory.config import refs
 from imagefactory.config import tags as tagging
 from imagefactory.errors import ConfigError
-from imagefactory.files.inputs import Located as _Located
-from imagefactory.files.inputs import Problem
+from imagefactory.files.yamlfile import Located as _Located
+from imagefactory.files.yamlfile import Problem
 from imagefactory.config.model import Cell, CondaSettings, InstallerPin, Matrix, PipSettings, TagList
 
 if TYPE_CHECKING:
@@ -60,11 +64,11 @@ DECIMAL_RE = re.compile(r"[-+]?(?:0|[1-9][0-9]*)")  # what YAML 1.2 and a reader
 
 MAX_CELLS = 256
 # The bounded YAML reader and the message helpers live in inputs.py, which every file read goes through.
-MAX_BYTES, MAX_DEPTH, MAX_EVENTS, MAX_VALUES = (inputs.YAML_MAX_BYTES, inputs.MAX_DEPTH, inputs.MAX_EVENTS,
-                                                inputs.MAX_VALUES)
-MAX_LINE, MAX_PROBLEMS, CREDENTIALS_RE = inputs.MAX_LINE, inputs.MAX_PROBLEMS, inputs.CREDENTIALS_RE
-_read, _parse, _structure, _config_error = inputs.read_yaml_text, inputs.parse_yaml, inputs.structure, inputs.config_error
-_show, _printable = inputs.show, inputs.printable
+MAX_BYTES, MAX_DEPTH, MAX_EVENTS, MAX_VALUES = (yamlfile.YAML_MAX_BYTES, yamlfile.MAX_DEPTH, yamlfile.MAX_EVENTS,
+                                                yamlfile.MAX_VALUES)
+MAX_LINE, MAX_PROBLEMS, CREDENTIALS_RE = terminal.MAX_LINE, yamlfile.MAX_PROBLEMS, credentials.CREDENTIALS_RE
+_read, _parse, _structure, _config_error = yamlfile.read_yaml_text, yamlfile.parse_yaml, yamlfile.structure, yamlfile.config_error
+_show, _printable = terminal.show, terminal.printable
 RESERVED_LABEL_PREFIX = "io.imagefactory"
 STAGE_NAMES = {"venv"}  # build-stage names in dockerfiles/; a base image with one of them would be the stage
 # Whole-string patterns for what reaches a Dockerfile, a condarc or a shell word.
@@ -274,7 +278,7 @@ def load(path: str | Path) -> Matrix:
 # The YAML is parsed again only if a problem needs its line (a file the matrix names went away).
 DATA_FOLDER = "matrix-data"  # under the cache folder (fsutil.cache_root)
 DATA_KEPT = 64
-DATA_MAX_BYTES = 16 << 20  # a YAML file is at most inputs.YAML_MAX_BYTES; its aliases can make more
+DATA_MAX_BYTES = 16 << 20  # a YAML file is at most yamlfile.YAML_MAX_BYTES; its aliases can make more
 
 
 def _data_file(key: str) -> Path | None:
@@ -283,7 +287,7 @@ def _data_file(key: str) -> Path | None:
     folder = passcache.path(DATA_FOLDER)
     if folder is None or not passcache.is_key(key):
         return None
-    name = hashlib.sha256(f"{key}\0{passcache.code_digest(inputs.__name__)}".encode()).hexdigest()
+    name = hashlib.sha256(f"{key}\0{passcache.code_digest(yamlfile.__name__)}".encode()).hexdigest()
     return folder / f"{name}.json"
 
 
@@ -581,7 +585,7 @@ def _certificates(patterns: list[str], base_dir: Path, problem) -> list[Path]:
     for i, rel in enumerate(patterns):
         try:
             certs += cacerts.ca_files(rel, base_dir)  # a glob lists one directory, at most 256 files
-        except inputs.InputError as e:
+        except bounded.InputError as e:
             problem(("ca_certificates", i), str(e))
     return certs
 
@@ -694,7 +698,7 @@ def _new_variant(variant: str, listed: list[str]) -> str:
     under matrix.variant, so a misspelt one is a mistake, not a new cell."""
     names = [v for v in listed if v]
     near = difflib.get_close_matches(variant, names, n=1)
-    return (f"{variant!r} is not in matrix.variant ({inputs.listing(names, empty='not set')}), so this entry would "
+    return (f"{variant!r} is not in matrix.variant ({terminal.listing(names, empty='not set')}), so this entry would "
             f"add a cell of its own" + (f"; did you mean {near[0]!r}?" if near else "; list the variant there first"))
 
 
@@ -734,9 +738,9 @@ def _pip_settings(cfg: dict[str, Any], base_dir: Path, problem) -> PipSettings:
     if "wheelhouse" in cfg:
         wheelhouse = base_dir / cfg["wheelhouse"]
         try:
-            wheelhouse = inputs.resolved(wheelhouse)  # a link loop is an InputError, not a RuntimeError
-            refused = inputs.wheelhouse_files(wheelhouse)[1] if wheelhouse.is_dir() else None
-        except inputs.InputError as e:
+            wheelhouse = bounded.resolved(wheelhouse)  # a link loop is an InputError, not a RuntimeError
+            refused = wheelfiles.wheelhouse_files(wheelhouse)[1] if wheelhouse.is_dir() else None
+        except bounded.InputError as e:
             problem(("pip", "wheelhouse"), str(e))
             return PipSettings()
         except OSError as e:

@@ -1,7 +1,7 @@
 """Index and channel logins: a netrc file, mounted into BuildKit builds as a secret.
 
 `build --netrc PATH` (default: $NETRC, then ~/.netrc when it exists) names the file. It is read
-once, through the bounded reader (inputs.read_real), and only to learn which hosts it has
+once, through the bounded reader (bounded.read_real), and only to learn which hosts it has
 logins for, with netrc(5)'s grammar (tokens across lines, quoted words; a password is never a
 keyword). Links are followed (a Kubernetes secret volume, a dotfile manager's ~/.netrc); what they
 lead to must be a regular file outside /proc, /sys and /dev, readable, within MAX_BYTES, UTF-8
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
 from urllib.parse import urlsplit
-
-from imagefactory.files import inputs
+from imagefactory.files import bounded
+from imagefactory.files import fsutil, terminal
 from imagefactory.errors import ConfigError
 from imagefactory.config.model import Cell, Matrix
 
@@ -50,7 +50,7 @@ def default_path(environ: Mapping[str, str] | None = None) -> Path | None:
     env = os.environ if environ is None else environ
     if env.get("NETRC"):
         return Path(env["NETRC"])
-    home = inputs.home(env)
+    home = fsutil.home(env)
     candidate = home / ".netrc" if home is not None else None
     return candidate if candidate is not None and os.path.lexists(candidate) else None
 
@@ -67,12 +67,12 @@ def locate(flag: Path | None) -> Netrc | None:
 def load(path: Path, flag: str = "--netrc") -> Netrc:
     """The hosts a netrc file has logins for. Links are followed (a Kubernetes secret volume, a
     dotfile manager's ~/.netrc), and what they lead to must be a regular UTF-8 file of at most
-    MAX_BYTES outside /proc, /sys and /dev (inputs.read_real); ConfigError (exit 2) otherwise.
+    MAX_BYTES outside /proc, /sys and /dev (bounded.read_real); ConfigError (exit 2) otherwise.
     The path kept (and mounted) is the file itself, not the link."""
-    where = f"{flag} {inputs.short(path)}"
+    where = f"{flag} {bounded.short(path)}"
     try:
-        real, data = inputs.read_real(path, MAX_BYTES)
-    except inputs.InputError as e:
+        real, data = bounded.read_real(path, MAX_BYTES)
+    except bounded.InputError as e:
         raise ConfigError(f"{where}: {e}") from None
     try:
         text = data.decode("utf-8")
@@ -196,11 +196,11 @@ def resolve(flag: Path | None, matrix: Matrix, cells: Iterable[Cell], *, buildki
     if not needing:
         used = sorted({h for c in cells for h in cell_hosts(matrix, c)})
         warn(f"warning: netrc {netrc.path}: names no host the selected cells install from "
-             f"({inputs.listing(used, empty='no index or channel URL set')}); nothing is mounted")
+             f"({terminal.listing(used, empty='no index or channel URL set')}); nothing is mounted")
         return None
     if not buildkit:
         raise ConfigError([
-            f"cell {c.id}: installs from {inputs.listing(_login_hosts(netrc, matrix, c))}, "
+            f"cell {c.id}: installs from {terminal.listing(_login_hosts(netrc, matrix, c))}, "
             f"whose login is in {netrc.path}; the classic builder has no build secrets, so the login could only "
             "reach the build through a layer: build with --builder buildkit (docker buildx; "
             "scripts/ci-setup.sh installs it)" for c in needing])

@@ -40,7 +40,9 @@ from typing import IO, Any, Callable
 
 from imagefactory.files import fsutil
 from imagefactory.engine import identity
-from imagefactory.files import inputs
+from imagefactory.files import bounded
+from imagefactory.engine import environment
+from imagefactory.files import terminal
 from imagefactory.engine.docker import Engine
 from imagefactory.engine.api import PODMAN, Builder, BuildProgress, BuildRequest
 from imagefactory.errors import BuildError, Cancelled, ConfigError, EngineGone
@@ -80,14 +82,14 @@ def _stat_key(path: Path) -> str:
 def _answer_key(cli: str) -> str | None:
     """What `docker buildx version` depends on, as one digest; None when it cannot be pinned down
     (a config.json that names extra plugin directories, or one that cannot be read)."""
-    config_dir = inputs.docker_config_dir()
+    config_dir = environment.docker_config_dir()
     if config_dir is None:
         return None
     config = config_dir / "config.json"
     try:
-        if os.path.lexists(config) and b"cliPluginsExtraDirs" in inputs.read_real(config, inputs.DOCKER_CONFIG_MAX_BYTES)[1]:
+        if os.path.lexists(config) and b"cliPluginsExtraDirs" in bounded.read_real(config, environment.DOCKER_CONFIG_MAX_BYTES)[1]:
             return None
-    except inputs.InputError:
+    except bounded.InputError:
         return None
     paths = [Path(cli), config, config_dir / "cli-plugins" / "docker-buildx",
              *(Path(d) / "docker-buildx" for d in SYSTEM_PLUGIN_DIRS)]
@@ -107,7 +109,7 @@ def buildx_version(timeout: float = 20.0) -> tuple[tuple[int, int, int] | None, 
     key = _answer_key(cli)
     if key is not None:
         try:
-            kept = json.loads(inputs.read_regular(_cache_file(), 4096))  # bounded: a FIFO or 4 GiB is no answer
+            kept = json.loads(bounded.read_regular(_cache_file(), 4096))  # bounded: a FIFO or 4 GiB is no answer
             if kept.get("key") == key and VERSION_RE.fullmatch(str(kept.get("answer", ""))[:200]):
                 return _parsed(str(kept["answer"]))
         except (OSError, ValueError, AttributeError):
@@ -375,7 +377,7 @@ class BuildxEngine(Engine):
         super().__init__(interrupt=interrupt, shared=shared)
         self.buildx_builder = check_builder_name(buildx_builder)
         if self.product() == PODMAN:  # before anything is built: buildx would fail in its first step
-            where = inputs.printable(os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock"))
+            where = terminal.printable(os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock"))
             raise ConfigError(f"builder buildkit: the engine at {where} is podman, whose Docker API serves no BuildKit "
                               f"(docker buildx cannot build through it); build with --builder classic")
 

@@ -7,6 +7,7 @@ import os
 import stat
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from imagefactory.errors import ConfigError
 
@@ -22,13 +23,11 @@ def cache_root() -> Path:
     xdg = os.environ.get("XDG_CACHE_HOME")
     if xdg:
         return Path(xdg) / "imagefactory"
-    from imagefactory.files import inputs
-
-    home = inputs.home()
-    if home is None:
+    found = home()
+    if found is None:
         raise ConfigError(f"$HOME is not set and UID {os.getuid()} has no passwd entry, so imagefactory has no cache "
                           f"folder: set HOME, XDG_CACHE_HOME or IMAGEFACTORY_CACHE_DIR")
-    return home / ".cache" / "imagefactory"
+    return found / ".cache" / "imagefactory"
 
 
 def sha256_file(path: Path) -> str:
@@ -82,3 +81,17 @@ def open_lock(path: Path, what: str) -> int:
         os.close(fd)
         raise ConfigError(f"{what}: its lock file {path} {why}, so it is not one imagefactory made; remove it")
     return fd
+
+
+def home(environ: Any = None) -> Path | None:
+    """The user's home folder: $HOME, else the passwd entry's; None for a UID with neither (a
+    container started as --user 4242 with HOME unset)."""
+    env = os.environ if environ is None else environ
+    if env.get("HOME"):
+        return Path(env["HOME"])
+    try:
+        import pwd
+
+        return Path(pwd.getpwuid(os.getuid()).pw_dir)
+    except (KeyError, ImportError, OSError):
+        return None

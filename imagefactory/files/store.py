@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 
 from imagefactory.files import fsutil
-from imagefactory.files import inputs
+from imagefactory.files import bounded
 from imagefactory.errors import ConfigError
 
 LIMIT = 256
@@ -38,8 +38,8 @@ def keys(file: Path) -> list[str]:
     try:
         if file.is_symlink() or not file.exists():
             return []
-        doc = json.loads(inputs.read_regular(file, LIMIT * 70 + 64).decode("utf-8"))
-    except (OSError, ValueError, RecursionError):  # inputs.InputError is a ValueError
+        doc = json.loads(bounded.read_regular(file, LIMIT * 70 + 64).decode("utf-8"))
+    except (OSError, ValueError, RecursionError):  # bounded.InputError is a ValueError
         return []
     if not isinstance(doc, list):
         return []
@@ -79,8 +79,8 @@ def read_kept(file: Path | None, limit: int) -> str | None:
     try:
         if file is None or file.is_symlink() or not file.exists():
             return None
-        return inputs.read_regular(file, limit).decode("utf-8")
-    except (OSError, ValueError):  # inputs.InputError and UnicodeDecodeError are ValueErrors
+        return bounded.read_regular(file, limit).decode("utf-8")
+    except (OSError, ValueError):  # bounded.InputError and UnicodeDecodeError are ValueErrors
         return None
 
 

@@ -20,7 +20,9 @@ from pathlib import Path
 
 from imagefactory.config import availability
 from imagefactory.config import platforms
-from imagefactory.files import inputs as files
+from imagefactory.files import bounded
+from imagefactory.files import terminal
+from imagefactory.files import yamlfile
 from imagefactory.errors import ConfigError
 from imagefactory.config.model import Cell, Matrix
 
@@ -144,9 +146,9 @@ def read(path: Path) -> str | None:
     written by `imagefactory lock`; nothing of a file that is not one is ever shown."""
     where = shown(path)
     try:
-        raw = files.read_within(path, path.parent, LOCK_MAX_BYTES)
-    except files.InputError as e:
-        raise ConfigError(files.printable(f"{where}:1: (lock): {e}; a lock is a regular file inside "
+        raw = bounded.read_within(path, path.parent, LOCK_MAX_BYTES)
+    except bounded.InputError as e:
+        raise ConfigError(terminal.printable(f"{where}:1: (lock): {e}; a lock is a regular file inside "
                                            f"{LOCK_DIR}/ (run `imagefactory lock` to write it)")) from None
     if raw is None:
         return None
@@ -154,10 +156,10 @@ def read(path: Path) -> str | None:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         line = raw.count(b"\n", 0, e.start) + 1
-        raise ConfigError(files.printable(f"{where}:{line}: (lock): byte "
+        raise ConfigError(terminal.printable(f"{where}:{line}: (lock): byte "
                                            f"0x{raw[e.start]:02x} is not UTF-8: not a lock file")) from None
     if not text.startswith(FIRST_LINE):
-        raise ConfigError(files.printable(f"{where}:1: (lock): not a lock written by `imagefactory lock` "
+        raise ConfigError(terminal.printable(f"{where}:1: (lock): not a lock written by `imagefactory lock` "
                                            f"(its first line is not {FIRST_LINE.strip()!r}); nothing of it "
                                            f"is shown; run `imagefactory lock`"))
     return text
@@ -169,7 +171,7 @@ def parse(path: Path, installer: str, text: str | None = None) -> Lock:
     if text is None:
         text = read(path)
         if text is None:
-            raise ConfigError(files.printable(f"{where}:1: (lock): no such lock file"))
+            raise ConfigError(terminal.printable(f"{where}:1: (lock): no such lock file"))
     problems: list[str] = []
     found: list[tuple[str, str, int]] = []
     pins: list[Pin] = []
@@ -196,7 +198,7 @@ def parse(path: Path, installer: str, text: str | None = None) -> Lock:
                     else "@EXPLICIT, then URL#<sha256, 64 hex> per line")
             md5 = ("; #<32 hex> is an md5, conda's own explicit format: a lock pins each file by its sha256"
                    if installer == "conda" and _MD5_TAIL_RE.search(line) else "")
-            problems.append(f"{where}:{number}: (lock): malformed line {files.show(line)} (expected {want}){md5}")
+            problems.append(f"{where}:{number}: (lock): malformed line {terminal.show(line)} (expected {want}){md5}")
         else:
             pins.append(pin)
     if installer == "conda" and not explicit:
@@ -205,7 +207,7 @@ def parse(path: Path, installer: str, text: str | None = None) -> Lock:
     if not pins and not problems:
         problems.append(f"{where}:1: (lock): locks no package")
     if problems:
-        raise ConfigError(files.capped(problems))
+        raise ConfigError(yamlfile.capped(problems))
     return Lock(path=path, installer=installer, inputs=tuple(found), pins=tuple(pins), text=text,
                 resolved=tuple(records))
 
@@ -431,7 +433,7 @@ def _conda_variant(lock: Lock, matrix: Matrix, cell: Cell, where: str, fix: str)
         url = pin.url or ""
         prefix = url.rsplit("/", 2)[0]
         if _CONDA_URL_BAD.search(url.split("://", 1)[-1]) or prefix not in bases:
-            out.append(f"{where}:{pin.line}: {pin.name}: {files.show(url, 160)} is not CHANNEL/SUBDIR/FILE of "
+            out.append(f"{where}:{pin.line}: {pin.name}: {terminal.show(url, 160)} is not CHANNEL/SUBDIR/FILE of "
                        f"one of the matrix's channels ({', '.join(matrix.conda.channels)}); {fix}")
     return out
 
@@ -462,7 +464,7 @@ def load(matrix: Matrix, cell: Cell) -> Lock | None:
     lock = parse(path, cell.installer, text)
     problems = stale(lock, matrix, cell)
     if problems:
-        raise ConfigError(files.capped(problems))
+        raise ConfigError(yamlfile.capped(problems))
     return lock
 
 
@@ -476,5 +478,5 @@ def load_all(matrix: Matrix, cells: list[Cell]) -> dict[str, Lock | None]:
         except ConfigError as e:
             problems += e.problems
     if problems:
-        raise ConfigError(files.capped(problems))
+        raise ConfigError(yamlfile.capped(problems))
     return out

@@ -36,7 +36,9 @@ from pathlib import Path
 from typing import Callable
 
 from imagefactory.files import fsutil
-from imagefactory.files import inputs
+from imagefactory.files import bounded
+from imagefactory.files import terminal
+from imagefactory.files import yamlfile
 from imagefactory.lock import lockfile
 from imagefactory.config import platforms
 from imagefactory.config import recipe
@@ -191,12 +193,12 @@ def _run(cmd: list[str], env: dict[str, str], cell: Cell, tool: str, held: dict[
         raise ResolveError(f"cell {cell.id}: {tool} did not finish within {RESOLVE_TIMEOUT:.0f} s; "
                            f"nothing was locked") from None
     except OSError as e:
-        raise ResolveError(inputs.printable(f"cell {cell.id}: {tool} could not start: {e}")) from None
+        raise ResolveError(terminal.printable(f"cell {cell.id}: {tool} could not start: {e}")) from None
     if r.returncode != 0:
         tail = " | ".join(line.strip() for line in r.stderr.strip().splitlines()[-6:] if line.strip())
         held_note = (f" (holding {len(held)} package(s) at their locked versions; "
                      f"`lock --upgrade` with no package moves them all)") if held else ""
-        raise ResolveError(inputs.printable(f"cell {cell.id}: {tool} could not resolve{held_note}: {tail}"))
+        raise ResolveError(terminal.printable(f"cell {cell.id}: {tool} could not resolve{held_note}: {tail}"))
 
 
 def _tool_version(cmd: list[str], env: dict[str, str]) -> str:
@@ -230,7 +232,7 @@ def _uv_binary(cell: Cell) -> str:
 
         return str(uv.find_uv_bin())
     except (ImportError, FileNotFoundError) as e:
-        raise ResolveError(inputs.printable(f"cell {cell.id}: locking for {cell.platform} Python {cell.python} "
+        raise ResolveError(terminal.printable(f"cell {cell.id}: locking for {cell.platform} Python {cell.python} "
                                             f"needs uv (`pip install uv`): {e}")) from None
 
 
@@ -257,7 +259,7 @@ def _requirements(matrix: Matrix, cell: Cell) -> str:
     wanted = [recipe.torch_requirement(matrix, cell)[0], *recipe.pip_requirements(cell)]
     for requirement in wanted:
         if not _REQUIREMENT_RE.fullmatch(requirement):
-            raise ConfigError(inputs.printable(f"cell {cell.id}: requirement {inputs.show(requirement)} cannot be "
+            raise ConfigError(terminal.printable(f"cell {cell.id}: requirement {terminal.show(requirement)} cannot be "
                                                f"locked: only a PEP 508 requirement on one line, no option"))
     return "".join(r + "\n" for r in wanted)
 
@@ -267,9 +269,9 @@ def uv_pins(text: str, cell: Cell) -> list[lockfile.Pin]:
     pins, other = lockfile.requirement_pins(text)
     if other:
         number, line = other[0]
-        raise ResolveError(inputs.printable(f"cell {cell.id}: uv printed {len(other)} line(s) that are not "
+        raise ResolveError(terminal.printable(f"cell {cell.id}: uv printed {len(other)} line(s) that are not "
                                             f"`name==version --hash=sha256:...`, first line {number}: "
-                                            f"{inputs.show(line, 120)}"))
+                                            f"{terminal.show(line, 120)}"))
     if not pins:
         raise ResolveError(f"cell {cell.id}: uv resolved no package")
     return pins
@@ -277,8 +279,8 @@ def uv_pins(text: str, cell: Cell) -> list[lockfile.Pin]:
 
 def _uv_output(out: Path, folder: Path, cell: Cell) -> str:
     try:
-        raw = inputs.read_within(out, folder, lockfile.LOCK_MAX_BYTES)
-    except inputs.InputError as e:
+        raw = bounded.read_within(out, folder, lockfile.LOCK_MAX_BYTES)
+    except bounded.InputError as e:
         raise ResolveError(f"cell {cell.id}: uv's answer {e}") from None
     return (raw or b"").decode("utf-8", "replace")
 
@@ -337,7 +339,7 @@ def resolve_conda(matrix: Matrix, cell: Cell, held: dict[str, str], netrc: Path 
         line = f"{r.url}#{r.sha256}"
         if lockfile.conda_pin(line, 0) is None:
             raise ResolveError(f"cell {cell.id}: the channel lists {r.name} without a usable URL and sha256: "
-                               f"{inputs.show(line, 120)}")
+                               f"{terminal.show(line, 120)}")
         lines.append(line + "\n")
     return "@EXPLICIT\n" + "".join(lines), f"py-rattler {_rattler_version()} (solve, {cell.platform.conda_subdir})"
 
@@ -391,7 +393,7 @@ def check(matrix: Matrix, cells: list[Cell]) -> list[Outcome]:
         except ConfigError as e:  # malformed: as bad as stale
             lock, problems = None, e.problems
         status = STALE if problems else (CURRENT if lock is not None else MISSING)
-        outcomes.append(Outcome(cell.id, path, status, problems=inputs.capped(problems)))
+        outcomes.append(Outcome(cell.id, path, status, problems=yamlfile.capped(problems)))
     return outcomes
 
 
@@ -400,7 +402,7 @@ def check_exit(outcomes: list[Outcome]) -> None:
     stale = [p for o in outcomes for p in o.problems]
     missing = [o for o in outcomes if o.status == MISSING]
     if stale:
-        raise ConfigError(inputs.capped(stale + [f"{lockfile.shown(o.path)}: cell {o.cell} has no lock"
+        raise ConfigError(yamlfile.capped(stale + [f"{lockfile.shown(o.path)}: cell {o.cell} has no lock"
                                                  for o in missing]))
     if missing:
         raise LocksMissing(f"{len(missing)} cell(s) have no lock: " + ", ".join(o.cell for o in missing)

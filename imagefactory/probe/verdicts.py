@@ -33,7 +33,7 @@ from pathlib import Path
 
 from imagefactory.probe import checks
 from imagefactory.files import fsutil
-from imagefactory.files import inputs
+from imagefactory.files import bounded
 from imagefactory.config import platforms
 from imagefactory.probe import smoke
 from imagefactory.config.model import Cell, Threads
@@ -106,8 +106,8 @@ def _read(path: Path) -> list[dict]:
     try:
         if path.is_symlink() or not path.exists():
             return []
-        return _records(json.loads(inputs.read_regular(path, MAX_BYTES).decode("utf-8")))  # no FIFO, bounded
-    except (OSError, ValueError, RecursionError):  # inputs.InputError is a ValueError
+        return _records(json.loads(bounded.read_regular(path, MAX_BYTES).decode("utf-8")))  # no FIFO, bounded
+    except (OSError, ValueError, RecursionError):  # bounded.InputError is a ValueError
         return []
 
 

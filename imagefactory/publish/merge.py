@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from imagefactory.engine import logins
-from imagefactory.files import inputs
+from imagefactory.files import bounded
+from imagefactory.files import terminal
 from imagefactory.publish import lists as publish_lists
 from imagefactory.config import refs
 from imagefactory.config import tags as tagging
@@ -59,7 +60,7 @@ def report_files(paths: list[Path]) -> list[Path]:
         elif path.exists():
             found.append(path)
         else:
-            raise ConfigError(f"--reports {inputs.short(path)}: not found")
+            raise ConfigError(f"--reports {bounded.short(path)}: not found")
         if len(found) > MAX_FILES:
             raise ConfigError(f"--reports: more than {MAX_FILES} report files")
     return found
@@ -70,7 +71,7 @@ def _text(raw: dict, key: str, where: str, pattern: re.Pattern[str] | frozenset[
     ok = isinstance(value, str) and (pattern is None or (value in pattern if isinstance(pattern, frozenset)
                                                          else pattern.fullmatch(value) is not None))
     if not ok:
-        raise ConfigError(f"{where}.{key}: {inputs.show(value)} is not a valid {key}")
+        raise ConfigError(f"{where}.{key}: {terminal.show(value)} is not a valid {key}")
     return value
 
 
@@ -85,9 +86,9 @@ def _pushed(raw: Any, where: str) -> list[dict]:
         ref, digest = p.get("ref"), p.get("digest")
         parsed = refs.parse(ref) if isinstance(ref, str) else None
         if parsed is None or parsed.tag is None or parsed.digest is not None:
-            raise ConfigError(f"{where}.pushed[{i}].ref: {inputs.show(ref)} is not a tagged image reference")
+            raise ConfigError(f"{where}.pushed[{i}].ref: {terminal.show(ref)} is not a tagged image reference")
         if not isinstance(digest, str) or DIGEST.fullmatch(digest) is None:
-            raise ConfigError(f"{where}.pushed[{i}].digest: {inputs.show(digest)} is not a sha256 digest")
+            raise ConfigError(f"{where}.pushed[{i}].digest: {terminal.show(digest)} is not a sha256 digest")
         out.append({"ref": ref, "digest": digest})
     return out
 
@@ -98,7 +99,7 @@ def _cell(raw: Any, where: str, ids: frozenset[str]) -> CellReport:
         raise ConfigError(f"{where}: expected a mapping")
     cell = raw.get("cell")
     if not isinstance(cell, str) or cell not in ids:
-        raise ConfigError(f"{where}.cell: {inputs.show(cell)} is not a cell of the matrix (a report of another "
+        raise ConfigError(f"{where}.cell: {terminal.show(cell)} is not a cell of the matrix (a report of another "
                           f"matrix?)")
     return CellReport(cell, status=_text(raw, "status", where, STATES),
                       content_hash=_text(raw, "content_hash", where, CONTENT_HASH) if raw.get("content_hash") else "",
@@ -108,10 +109,10 @@ def _cell(raw: Any, where: str, ids: frozenset[str]) -> CellReport:
 
 def read(path: Path, matrix: Matrix) -> list[CellReport]:
     """The cells of one report file; ConfigError (one line: the file, the key, why) for anything else."""
-    shown = inputs.short(path)
+    shown = bounded.short(path)
     try:
-        doc = json.loads(inputs.read_regular(path, MAX_REPORT_BYTES))
-    except inputs.InputError as e:
+        doc = json.loads(bounded.read_regular(path, MAX_REPORT_BYTES))
+    except bounded.InputError as e:
         raise ConfigError(f"{shown}: {e}") from None
     except (ValueError, RecursionError):  # JSON, UTF-8, or nesting deeper than the parser goes
         raise ConfigError(f"{shown}: not a JSON report") from None

@@ -20,7 +20,9 @@ from typing import TYPE_CHECKING, Mapping
 
 from imagefactory.config import cacerts, recipe
 from imagefactory.render import digests
-from imagefactory.files import inputs
+from imagefactory.files import bounded
+from imagefactory.files import terminal
+from imagefactory.files import wheelfiles
 from imagefactory.lock import lockfile
 from imagefactory.render import rendered
 from imagefactory.config import netrc as netrc_mod
@@ -194,8 +196,8 @@ def _write_files(matrix: Matrix, cell: Cell, root: Path, lock: lockfile.Lock | N
         for name, src in zip(names, matrix.ca_certificates):
             try:
                 (root / "certs" / name).write_bytes(cacerts.certificates(src))
-            except inputs.InputError as e:
-                raise ConfigError(inputs.printable(f"ca_certificates: {e}")) from None
+            except bounded.InputError as e:
+                raise ConfigError(terminal.printable(f"ca_certificates: {e}")) from None
     if lock is not None:
         (root / lockfile.CONTEXT_NAME).write_text(lock.text, encoding="utf-8")  # so it is part of the content hash
     if cell.installer == "conda":
@@ -204,11 +206,11 @@ def _write_files(matrix: Matrix, cell: Cell, root: Path, lock: lockfile.Lock | N
     elif matrix.pip.wheelhouse is not None:
         (root / "wheelhouse").mkdir()
         try:
-            files, refused = inputs.wheelhouse_files(matrix.pip.wheelhouse)
-        except inputs.InputError as e:
+            files, refused = wheelfiles.wheelhouse_files(matrix.pip.wheelhouse)
+        except bounded.InputError as e:
             refused = [str(e)]
         if refused:
-            raise ConfigError(inputs.printable(f"pip.wheelhouse: {refused[0]}; only regular files inside it "
+            raise ConfigError(terminal.printable(f"pip.wheelhouse: {refused[0]}; only regular files inside it "
                                                f"enter an image"))
         for name, src in files:
             _link_or_copy(src, root / "wheelhouse" / name)

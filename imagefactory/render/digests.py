@@ -18,8 +18,7 @@ import threading
 from pathlib import Path
 
 from imagefactory.files import fsutil
-from imagefactory.files import inputs
-
+from imagefactory.files import bounded
 MIN_SIZE = 1 << 20  # smaller files are hashed every time: cheaper than a lookup
 MAX_ENTRIES = 512
 _DIGEST_RE = re.compile(r"[0-9a-f]{64}")
@@ -38,8 +37,8 @@ def _load(path: Path) -> dict[str, str]:
     try:
         if path.is_symlink() or not path.exists():
             return {}
-        doc = json.loads(inputs.read_regular(path, MAX_ENTRIES * 200).decode("utf-8"))  # no FIFO, bounded
-    except (OSError, ValueError, RecursionError):  # inputs.InputError is a ValueError
+        doc = json.loads(bounded.read_regular(path, MAX_ENTRIES * 200).decode("utf-8"))  # no FIFO, bounded
+    except (OSError, ValueError, RecursionError):  # bounded.InputError is a ValueError
         return {}
     if not isinstance(doc, dict):
         return {}

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from imagefactory.files import fsutil
-from imagefactory.files import inputs
+from imagefactory.files import bounded
 from imagefactory.config import refs
 from imagefactory.render import rendered
 from imagefactory.probe.checks import Check
@@ -83,28 +83,28 @@ def read_report(path: Path) -> list[CellReport]:
     """The cells of a report.json written by `build`, `test` or `push`; ConfigError (exit 2) naming
     the file and the key for anything else."""
     try:
-        doc = json.loads(inputs.read_regular(path, MAX_REPORT))
-    except inputs.InputError as e:
-        raise ConfigError(f"{inputs.short(path)}: {e}") from None
+        doc = json.loads(bounded.read_regular(path, MAX_REPORT))
+    except bounded.InputError as e:
+        raise ConfigError(f"{bounded.short(path)}: {e}") from None
     except ValueError as e:  # JSON or UTF-8
-        raise ConfigError(f"{inputs.short(path)}: not a JSON report: {e}") from None
+        raise ConfigError(f"{bounded.short(path)}: not a JSON report: {e}") from None
     try:
         doc = _typed(doc, dict, "report")
         return [_cell(c, f"cells[{i}]") for i, c in enumerate(_typed(doc.get("cells"), list, "cells"))]
     except ConfigError as e:
-        raise ConfigError([f"{inputs.short(path)}: {p}" for p in e.problems]) from None
+        raise ConfigError([f"{bounded.short(path)}: {p}" for p in e.problems]) from None
 
 
 def read_bench(path: Path) -> dict[str, list[dict[str, Any]]]:
     """{cell: [figure, ...]} from a bench.json beside the report; {} when there is none or it is
     not one (the figures are an extra, never a reason to fail)."""
     try:
-        doc = json.loads(inputs.read_regular(path, MAX_REPORT))
+        doc = json.loads(bounded.read_regular(path, MAX_REPORT))
         cells = doc["cells"] if isinstance(doc, dict) and isinstance(doc.get("cells"), list) else []
         return {c["cell"]: [f for f in c.get("figures", []) if isinstance(f, dict)]
                 for c in cells if isinstance(c, dict) and isinstance(c.get("cell"), str)
                 and isinstance(c.get("figures", []), list)}
-    except (inputs.InputError, ValueError):
+    except (bounded.InputError, ValueError):
         return {}
 
 

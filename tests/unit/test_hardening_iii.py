@@ -14,7 +14,10 @@ from imagefactory.engine import logins
 from imagefactory.config import cacerts
 from imagefactory.cli import app as cli
 from imagefactory.files import fsutil
-from imagefactory.files import inputs
+from imagefactory.files import bounded
+from imagefactory.engine import environment
+from imagefactory.files import terminal
+from imagefactory.files import yamlfile
 from imagefactory.config import matrix
 from imagefactory.config import netrc
 from imagefactory.probe import smoke
@@ -165,19 +168,19 @@ def test_a_default_entry_refusal_names_hosts_not_characters(project, monkeypatch
 
 
 def test_listing_takes_names_never_one_string():
-    assert inputs.listing(["a", "b"]) == "a, b"
-    assert inputs.listing([], empty="nothing") == "nothing"
-    assert inputs.listing([str(i) for i in range(20)], limit=3) == "0, 1, 2 and 17 more"
+    assert terminal.listing(["a", "b"]) == "a, b"
+    assert terminal.listing([], empty="nothing") == "nothing"
+    assert terminal.listing([str(i) for i in range(20)], limit=3) == "0, 1, 2 and 17 more"
     with pytest.raises(TypeError):
-        inputs.listing("its indexes")  # type: ignore[arg-type]
+        terminal.listing("its indexes")  # type: ignore[arg-type]
 
 
 def test_ten_thousand_unknown_only_ids_are_twenty_lines_and_a_count(project, monkeypatch, capsys):
     args = ["list"] + [a for i in range(10_000) for a in ("--only", f"nope{i}")]
     code, out, err = run_cli(args, monkeypatch, capsys)
     lines = err.splitlines()
-    assert code == 2 and len(lines) == inputs.MAX_PROBLEMS + 1
-    assert lines[-1] == f"error: {10_000 - inputs.MAX_PROBLEMS} more problems not shown"
+    assert code == 2 and len(lines) == yamlfile.MAX_PROBLEMS + 1
+    assert lines[-1] == f"error: {10_000 - yamlfile.MAX_PROBLEMS} more problems not shown"
 
 
 def test_a_typo_against_240_cells_is_one_bounded_line(project, monkeypatch, capsys):
@@ -190,7 +193,7 @@ def test_a_typo_against_240_cells_is_one_bounded_line(project, monkeypatch, caps
     n = len(matrix.load(project / "matrix.yaml").cells)
     assert n == 240
     line = one_error(["list", "--only", "py3.11-cpu-openblas-pipp"], monkeypatch, capsys)
-    assert len(line) < inputs.MAX_LINE and f"and {n - inputs.MAX_LISTED} more" in line
+    assert len(line) < terminal.MAX_LINE and f"and {n - terminal.MAX_LISTED} more" in line
 
 
 # --------------------------------------------------------------------------- 4, 7. nothing printed raw
@@ -229,8 +232,8 @@ def test_doctor_prints_docker_host_escaped(project, monkeypatch, capsys):
 
 
 def test_the_escaping_stream_keeps_newlines_and_tabs_and_escapes_the_rest():
-    assert inputs.printable_text("a\tb\nc") == "a\tb\nc"
-    assert inputs.printable_text("\x1b[31mx\u202e\r") == "\\x1b[31mx\\u202e\\r"
+    assert terminal.printable_text("a\tb\nc") == "a\tb\nc"
+    assert terminal.printable_text("\x1b[31mx\u202e\r") == "\\x1b[31mx\\u202e\\r"
 
 
 # --------------------------------------------------------------------------- 5. lock files
@@ -352,8 +355,8 @@ def test_a_malformed_docker_host_is_exit_2_naming_it(project, monkeypatch, capsy
 @pytest.mark.parametrize("value", ["unix:///var/run/docker.sock", "tcp://127.0.0.1:2375", "tcp://[::1]:2375",
                                    "ssh://me@build-host", "ssh://build-host:2222", "tcp://docker:2376/"])
 def test_a_well_formed_docker_host_passes(value):
-    assert inputs.docker_host({"DOCKER_HOST": value}) == value
-    assert inputs.docker_host({}) is None
+    assert environment.docker_host({"DOCKER_HOST": value}) == value
+    assert environment.docker_host({}) is None
 
 
 def test_home_unset_for_a_uid_without_passwd_entry_is_exit_2_not_a_traceback(project, monkeypatch, capsys):
@@ -363,7 +366,7 @@ def test_home_unset_for_a_uid_without_passwd_entry_is_exit_2_not_a_traceback(pro
     monkeypatch.delenv("IMAGEFACTORY_CACHE_DIR")
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
     monkeypatch.setattr(pwd, "getpwuid", lambda uid: (_ for _ in ()).throw(KeyError(uid)))
-    assert inputs.home() is None and netrc.default_path() is None
+    assert fsutil.home() is None and netrc.default_path() is None
     line = one_error(["build", "--builder", "classic"], monkeypatch, capsys)
     assert "$HOME is not set" in line and "IMAGEFACTORY_CACHE_DIR" in line
     code, out, err = run_cli(["list"], monkeypatch, capsys)  # a command that needs no cache still runs
@@ -484,7 +487,7 @@ def test_two_conda_pins_of_one_package_are_refused(project, monkeypatch, capsys)
 def _hook():
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("launch_iii", Path(inputs.__file__).parents[1] / "resources" / "launch.py")
+    spec = importlib.util.spec_from_file_location("launch_iii", Path(bounded.__file__).parents[1] / "resources" / "launch.py")
     assert spec and spec.loader
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -600,7 +603,7 @@ def test_a_ca_file_with_a_private_key_whose_begin_line_is_cut_off_is_refused(tmp
     cert = (REPO / "tests" / "golden" / "certs" / "corp-ca.pem").read_text()
     body = "MC4CAQAwBQYDK2VwBCIEIBm5nGyGzDNZm0Ql0sm6yAZdLS0rYH/3wNudt2Wv4nsC"
     (tmp_path / "ca.pem").write_text(cert + body + "\n-----END PRIVATE KEY-----\n")
-    with pytest.raises(inputs.InputError, match="private key"):
+    with pytest.raises(bounded.InputError, match="private key"):
         cacerts.certificates(tmp_path / "ca.pem")
     (tmp_path / "ca.pem").write_text(cert)
     assert cacerts.certificates(tmp_path / "ca.pem").startswith(b"-----BEGIN CERTIFICATE-----")
@@ -711,7 +714,7 @@ def test_every_copy_reads_a_fifo_as_it_reads_a_folder_without_waiting(tmp_path, 
     for rel, data in files.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         os.mkfifo(root / rel) if data == "fifo" else (root / rel).write_bytes(data)
-    resources = Path(inputs.__file__).parents[1] / "resources"
+    resources = Path(bounded.__file__).parents[1] / "resources"
     for name in ("launch.py", "probe.py", "workload.py"):
         spec = importlib.util.spec_from_file_location(f"iii_{name[:-3]}", resources / name)
         assert spec and spec.loader

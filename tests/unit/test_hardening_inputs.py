@@ -12,7 +12,9 @@ from cryptography import x509
 
 from imagefactory.config import cacerts
 from imagefactory.files import fsutil
-from imagefactory.files import inputs
+from imagefactory.files import bounded
+from imagefactory.files import pem
+from imagefactory.files import yamlfile
 from imagefactory.config import matrix
 from imagefactory.render import contexts as render
 from imagefactory.errors import ConfigError
@@ -56,9 +58,9 @@ def test_a_megabyte_of_unterminated_begin_lines_is_refused_as_cut_short(tmp_path
 def test_the_scan_is_one_pass_over_the_lines():
     """Structural, not timed: every line is looked at once, whatever the mix of boundaries."""
     data = b"-----BEGIN A-----\n" + b"x\n" * 10 + b"-----END A-----\n"
-    assert inputs.pem_blocks(data * 3) == [("A", b"x" * 10, 1), ("A", b"x" * 10, 13), ("A", b"x" * 10, 25)]
-    with pytest.raises(inputs.InputError, match="more than 1000 PEM blocks"):
-        inputs.pem_blocks(b"-----BEGIN A-----\n-----END A-----\n" * 1001)
+    assert pem.pem_blocks(data * 3) == [("A", b"x" * 10, 1), ("A", b"x" * 10, 13), ("A", b"x" * 10, 25)]
+    with pytest.raises(bounded.InputError, match="more than 1000 PEM blocks"):
+        pem.pem_blocks(b"-----BEGIN A-----\n-----END A-----\n" * 1001)
 
 
 @pytest.mark.parametrize("text, words", [
@@ -100,7 +102,7 @@ def test_a_certificate_file_parsed_before_is_not_parsed_again_and_gives_the_same
     key_file = tmp_path / "key.pem"
     key_file.write_text(f"-----BEGIN CERTIFICATE-----\n{KEY_BODY}\n-----END CERTIFICATE-----\n")
     for tries in (1, 2):  # refused every time: a refusal is never remembered
-        with pytest.raises(inputs.InputError, match="does not hold an X.509 certificate"):
+        with pytest.raises(bounded.InputError, match="does not hold an X.509 certificate"):
             cacerts.certificates(key_file)
         assert len(parsed) == 1 + tries
 
@@ -134,10 +136,10 @@ def test_a_glob_lists_one_directory(tmp_path, write_matrix):
 
 def test_a_glob_matching_too_many_files_is_refused(tmp_path, monkeypatch, capsys):
     (tmp_path / "certs").mkdir()
-    for i in range(inputs.MAX_CA_FILES + 1):
+    for i in range(pem.MAX_CA_FILES + 1):
         (tmp_path / "certs" / f"{i}.pem").write_text(CERT)
     line = refused(tmp_path, BASE + "ca_certificates: [certs/*.pem]\n", monkeypatch, capsys)
-    assert f"matches {inputs.MAX_CA_FILES + 1} files, more than {inputs.MAX_CA_FILES}" in line
+    assert f"matches {pem.MAX_CA_FILES + 1} files, more than {pem.MAX_CA_FILES}" in line
 
 
 def test_a_matched_name_never_reaches_the_context_or_the_dockerfile(tmp_path, write_matrix):
@@ -182,11 +184,11 @@ def test_a_wheelhouse_that_links_to_itself(tmp_path, monkeypatch, capsys):
 # --------------------------------------------------------------------------- shared helpers
 
 def test_capped_adds_up_what_was_capped_before():
-    once = inputs.capped([f"p{i}" for i in range(30)])
+    once = yamlfile.capped([f"p{i}" for i in range(30)])
     assert once[-1] == "10 more problems not shown" and len(once) == 21
-    twice = inputs.capped(once + ["q\x1b"])
+    twice = yamlfile.capped(once + ["q\x1b"])
     assert twice[:20] == once[:20] and twice[-1] == "11 more problems not shown"
-    assert inputs.capped(["a\x1b[2Kb"]) == ["a\\x1b[2Kb"]
+    assert yamlfile.capped(["a\x1b[2Kb"]) == ["a\\x1b[2Kb"]
 
 
 def test_sha256_file_and_atomic_write(tmp_path, monkeypatch):
@@ -206,19 +208,18 @@ def test_sha256_file_and_atomic_write(tmp_path, monkeypatch):
 
 
 def test_the_matrix_reader_is_the_shared_one():
-    assert matrix._parse is inputs.parse_yaml and matrix._read is inputs.read_yaml_text
+    assert matrix._parse is yamlfile.parse_yaml and matrix._read is yamlfile.read_yaml_text
     with pytest.raises(ConfigError, match=re.escape("x.yaml:1: (yaml): nested deeper than 32 levels")):
-        inputs.parse_yaml("[" * 40, "x.yaml")
+        yamlfile.parse_yaml("[" * 40, "x.yaml")
 
 
 def test_the_refused_characters_are_exactly_what_pyyaml_refuses():
-    """inputs._UNREADABLE names what is refused (its complement compiles 8x faster at import): over
+    """yamlfile._UNREADABLE names what is refused (its complement compiles 8x faster at import): over
     every code point it must match exactly what PyYAML's reader refuses."""
     import yaml.reader
 
-    from imagefactory.files import inputs
-
+    pass
     every = "".join(map(chr, range(0x110000)))
-    ours = [m.start() for m in inputs._UNREADABLE.finditer(every)]
+    ours = [m.start() for m in yamlfile._UNREADABLE.finditer(every)]
     assert ours == [m.start() for m in yaml.reader.Reader.NON_PRINTABLE.finditer(every)]
     assert len(ours) == 2111

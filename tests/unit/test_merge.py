@@ -13,7 +13,7 @@ import pytest
 
 from imagefactory.pipeline import build
 from imagefactory.engine import select as engines
-from imagefactory.files import inputs
+from imagefactory.files import bounded
 from imagefactory.config import matrix
 from imagefactory.publish import merge
 from imagefactory.publish import push as publish
@@ -173,7 +173,7 @@ def test_a_hostile_value_is_one_line_exit_2_and_nothing_is_put(project, world, m
     code, out, err = merge_cli(project, world, monkeypatch, capsys)
     assert code == 2 and out == "" and not world.calls and not world.ops("put_manifest")
     (line,) = err.splitlines()
-    assert line.startswith(f"error: {inputs.short(arm)}: {key}: ") and ESC not in line and len(line) < 400, line
+    assert line.startswith(f"error: {bounded.short(arm)}: {key}: ") and ESC not in line and len(line) < 400, line
     assert not (project / "out" / "report.json").exists()
 
 
@@ -190,7 +190,7 @@ def test_an_unreadable_report_is_one_line_exit_2(project, world, monkeypatch, ca
     code, out, err = merge_cli(project, world, monkeypatch, capsys)
     assert code == 2 and not world.calls
     (line,) = err.splitlines()
-    assert line.startswith(f"error: {inputs.short(bad)}: ") and ESC not in line, line
+    assert line.startswith(f"error: {bounded.short(bad)}: ") and ESC not in line, line
     assert ("larger than" in line) if content == "huge" else ("not a" in line)
 
 
