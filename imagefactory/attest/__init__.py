@@ -1,0 +1,1 @@
+"""Step 9 of the package's layout, what leaves with a passing image (docs/architecture.md)."""

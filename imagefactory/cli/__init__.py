@@ -1,0 +1,1 @@
+"""Step 13 of the package's layout, the commands (docs/architecture.md)."""

@@ -1,0 +1,1 @@
+"""Step 6 of the package's layout, an image -> verdicts (docs/architecture.md)."""

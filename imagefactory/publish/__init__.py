@@ -1,0 +1,1 @@
+"""Step 10 of the package's layout, passing images -> pushed tags (docs/architecture.md)."""
