@@ -100,7 +100,7 @@ def cli_rows(root: Path, n: int) -> list[Row]:
 def build_row(root: Path, n: int, wheelhouse: Path, profile: Path | None = None) -> Row:
     from factory import Bench
 
-    from imagefactory.engine.docker.docker import Engine
+    from imagefactory.engine.docker import Engine
 
     if not list(wheelhouse.glob(f"torch-{TORCH}+cpu-*.whl")):
         raise SystemExit(f"no torch-{TORCH}+cpu wheel in {wheelhouse}: pip download --no-deps -d {wheelhouse} "

@@ -87,8 +87,8 @@ from typing import Callable
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from imagefactory.engine.docker.docker import Engine  # noqa: E402
-from imagefactory.engine.docker.api import Builder, BuildRequest  # noqa: E402
+from imagefactory.engine.docker import Engine  # noqa: E402
+from imagefactory.engine.api import Builder, BuildRequest  # noqa: E402
 from imagefactory.errors import EngineError  # noqa: E402
 
 BASE_REGISTRY = "127.0.0.1:5000"
@@ -424,7 +424,7 @@ pip:
     def mounts(self, n: int) -> Row:
         """Cold BuildKit builds of the cell with and without the pip cache mount."""
         from imagefactory.config import matrix
-        from imagefactory.render.contexts import contexts as render
+        from imagefactory.render import contexts as render
 
         m = matrix.load(self.matrix)
         cell = m.cell(GOOD)

@@ -53,7 +53,7 @@ print(json.dumps(times))
 
 
 def _venvs(root: Path) -> tuple[str, str]:
-    from imagefactory.render.contexts import contexts as render
+    from imagefactory.render import contexts as render
     from imagefactory.config.model import AUTO, Cell
 
     cell = Cell(python="3.11", cuda=None, blas="openblas", installer="pip", torch="2.13.0", threads=AUTO,
@@ -91,7 +91,7 @@ def main() -> int:
     p.add_argument("--image", help="a built image (its hook is measured inside it, as root)")
     args = p.parse_args()
     if args.image:
-        from imagefactory.engine.docker.docker import Engine  # the only Docker SDK user
+        from imagefactory.engine.docker import Engine  # the only Docker SDK user
 
         pth = "/opt/venv/lib/python3.11/site-packages/imagefactory-launch.pth"
         out = Engine().run(args.image, ["-c", TIMER, "/opt/venv/bin/python", "", str(args.runs), pth],

@@ -21,11 +21,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from imagefactory.lock.resolve import lockfile
+from imagefactory.lock import lockfile
 from imagefactory.config import matrix
-from imagefactory.render.contexts import contexts as render
-from imagefactory.engine.docker.api import BuildRequest, ContainerEngine
-from imagefactory.engine.docker.select import docker_engine
+from imagefactory.render import contexts as render
+from imagefactory.engine.api import BuildRequest, ContainerEngine
+from imagefactory.engine.select import docker_engine
 from imagefactory.errors import BuildError
 
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from imagefactory.engine.docker.api import ContainerEngine
-from imagefactory.engine.docker.select import docker_engine
+from imagefactory.engine.api import ContainerEngine
+from imagefactory.engine.select import docker_engine
 
 TIMEOUT = 600.0  # seconds one workload container may run
 
