@@ -16,16 +16,12 @@ interrupt stops buildx's whole process group (SIGINT, then SIGKILL): buildx clos
 cancels the build in the engine.
 
 `select` chooses the builder: buildkit when `docker buildx version` answers with at least
-MIN_VERSION, else classic (auto) or exit 2 (buildkit). A usable answer is kept in the cache
-folder under a key made of every file the docker CLI finds buildx through (the CLI, each
-plugin directory's docker-buildx, the CLI's config.json), so a no-op run does not start the
-two Go programs again; any change to those files asks again.
+MIN_VERSION, else classic (auto) or exit 2 (buildkit). The answer is asked each run, never kept.
 """
 
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import os
 import re
@@ -38,10 +34,7 @@ from collections import deque
 from pathlib import Path
 from typing import IO, Any, Callable
 
-from imagefactory.files import fsutil
 from imagefactory.engine import identity
-from imagefactory.files import bounded
-from imagefactory.engine import environment
 from imagefactory.files import terminal
 from imagefactory.engine.docker import Engine
 from imagefactory.engine.api import PODMAN, Builder, BuildProgress, BuildRequest
@@ -71,57 +64,13 @@ SYSTEM_PLUGIN_DIRS = ("/usr/local/lib/docker/cli-plugins", "/usr/local/libexec/d
                       "/usr/lib/docker/cli-plugins", "/usr/libexec/docker/cli-plugins")
 
 
-def _stat_key(path: Path) -> str:
-    try:
-        st = path.stat()
-    except OSError:
-        return f"{path}:-"
-    return f"{path}:{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
-
-
-def _answer_key(cli: str) -> str | None:
-    """What `docker buildx version` depends on, as one digest; None when it cannot be pinned down
-    (a config.json that names extra plugin directories, or one that cannot be read)."""
-    config_dir = environment.docker_config_dir()
-    if config_dir is None:
-        return None
-    config = config_dir / "config.json"
-    try:
-        if os.path.lexists(config) and b"cliPluginsExtraDirs" in bounded.read_real(config, environment.DOCKER_CONFIG_MAX_BYTES)[1]:
-            return None
-    except bounded.InputError:
-        return None
-    paths = [Path(cli), config, config_dir / "cli-plugins" / "docker-buildx",
-             *(Path(d) / "docker-buildx" for d in SYSTEM_PLUGIN_DIRS)]
-    return hashlib.sha256("\n".join(_stat_key(p) for p in paths).encode()).hexdigest()
-
-
-def _cache_file() -> Path:
-    return fsutil.cache_root() / "buildx-version.json"
-
-
 def buildx_version(timeout: float = 20.0) -> tuple[tuple[int, int, int] | None, str]:
     """buildx's version, or None and why not (no docker CLI, no plugin, an answer we cannot read).
-    A usable answer is reused while the files it depends on are unchanged (_answer_key)."""
+    Asked every time it is needed (`docker buildx version`): no answer is kept between runs."""
     cli = docker_cli()
     if cli is None:
         return None, "no `docker` CLI on PATH"
-    key = _answer_key(cli)
-    if key is not None:
-        try:
-            kept = json.loads(bounded.read_regular(_cache_file(), 4096))  # bounded: a FIFO or 4 GiB is no answer
-            if kept.get("key") == key and VERSION_RE.fullmatch(str(kept.get("answer", ""))[:200]):
-                return _parsed(str(kept["answer"]))
-        except (OSError, ValueError, AttributeError):
-            pass
-    version, text = _ask(cli, timeout)
-    if version is not None and key is not None:
-        try:
-            _cache_file().parent.mkdir(parents=True, exist_ok=True)
-            fsutil.atomic_write(_cache_file(), json.dumps({"key": key, "answer": text}))
-        except OSError:
-            pass  # an unwritable cache costs the next run one more question, nothing else
-    return version, text
+    return _ask(cli, timeout)
 
 
 def _parsed(first: str) -> tuple[tuple[int, int, int] | None, str]:

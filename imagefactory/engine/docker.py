@@ -13,7 +13,6 @@ interrupted, else the operation's own error.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import socket
@@ -22,7 +21,6 @@ from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any, Callable, NoReturn
 
 import docker
@@ -31,7 +29,6 @@ import requests.exceptions
 import urllib3.exceptions
 
 from imagefactory.engine import identity
-from imagefactory.files import store as passcache
 from imagefactory.config import platforms
 from imagefactory.config import refs
 from imagefactory.engine.api import (Builder, BuildProgress, BuildRequest, ContainerEngine, EngineFactory, EngineInfo,
@@ -64,57 +61,16 @@ _SDK_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestExcepti
 _LINK_ERRORS = (requests.exceptions.RequestException, urllib3.exceptions.HTTPError, OSError)
 
 
-# The API versions engines answered before, by DOCKER_HOST (the cache folder's API_VERSIONS/):
-# a client made with the kept version skips negotiating (GET /version, ~8 ms of the engine's time)
-# when the engine's ping names the same version (its Api-Version header); else it negotiates.
-API_VERSIONS = "engine-api-versions"
-_API_VERSION_RE = re.compile(r"1\.[0-9]{1,3}")
-
-
-def _kept_version_file(where: str) -> Path | None:
-    folder = passcache.path(API_VERSIONS)
-    return None if folder is None else folder / f"{hashlib.sha256(where.encode()).hexdigest()}.txt"
-
-
-def _pinged_version(client: docker.DockerClient) -> str | None:
-    """Ping the engine (errors are the SDK's); the API version its answer names, if it names one."""
-    seen: list[str] = []
-    hooks: list[Callable[..., None]] = client.api.hooks["response"]  # requests.Session's
-    hook: Callable[..., None] = lambda response, *args, **kwargs: seen.append(str(response.headers.get("Api-Version")))
-    hooks.append(hook)
-    try:
-        client.ping()
-    finally:
-        hooks.remove(hook)
-    return seen[-1] if seen else None
-
-
-def _connect(where: str, timeout: int, shared: dict[str, Any]) -> docker.DockerClient:
-    """A client of the engine at `where` that has answered: with the API version this run's
-    engines agreed on (`shared`, then a ping), else with the one this engine answered before
-    if its ping names it again, else with one negotiated now (kept for the next run). SDK
-    errors are the caller's."""
+def _connect(timeout: int, shared: dict[str, Any]) -> docker.DockerClient:
+    """A client of the engine that has answered: with the API version this run's engines agreed
+    on (`shared`, then a ping), else with one negotiated now (GET /version; kept in `shared` for
+    the run's other engines). SDK errors are the caller's."""
     if "api_version" in shared:
         client = docker.from_env(timeout=timeout, version=shared["api_version"])
         client.ping()
         return client
-    file = _kept_version_file(where)
-    kept = passcache.read_kept(file, 64)
-    if kept is not None and _API_VERSION_RE.fullmatch(kept):
-        client = docker.from_env(timeout=timeout, version=kept)
-        try:
-            agreed = _pinged_version(client) == kept
-        except docker.errors.APIError:  # it answered, refusing the version: negotiate
-            agreed = False
-        if agreed:
-            shared["api_version"] = kept
-            return client
-        client.close()
     client = docker.from_env(timeout=timeout)  # negotiated: the engine has answered
-    version = str(client.api.api_version)
-    shared["api_version"] = version
-    if _API_VERSION_RE.fullmatch(version) and version != kept:
-        passcache.keep(file, version, ".txt", 16)
+    shared["api_version"] = str(client.api.api_version)
     return client
 
 
@@ -161,7 +117,7 @@ class Engine:
         self._shared = shared if shared is not None else {}
         try:
             if client is None:  # ours: its API version and `docker info` are the run's
-                self.client = _connect(where, timeout, self._shared)
+                self.client = _connect(timeout, self._shared)
                 if "info" not in self._shared:
                     self._shared["info"] = _ask_info(timeout, self._shared["api_version"])
             else:  # the caller's (the tests' fakes)

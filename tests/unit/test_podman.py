@@ -110,7 +110,7 @@ def test_buildkit_through_podman_is_refused_naming_the_engine(monkeypatch):
     monkeypatch.setattr(engine_mod, "_ask_info", lambda timeout, version: answered)
     monkeypatch.setenv("DOCKER_HOST", "unix:///run/podman/podman.sock")
     for version, refused in ((PODMAN_VERSION, True), (DOCKER_VERSION, False)):
-        def connect(where, timeout, shared, version=version):
+        def connect(timeout, shared, version=version):
             shared["api_version"] = "1.41"
             return _Client(version)
 
