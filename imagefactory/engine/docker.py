@@ -29,10 +29,11 @@ import requests.exceptions
 import urllib3.exceptions
 
 from imagefactory.engine import identity
+from imagefactory.engine.registry import HttpRegistry
 from imagefactory.config import platforms
 from imagefactory.config import refs
 from imagefactory.engine.api import (Builder, BuildProgress, BuildRequest, ContainerEngine, EngineFactory, EngineInfo,
-                                     Manifest, PushOutcome, RunResult, is_transient, refuse_foreign)
+                                     PushOutcome, RegistryClient, RunResult, is_transient, refuse_foreign)
 from imagefactory.engine.api import DOCKER, PODMAN
 from imagefactory.errors import (BuildError, Cancelled, DockerUnavailable, EngineError, EngineGone, ImageFactoryError,
                                  PushError)
@@ -108,11 +109,13 @@ class Engine:
     builder = Builder.classic
 
     def __init__(self, client: docker.DockerClient | None = None, *, timeout: int = 600,
-                 interrupt: Interrupt | None = None, shared: dict[str, Any] | None = None):
+                 interrupt: Interrupt | None = None, shared: dict[str, Any] | None = None,
+                 registry: RegistryClient | None = None):
         """`shared`: what the engines of one run (engines.docker_factory, one per worker) learn
         once: the API version the first agreed with the engine (_connect), and `docker info`
         (its runtimes and architecture do not change within a run), asked in the background
-        from the first engine on (_info)."""
+        from the first engine on (_info). `registry`: the registry HTTP API client that goes with
+        this engine (default: engine.registry.HttpRegistry with this engine's Docker config logins)."""
         where = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
         self._shared = shared if shared is not None else {}
         try:
@@ -127,6 +130,7 @@ class Engine:
             raise DockerUnavailable(f"no Docker engine answered at {where} ({_short(e)}); {START_HINT}") from None
         self.api = self.client.api
         self.interrupt = interrupt or Interrupt()
+        self.registry: RegistryClient = registry or HttpRegistry(self.interrupt, self.login)
         self._stream: _Stream | None = None
         self._native: tuple[platforms.Platform | None] | None = None  # (the engine's platform,) once asked
         hooks = getattr(self.api, "hooks", None)
@@ -466,7 +470,7 @@ class Engine:
     def registry_digest(self, ref: str, *, auth_config: dict[str, str] | None = None) -> str | None:
         """The manifest digest the registry serves for `ref`: asked through the engine (GET
         /distribution, which uses the engine's own logins and mirrors); on podman, whose Docker
-        API has no /distribution (404), of the registry's HTTP API (registry_http.py). None
+        API has no /distribution (404), of the registry's HTTP API (`self.registry`). None
         when the registry serves nothing under `ref` or will not say."""
         try:
             data = self.api.inspect_distribution(ref, auth_config=auth_config)
@@ -478,39 +482,23 @@ class Engine:
             digest = (data.get("Descriptor") or {}).get("digest")
             return digest if isinstance(digest, str) and identity.DIGEST_RE.fullmatch(digest) else None
         try:
-            manifest = self.registry_manifest(ref, auth_config=auth_config)
+            manifest = self.registry.manifest(ref, auth_config=auth_config)
         except Cancelled:
             raise
         except ImageFactoryError:
             return None
         return manifest.digest if manifest is not None else None
 
-    # -- the registry's HTTP API (lists: what the daemon cannot read or write) ----------------
-    def _login(self, ref: str) -> dict[str, str] | None:
-        """What a push of `ref` without auth_config is given: the Docker config's login for its
-        registry (`auths` or a credential helper); None without one (identity tokens are not used)."""
+    def login(self, ref: str) -> dict[str, str] | None:
+        """What a registry call of `ref` without auth_config is given (the registry client's `login`):
+        the Docker config's login for its registry (`auths` or a credential helper); None without
+        one (identity tokens are not used)."""
         try:
             found = self.api._auth_configs.resolve_authconfig(refs.registry(ref)) or {}
         except _SDK_ERRORS:
             return None
         user, password = found.get("username") or found.get("Username"), found.get("password") or found.get("Password")
         return {"username": str(user), "password": str(password)} if user and password else None
-
-    def registry_manifest(self, ref: str, *, auth_config: dict[str, str] | None = None) -> Manifest | None:
-        from imagefactory.engine import registry as registry_http
-
-        self.interrupt.check()
-        manifest = registry_http.get_manifest(ref, auth_config or self._login(ref))
-        self.interrupt.check()
-        return manifest
-
-    def put_manifest(self, ref: str, manifest: Manifest, *, auth_config: dict[str, str] | None = None) -> str:
-        from imagefactory.engine import registry as registry_http
-
-        self.interrupt.check()
-        stored = registry_http.put_manifest(ref, manifest, auth_config or self._login(ref))
-        self.interrupt.check()
-        return stored
 
 
 class _BuildStream:

@@ -87,6 +87,25 @@ def test_the_fake_and_the_docker_engine_implement_the_whole_interface():
             assert list(inspect.signature(getattr(impl, name)).parameters) == wanted, f"{impl.__name__}.{name}"
 
 
+def test_the_fake_and_the_http_registry_client_implement_the_whole_interface():
+    """tests/fake_engine.py's FakeRegistry and registry.HttpRegistry both have every RegistryClient
+    method, with the same parameters; and the engine interface has no registry HTTP call left."""
+    import inspect
+
+    from imagefactory.engine.api import ContainerEngine, RegistryClient
+    from imagefactory.engine.registry import HttpRegistry
+    from tests.fake_engine import FakeRegistry
+
+    methods = [n for n, f in vars(RegistryClient).items() if callable(f) and not n.startswith("_")]
+    assert set(methods) == {"manifest", "put_manifest"}
+    for name in methods:
+        wanted = list(inspect.signature(getattr(RegistryClient, name)).parameters)
+        for impl in (HttpRegistry, FakeRegistry):
+            assert list(inspect.signature(getattr(impl, name)).parameters) == wanted, f"{impl.__name__}.{name}"
+    assert not {"registry_manifest", "put_manifest"} & set(vars(ContainerEngine))
+    assert ContainerEngine.__annotations__["registry"] in (RegistryClient, "RegistryClient")
+
+
 # --------------------------------------------------------------------------- one run's engines
 class _Client:
     """What Engine asks of a docker.DockerClient here: ping (its answer's Api-Version header
