@@ -1,7 +1,8 @@
 """BuildKit builds: `docker buildx build` as a subprocess, behind the ContainerEngine interface.
 
-docker-py builds only with the classic builder (docker/docker-py#2230), so `BuildxEngine` is the
-Docker SDK engine (engine.py) for everything else and runs buildx for `build`:
+docker-py builds only with the classic builder (docker/docker-py#2230), so `BuildxBuilder` is the
+builder a Docker SDK engine (engine/docker.py) is given: the engine does everything else, and its
+`build` runs buildx:
 
     docker buildx build --progress=rawjson --metadata-file FILE --load -t TAG [--builder NAME]
                         --network host --platform P [--secret id=netrc,src=FILE] CONTEXT
@@ -32,14 +33,16 @@ import tempfile
 import threading
 from collections import deque
 from pathlib import Path
-from typing import IO, Any, Callable
+from typing import IO, TYPE_CHECKING, Callable
 
 from imagefactory.engine import identity
 from imagefactory.files import terminal
-from imagefactory.engine.docker import Engine
 from imagefactory.engine.api import PODMAN, Builder, BuildProgress, BuildRequest
 from imagefactory.errors import BuildError, Cancelled, ConfigError, EngineGone
 from imagefactory.interrupt import Interrupt
+
+if TYPE_CHECKING:  # the SDK engine is the caller's: this module imports no SDK
+    from imagefactory.engine.docker import Engine
 
 MIN_VERSION = (0, 13)
 TAIL_LINES = 30
@@ -316,21 +319,25 @@ def _buildx_env() -> dict[str, str]:
     return env
 
 
-class BuildxEngine(Engine):
-    """The Docker SDK engine, building with BuildKit through `docker buildx build`."""
+class BuildxBuilder:
+    """BuildKit as the builder a Docker SDK engine is given (engine.docker.ImageBuilder): `build`
+    runs `docker buildx build` (`buildx_builder`: its --builder NAME); the engine does the rest."""
 
-    builder = Builder.buildkit
+    kind = Builder.buildkit
 
-    def __init__(self, *, interrupt: Interrupt | None = None, buildx_builder: str | None = None,
-                 shared: dict[str, Any] | None = None) -> None:
-        super().__init__(interrupt=interrupt, shared=shared)
-        self.buildx_builder = check_builder_name(buildx_builder)
-        if self.product() == PODMAN:  # before anything is built: buildx would fail in its first step
+    def __init__(self, buildx_builder: str | None = None) -> None:
+        self.buildx_builder = buildx_builder
+
+    def attach(self, engine: Engine) -> None:
+        """The builder name checked, and a podman engine refused, before anything is built: buildx
+        would fail in its first step."""
+        self.buildx_builder = check_builder_name(self.buildx_builder)
+        if engine.product() == PODMAN:
             where = terminal.printable(os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock"))
             raise ConfigError(f"builder buildkit: the engine at {where} is podman, whose Docker API serves no BuildKit "
                               f"(docker buildx cannot build through it); build with --builder classic")
 
-    def build(self, request: BuildRequest, *, log: Callable[[str], None] = lambda line: None,
+    def build(self, engine: Engine, request: BuildRequest, *, log: Callable[[str], None] = lambda line: None,
               progress: Callable[[BuildProgress], None] = lambda p: None) -> str:
         cli = docker_cli()
         if cli is None:
@@ -341,20 +348,20 @@ class BuildxEngine(Engine):
             metadata = Path(tmp) / "metadata.json"
             args = command(cli, request, metadata, builder=self.buildx_builder)
             try:
-                code = run_build(args, parser, self.interrupt)
+                code = run_build(args, parser, engine.interrupt)
             except Cancelled:
                 raise
             except OSError as e:
                 raise parser.build_error(f"could not run docker buildx: {e.strerror}") from None
             if code != 0:
                 message = parser.error or f"docker buildx build exited {code}"
-                if not self.alive():
+                if not engine.alive():
                     raise EngineGone(f"build of {tag}: the Docker engine stopped answering ({message})")
                 raise parser.build_error(message)
             made = _metadata_digests(metadata)
         # The engine's id for the name, in its own store (identity.py), never buildx's config
         # digest: in the containerd image store no image answers to that.
-        named = self.image_id(tag)
+        named = engine.image_id(tag)
         image_id = identity.built(named, made)
         if image_id is None:
             raise parser.build_error("the build ended without producing an image" if named is None else

@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
-from typing import Any, Callable, NoReturn
+from typing import Any, Callable, NoReturn, Protocol
 
 import docker
 import docker.errors
@@ -104,18 +104,19 @@ class _Stream:
 
 
 class Engine:
-    """A connected Docker engine (implements ContainerEngine); builds with the classic builder."""
-
-    builder = Builder.classic
+    """A connected Docker engine (implements ContainerEngine); builds with the builder it is given
+    (ClassicBuilder by default, buildkit.BuildxBuilder for BuildKit)."""
 
     def __init__(self, client: docker.DockerClient | None = None, *, timeout: int = 600,
                  interrupt: Interrupt | None = None, shared: dict[str, Any] | None = None,
-                 registry: RegistryClient | None = None):
+                 registry: RegistryClient | None = None, builder: ImageBuilder | None = None):
         """`shared`: what the engines of one run (engines.docker_factory, one per worker) learn
         once: the API version the first agreed with the engine (_connect), and `docker info`
         (its runtimes and architecture do not change within a run), asked in the background
         from the first engine on (_info). `registry`: the registry HTTP API client that goes with
-        this engine (default: engine.registry.HttpRegistry with this engine's Docker config logins)."""
+        this engine (default: engine.registry.HttpRegistry with this engine's Docker config logins).
+        `builder`: what `build` builds with (default ClassicBuilder); it may refuse this engine
+        (ConfigError) once it has answered."""
         where = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
         self._shared = shared if shared is not None else {}
         try:
@@ -131,11 +132,14 @@ class Engine:
         self.api = self.client.api
         self.interrupt = interrupt or Interrupt()
         self.registry: RegistryClient = registry or HttpRegistry(self.interrupt, self.login)
+        self._builder: ImageBuilder = builder or ClassicBuilder()
+        self.builder: Builder = self._builder.kind
         self._stream: _Stream | None = None
         self._native: tuple[platforms.Platform | None] | None = None  # (the engine's platform,) once asked
         hooks = getattr(self.api, "hooks", None)
         if isinstance(hooks, dict):
             hooks.setdefault("response", []).append(self._on_response)
+        self._builder.attach(self)
 
     def _on_response(self, response: Any, *args: Any, **kwargs: Any) -> None:
         if self._stream is not None:
@@ -293,43 +297,9 @@ class Engine:
     # -- build ------------------------------------------------------------------------------
     def build(self, request: BuildRequest, *, log: Callable[[str], None] = lambda line: None,
               progress: Callable[[BuildProgress], None] = lambda p: None) -> str:
-        """Build `request.context` and tag it; returns the image id. Raises BuildError with the
-        failing step and the log tail when the stream reports an error. The classic builder has
-        no build secrets: it refuses them rather than build without. It is given no platform: it
-        builds for the engine's own (with a local base tag of another arch it ignores one)."""
-        if request.secrets:
-            raise BuildError("the classic builder has no build secrets; build with --builder buildkit")
-        refuse_foreign(request, self.native_platform())
-        builder = _BuildStream(log, progress)
-        tag = request.tag
-        self.interrupt.check()
-        try:
-            with self._streaming() as stream:
-                events = self.api.build(path=request.context, tag=tag, rm=True, forcerm=True, decode=True,
-                                        network_mode=request.network, pull=request.pull,
-                                        cache_from=list(request.cache_from) or None, nocache=request.nocache)
-                for event in events:
-                    builder.feed(event, stream)  # first: it notes a new build container
-                    self.interrupt.check()
-        except Cancelled:
-            raise
-        except BuildError:  # a RUN step killed by our own interrupt fails too: that is not the cell's fault
-            self.interrupt.check()
-            raise
-        except _SDK_ERRORS as e:
-            if self.interrupt.is_set():
-                raise Cancelled("interrupted") from None
-            gone = isinstance(e, _LINK_ERRORS) and not self.alive()
-            message = f"lost the Docker engine: {_short(e)}" if gone else _short(e)
-            builder.emit(f"ERROR: {message}")
-            if gone:
-                raise EngineGone(f"build of {tag}: {message}") from None
-            raise builder.error(message) from None
-        self.interrupt.check()
-        image_id = builder.image_id or self.image_id(tag)
-        if image_id is None:
-            raise builder.error("the build ended without producing an image")
-        return image_id
+        """Build `request` with the builder this engine was given (ClassicBuilder: through the SDK;
+        buildkit.BuildxBuilder: `docker buildx build`); the image id."""
+        return self._builder.build(self, request, log=log, progress=progress)
 
     def describe(self) -> EngineInfo:
         """Version and GPU plumbing of the engine (for `imagefactory doctor`)."""
@@ -499,6 +469,70 @@ class Engine:
             return None
         user, password = found.get("username") or found.get("Username"), found.get("password") or found.get("Password")
         return {"username": str(user), "password": str(password)} if user and password else None
+
+
+class ImageBuilder(Protocol):
+    """What an Engine builds with (it is given one): the classic builder through the SDK
+    (ClassicBuilder) or BuildKit through `docker buildx build` (buildkit.BuildxBuilder)."""
+
+    kind: Builder  # Builder.classic or Builder.buildkit: the engine's `builder`
+
+    def attach(self, engine: Engine) -> None:
+        """Called once the engine answered: ConfigError when this builder cannot build through it."""
+        ...
+
+    def build(self, engine: Engine, request: BuildRequest, *, log: Callable[[str], None],
+              progress: Callable[[BuildProgress], None]) -> str:
+        ...
+
+
+class ClassicBuilder:
+    """The classic builder: POST /build through the Docker SDK (the engine's client)."""
+
+    kind = Builder.classic
+
+    def attach(self, engine: Engine) -> None:
+        pass
+
+    def build(self, engine: Engine, request: BuildRequest, *, log: Callable[[str], None] = lambda line: None,
+              progress: Callable[[BuildProgress], None] = lambda p: None) -> str:
+        """Build `request.context` and tag it; returns the image id. Raises BuildError with the
+        failing step and the log tail when the stream reports an error. The classic builder has
+        no build secrets: it refuses them rather than build without. It is given no platform: it
+        builds for the engine's own (with a local base tag of another arch it ignores one)."""
+        if request.secrets:
+            raise BuildError("the classic builder has no build secrets; build with --builder buildkit")
+        refuse_foreign(request, engine.native_platform())
+        builder = _BuildStream(log, progress)
+        tag = request.tag
+        engine.interrupt.check()
+        try:
+            with engine._streaming() as stream:
+                events = engine.api.build(path=request.context, tag=tag, rm=True, forcerm=True, decode=True,
+                                        network_mode=request.network, pull=request.pull,
+                                        cache_from=list(request.cache_from) or None, nocache=request.nocache)
+                for event in events:
+                    builder.feed(event, stream)  # first: it notes a new build container
+                    engine.interrupt.check()
+        except Cancelled:
+            raise
+        except BuildError:  # a RUN step killed by our own interrupt fails too: that is not the cell's fault
+            engine.interrupt.check()
+            raise
+        except _SDK_ERRORS as e:
+            if engine.interrupt.is_set():
+                raise Cancelled("interrupted") from None
+            gone = isinstance(e, _LINK_ERRORS) and not engine.alive()
+            message = f"lost the Docker engine: {_short(e)}" if gone else _short(e)
+            builder.emit(f"ERROR: {message}")
+            if gone:
+                raise EngineGone(f"build of {tag}: {message}") from None
+            raise builder.error(message) from None
+        engine.interrupt.check()
+        image_id = builder.image_id or engine.image_id(tag)
+        if image_id is None:
+            raise builder.error("the build ended without producing an image")
+        return image_id
 
 
 class _BuildStream:

@@ -116,10 +116,10 @@ def test_buildkit_through_podman_is_refused_naming_the_engine(monkeypatch):
 
         monkeypatch.setattr(engine_mod, "_connect", connect)
         if not refused:
-            assert buildkit.BuildxEngine().product() == DOCKER
+            assert engine_mod.Engine(builder=buildkit.BuildxBuilder()).product() == DOCKER
             continue
         with pytest.raises(ConfigError) as e:
-            buildkit.BuildxEngine()
+            engine_mod.Engine(builder=buildkit.BuildxBuilder())
         assert "podman" in e.value.message and "unix:///run/podman/podman.sock" in e.value.message
         assert "--builder classic" in e.value.message and "\n" not in e.value.message
 
