@@ -1,9 +1,11 @@
 """The container engine as the pipeline sees it: value types and the ContainerEngine interface.
 
 This module imports no Docker SDK and constructs no engine. Every command takes a
-`ContainerEngine` (or an `EngineFactory`, one engine per worker thread); engine.py implements it
-with the Docker SDK for Python (buildkit.py: building with `docker buildx`), tests/fake_engine.py
-in memory, and engines.py makes the Docker ones. Commands that never talk to an engine (`list`,
+`ContainerEngine` (or an `EngineFactory`, one engine per worker thread); engine/docker.py implements
+it with the Docker SDK for Python, given a builder (its ClassicBuilder, or buildkit.py's BuildxBuilder
+running `docker buildx`), tests/fake_engine.py in memory, and engine/select.py makes the Docker ones.
+The registry's HTTP API is a `RegistryClient` of its own (engine/registry.py's HttpRegistry; the
+fake's FakeRegistry), the one each engine carries as `registry`. Commands that never talk to an engine (`list`,
 `render`, `schema`, `lock --check`) therefore load no SDK at all.
 
 A build is one frozen `BuildRequest` (what to build, for which platform, from which caches);

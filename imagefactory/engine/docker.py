@@ -509,8 +509,8 @@ class ClassicBuilder:
         try:
             with engine._streaming() as stream:
                 events = engine.api.build(path=request.context, tag=tag, rm=True, forcerm=True, decode=True,
-                                        network_mode=request.network, pull=request.pull,
-                                        cache_from=list(request.cache_from) or None, nocache=request.nocache)
+                                          network_mode=request.network, pull=request.pull,
+                                          cache_from=list(request.cache_from) or None, nocache=request.nocache)
                 for event in events:
                     builder.feed(event, stream)  # first: it notes a new build container
                     engine.interrupt.check()
