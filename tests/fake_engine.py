@@ -20,7 +20,7 @@ from typing import Any, Callable
 from imagefactory.run.context import UI, Options, RunContext, Silent
 from imagefactory.config import platforms
 from imagefactory.engine.api import (Builder, BuildProgress, BuildRequest, ContainerEngine, EngineInfo, Manifest,
-                                     PushOutcome, RunResult, is_transient, refuse_foreign)
+                                     PushOutcome, RegistryClient, RunResult, is_transient, refuse_foreign)
 from imagefactory.errors import BuildError, Cancelled, EngineError, EngineGone, PushError, RegistryError
 from imagefactory.interrupt import Interrupt
 from imagefactory.pipeline.schedule import instructions
@@ -84,6 +84,16 @@ class World:
     def engine(self) -> ContainerEngine:
         return FakeEngine(self)
 
+    def served_digest(self, ref: str, auth_config: dict[str, str] | None) -> str | None:
+        """What the registry serves under `ref` (`registry`, or a wrong digest for `wrong_digest`),
+        asked of the engine or of the registry: recorded as ("registry_digest", ref) either way."""
+        self.record("registry_digest", ref)
+        self.record("digest_auth", (ref, auth_config))
+        served = self.registry.get(ref)
+        if served and ref in self.wrong_digest:
+            return "sha256:" + "0" * 64
+        return served
+
     def context(self, options: Options | None = None, ui: UI | None = None) -> RunContext:
         """A run on this world: its engines share the world's interrupt."""
         return RunContext(options or Options(), ui or Silent(), self.interrupt, self.engine)
@@ -131,6 +141,7 @@ class FakeEngine:
         self.world = world
         self.interrupt = world.interrupt
         self.builder = Builder(world.builder)
+        self.registry: RegistryClient = FakeRegistry(world)
 
     def _hang(self) -> None:
         while not self.interrupt.is_set():
@@ -308,15 +319,35 @@ class FakeEngine:
         return image.id
 
     def registry_digest(self, ref: str, *, auth_config: dict[str, str] | None = None) -> str | None:
-        self.world.record("registry_digest", ref)
-        self.world.record("digest_auth", (ref, auth_config))
-        served = self.world.registry.get(ref)
-        if served and ref in self.world.wrong_digest:
-            return "sha256:" + "0" * 64
-        return served
+        return self.world.served_digest(ref, auth_config)
 
-    # -- the registry's HTTP API --------------------------------------------------------------
-    def registry_manifest(self, ref: str, *, auth_config: dict[str, str] | None = None) -> Manifest | None:
+    def local_repo_digests(self, ref: str) -> list[str]:
+        """`world.local`, else: every base image is here, pulled from its registry, one repo digest
+        per reference."""
+        self.world.record("local_repo_digests", ref)
+        if self.world.local is not None:
+            return self.world.local.get(ref, [])
+        name = ref.split("@", 1)[0]
+        if ":" in name.rsplit("/", 1)[-1]:
+            name = name.rsplit(":", 1)[0]
+        return [f"{name}@sha256:{hashlib.sha256(ref.encode()).hexdigest()}"]
+
+
+class FakeRegistry:
+    """Implements imagefactory.engine.api.RegistryClient on the same World: the registry the fake
+    engines push to and pull from. Calls are recorded as ("registry_manifest", ref) and
+    ("put_manifest", ref), with their auth_config as ("manifest_auth", ...) and ("put_auth", ...)."""
+
+    def __init__(self, world: World):
+        self.world = world
+        self.interrupt = world.interrupt
+
+    def _hang(self) -> None:
+        while not self.interrupt.is_set():
+            self.interrupt._event.wait(0.05)
+        raise Cancelled("interrupted")
+
+    def manifest(self, ref: str, *, auth_config: dict[str, str] | None = None) -> Manifest | None:
         """A pushed tag serves a Docker schema 2 manifest of its digest; a PUT ref what was put
         (`altered`: the same index with its first member's digest changed, a digest of its own)."""
         self.interrupt.check()
@@ -330,7 +361,7 @@ class FakeEngine:
             return Manifest(put.media_type, "sha256:" + hashlib.sha256(body).hexdigest(), body)
         if put is not None:
             return put
-        digest = self.registry_digest(ref, auth_config=auth_config)
+        digest = self.world.served_digest(ref, auth_config)
         if digest is None:
             return None
         return Manifest("application/vnd.docker.distribution.manifest.v2+json", digest,
@@ -351,14 +382,3 @@ class FakeEngine:
         self.world.manifests[ref] = manifest
         self.world.registry[ref] = manifest.digest
         return manifest.digest
-
-    def local_repo_digests(self, ref: str) -> list[str]:
-        """`world.local`, else: every base image is here, pulled from its registry, one repo digest
-        per reference."""
-        self.world.record("local_repo_digests", ref)
-        if self.world.local is not None:
-            return self.world.local.get(ref, [])
-        name = ref.split("@", 1)[0]
-        if ":" in name.rsplit("/", 1)[-1]:
-            name = name.rsplit(":", 1)[0]
-        return [f"{name}@sha256:{hashlib.sha256(ref.encode()).hexdigest()}"]

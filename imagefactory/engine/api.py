@@ -1,9 +1,11 @@
 """The container engine as the pipeline sees it: value types and the ContainerEngine interface.
 
 This module imports no Docker SDK and constructs no engine. Every command takes a
-`ContainerEngine` (or an `EngineFactory`, one engine per worker thread); engine.py implements it
-with the Docker SDK for Python (buildkit.py: building with `docker buildx`), tests/fake_engine.py
-in memory, and engines.py makes the Docker ones. Commands that never talk to an engine (`list`,
+`ContainerEngine` (or an `EngineFactory`, one engine per worker thread); engine/docker.py implements
+it with the Docker SDK for Python, given a builder (its ClassicBuilder, or buildkit.py's BuildxBuilder
+running `docker buildx`), tests/fake_engine.py in memory, and engine/select.py makes the Docker ones.
+The registry's HTTP API is a `RegistryClient` of its own (engine/registry.py's HttpRegistry; the
+fake's FakeRegistry), the one each engine carries as `registry`. Commands that never talk to an engine (`list`,
 `render`, `schema`, `lock --check`) therefore load no SDK at all.
 
 A build is one frozen `BuildRequest` (what to build, for which platform, from which caches);
@@ -98,10 +100,28 @@ class EngineInfo:
     driver: str = ""  # docker info Driver: overlay2 (a graph driver) or the containerd snapshotter (overlayfs)
 
 
+class RegistryClient(Protocol):
+    """The registry's HTTP API (distribution's /v2/, engine/registry.py): what the engine cannot
+    read or write through the daemon. RegistryError when the registry refuses, fails or
+    contradicts itself; Cancelled once the run's Interrupt is set."""
+
+    def manifest(self, ref: str, *, auth_config: dict[str, str] | None = None) -> Manifest | None:
+        """The manifest or index the registry serves for `ref`, its digest checked against its bytes;
+        None when it serves none."""
+        ...
+
+    def put_manifest(self, ref: str, manifest: Manifest, *, auth_config: dict[str, str] | None = None) -> str:
+        """PUT `manifest` (a list) under `ref`; the digest stored."""
+        ...
+
+
 class ContainerEngine(Protocol):
-    """Every engine operation the commands use."""
+    """Every engine operation the commands use: build, run, inspect, tag, push and pull images.
+    The registry's HTTP API is not the engine's: `registry` is the client of it that goes with
+    this engine (it resolves logins as the engine's Docker config does)."""
 
     builder: Builder  # what `build` builds with: Builder.classic or Builder.buildkit, never auto
+    registry: RegistryClient
 
     def describe(self) -> EngineInfo:
         """Version, runtimes, CDI directories and CPU count (EngineError if it will not say)."""
@@ -166,15 +186,10 @@ class ContainerEngine(Protocol):
         when the registry refuses or does not have it."""
         ...
 
-    def registry_digest(self, ref: str, *, auth_config: dict[str, str] | None = None) -> str | None: ...
-
-    def registry_manifest(self, ref: str, *, auth_config: dict[str, str] | None = None) -> Manifest | None:
-        """The manifest or index the registry serves for `ref` (its HTTP API, registry_http.py); None
-        when it serves none. RegistryError when it refuses, fails or contradicts itself."""
-        ...
-
-    def put_manifest(self, ref: str, manifest: Manifest, *, auth_config: dict[str, str] | None = None) -> str:
-        """PUT `manifest` (a list) under `ref` through the registry's HTTP API; the digest stored."""
+    def registry_digest(self, ref: str, *, auth_config: dict[str, str] | None = None) -> str | None:
+        """The manifest digest the registry serves for `ref`, asked of the engine (GET /distribution:
+        the engine's own logins and mirrors; on podman, which has none, of `registry`). None when
+        the registry serves nothing under `ref` or will not say."""
         ...
 
     def local_repo_digests(self, ref: str) -> list[str]: ...

@@ -1,7 +1,8 @@
 """BuildKit builds: `docker buildx build` as a subprocess, behind the ContainerEngine interface.
 
-docker-py builds only with the classic builder (docker/docker-py#2230), so `BuildxEngine` is the
-Docker SDK engine (engine.py) for everything else and runs buildx for `build`:
+docker-py builds only with the classic builder (docker/docker-py#2230), so `BuildxBuilder` is the
+builder a Docker SDK engine (engine/docker.py) is given: the engine does everything else, and its
+`build` runs buildx:
 
     docker buildx build --progress=rawjson --metadata-file FILE --load -t TAG [--builder NAME]
                         --network host --platform P [--secret id=netrc,src=FILE] CONTEXT
@@ -16,16 +17,12 @@ interrupt stops buildx's whole process group (SIGINT, then SIGKILL): buildx clos
 cancels the build in the engine.
 
 `select` chooses the builder: buildkit when `docker buildx version` answers with at least
-MIN_VERSION, else classic (auto) or exit 2 (buildkit). A usable answer is kept in the cache
-folder under a key made of every file the docker CLI finds buildx through (the CLI, each
-plugin directory's docker-buildx, the CLI's config.json), so a no-op run does not start the
-two Go programs again; any change to those files asks again.
+MIN_VERSION, else classic (auto) or exit 2 (buildkit). The answer is asked each run, never kept.
 """
 
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import os
 import re
@@ -36,17 +33,16 @@ import tempfile
 import threading
 from collections import deque
 from pathlib import Path
-from typing import IO, Any, Callable
+from typing import IO, TYPE_CHECKING, Callable
 
-from imagefactory.files import fsutil
 from imagefactory.engine import identity
-from imagefactory.files import bounded
-from imagefactory.engine import environment
 from imagefactory.files import terminal
-from imagefactory.engine.docker import Engine
 from imagefactory.engine.api import PODMAN, Builder, BuildProgress, BuildRequest
 from imagefactory.errors import BuildError, Cancelled, ConfigError, EngineGone
 from imagefactory.interrupt import Interrupt
+
+if TYPE_CHECKING:  # the SDK engine is the caller's: this module imports no SDK
+    from imagefactory.engine.docker import Engine
 
 MIN_VERSION = (0, 13)
 TAIL_LINES = 30
@@ -71,57 +67,13 @@ SYSTEM_PLUGIN_DIRS = ("/usr/local/lib/docker/cli-plugins", "/usr/local/libexec/d
                       "/usr/lib/docker/cli-plugins", "/usr/libexec/docker/cli-plugins")
 
 
-def _stat_key(path: Path) -> str:
-    try:
-        st = path.stat()
-    except OSError:
-        return f"{path}:-"
-    return f"{path}:{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
-
-
-def _answer_key(cli: str) -> str | None:
-    """What `docker buildx version` depends on, as one digest; None when it cannot be pinned down
-    (a config.json that names extra plugin directories, or one that cannot be read)."""
-    config_dir = environment.docker_config_dir()
-    if config_dir is None:
-        return None
-    config = config_dir / "config.json"
-    try:
-        if os.path.lexists(config) and b"cliPluginsExtraDirs" in bounded.read_real(config, environment.DOCKER_CONFIG_MAX_BYTES)[1]:
-            return None
-    except bounded.InputError:
-        return None
-    paths = [Path(cli), config, config_dir / "cli-plugins" / "docker-buildx",
-             *(Path(d) / "docker-buildx" for d in SYSTEM_PLUGIN_DIRS)]
-    return hashlib.sha256("\n".join(_stat_key(p) for p in paths).encode()).hexdigest()
-
-
-def _cache_file() -> Path:
-    return fsutil.cache_root() / "buildx-version.json"
-
-
 def buildx_version(timeout: float = 20.0) -> tuple[tuple[int, int, int] | None, str]:
     """buildx's version, or None and why not (no docker CLI, no plugin, an answer we cannot read).
-    A usable answer is reused while the files it depends on are unchanged (_answer_key)."""
+    Asked every time it is needed (`docker buildx version`): no answer is kept between runs."""
     cli = docker_cli()
     if cli is None:
         return None, "no `docker` CLI on PATH"
-    key = _answer_key(cli)
-    if key is not None:
-        try:
-            kept = json.loads(bounded.read_regular(_cache_file(), 4096))  # bounded: a FIFO or 4 GiB is no answer
-            if kept.get("key") == key and VERSION_RE.fullmatch(str(kept.get("answer", ""))[:200]):
-                return _parsed(str(kept["answer"]))
-        except (OSError, ValueError, AttributeError):
-            pass
-    version, text = _ask(cli, timeout)
-    if version is not None and key is not None:
-        try:
-            _cache_file().parent.mkdir(parents=True, exist_ok=True)
-            fsutil.atomic_write(_cache_file(), json.dumps({"key": key, "answer": text}))
-        except OSError:
-            pass  # an unwritable cache costs the next run one more question, nothing else
-    return version, text
+    return _ask(cli, timeout)
 
 
 def _parsed(first: str) -> tuple[tuple[int, int, int] | None, str]:
@@ -367,21 +319,25 @@ def _buildx_env() -> dict[str, str]:
     return env
 
 
-class BuildxEngine(Engine):
-    """The Docker SDK engine, building with BuildKit through `docker buildx build`."""
+class BuildxBuilder:
+    """BuildKit as the builder a Docker SDK engine is given (engine.docker.ImageBuilder): `build`
+    runs `docker buildx build` (`buildx_builder`: its --builder NAME); the engine does the rest."""
 
-    builder = Builder.buildkit
+    kind = Builder.buildkit
 
-    def __init__(self, *, interrupt: Interrupt | None = None, buildx_builder: str | None = None,
-                 shared: dict[str, Any] | None = None) -> None:
-        super().__init__(interrupt=interrupt, shared=shared)
-        self.buildx_builder = check_builder_name(buildx_builder)
-        if self.product() == PODMAN:  # before anything is built: buildx would fail in its first step
+    def __init__(self, buildx_builder: str | None = None) -> None:
+        self.buildx_builder = buildx_builder
+
+    def attach(self, engine: Engine) -> None:
+        """The builder name checked, and a podman engine refused, before anything is built: buildx
+        would fail in its first step."""
+        self.buildx_builder = check_builder_name(self.buildx_builder)
+        if engine.product() == PODMAN:
             where = terminal.printable(os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock"))
             raise ConfigError(f"builder buildkit: the engine at {where} is podman, whose Docker API serves no BuildKit "
                               f"(docker buildx cannot build through it); build with --builder classic")
 
-    def build(self, request: BuildRequest, *, log: Callable[[str], None] = lambda line: None,
+    def build(self, engine: Engine, request: BuildRequest, *, log: Callable[[str], None] = lambda line: None,
               progress: Callable[[BuildProgress], None] = lambda p: None) -> str:
         cli = docker_cli()
         if cli is None:
@@ -392,20 +348,20 @@ class BuildxEngine(Engine):
             metadata = Path(tmp) / "metadata.json"
             args = command(cli, request, metadata, builder=self.buildx_builder)
             try:
-                code = run_build(args, parser, self.interrupt)
+                code = run_build(args, parser, engine.interrupt)
             except Cancelled:
                 raise
             except OSError as e:
                 raise parser.build_error(f"could not run docker buildx: {e.strerror}") from None
             if code != 0:
                 message = parser.error or f"docker buildx build exited {code}"
-                if not self.alive():
+                if not engine.alive():
                     raise EngineGone(f"build of {tag}: the Docker engine stopped answering ({message})")
                 raise parser.build_error(message)
             made = _metadata_digests(metadata)
         # The engine's id for the name, in its own store (identity.py), never buildx's config
         # digest: in the containerd image store no image answers to that.
-        named = self.image_id(tag)
+        named = engine.image_id(tag)
         image_id = identity.built(named, made)
         if image_id is None:
             raise parser.build_error("the build ended without producing an image" if named is None else

@@ -13,7 +13,6 @@ interrupted, else the operation's own error.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import socket
@@ -22,8 +21,7 @@ from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
-from pathlib import Path
-from typing import Any, Callable, NoReturn
+from typing import Any, Callable, NoReturn, Protocol
 
 import docker
 import docker.errors
@@ -31,11 +29,11 @@ import requests.exceptions
 import urllib3.exceptions
 
 from imagefactory.engine import identity
-from imagefactory.files import store as passcache
+from imagefactory.engine.registry import HttpRegistry
 from imagefactory.config import platforms
 from imagefactory.config import refs
 from imagefactory.engine.api import (Builder, BuildProgress, BuildRequest, ContainerEngine, EngineFactory, EngineInfo,
-                                     Manifest, PushOutcome, RunResult, is_transient, refuse_foreign)
+                                     PushOutcome, RegistryClient, RunResult, is_transient, refuse_foreign)
 from imagefactory.engine.api import DOCKER, PODMAN
 from imagefactory.errors import (BuildError, Cancelled, DockerUnavailable, EngineError, EngineGone, ImageFactoryError,
                                  PushError)
@@ -64,57 +62,16 @@ _SDK_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestExcepti
 _LINK_ERRORS = (requests.exceptions.RequestException, urllib3.exceptions.HTTPError, OSError)
 
 
-# The API versions engines answered before, by DOCKER_HOST (the cache folder's API_VERSIONS/):
-# a client made with the kept version skips negotiating (GET /version, ~8 ms of the engine's time)
-# when the engine's ping names the same version (its Api-Version header); else it negotiates.
-API_VERSIONS = "engine-api-versions"
-_API_VERSION_RE = re.compile(r"1\.[0-9]{1,3}")
-
-
-def _kept_version_file(where: str) -> Path | None:
-    folder = passcache.path(API_VERSIONS)
-    return None if folder is None else folder / f"{hashlib.sha256(where.encode()).hexdigest()}.txt"
-
-
-def _pinged_version(client: docker.DockerClient) -> str | None:
-    """Ping the engine (errors are the SDK's); the API version its answer names, if it names one."""
-    seen: list[str] = []
-    hooks: list[Callable[..., None]] = client.api.hooks["response"]  # requests.Session's
-    hook: Callable[..., None] = lambda response, *args, **kwargs: seen.append(str(response.headers.get("Api-Version")))
-    hooks.append(hook)
-    try:
-        client.ping()
-    finally:
-        hooks.remove(hook)
-    return seen[-1] if seen else None
-
-
-def _connect(where: str, timeout: int, shared: dict[str, Any]) -> docker.DockerClient:
-    """A client of the engine at `where` that has answered: with the API version this run's
-    engines agreed on (`shared`, then a ping), else with the one this engine answered before
-    if its ping names it again, else with one negotiated now (kept for the next run). SDK
-    errors are the caller's."""
+def _connect(timeout: int, shared: dict[str, Any]) -> docker.DockerClient:
+    """A client of the engine that has answered: with the API version this run's engines agreed
+    on (`shared`, then a ping), else with one negotiated now (GET /version; kept in `shared` for
+    the run's other engines). SDK errors are the caller's."""
     if "api_version" in shared:
         client = docker.from_env(timeout=timeout, version=shared["api_version"])
         client.ping()
         return client
-    file = _kept_version_file(where)
-    kept = passcache.read_kept(file, 64)
-    if kept is not None and _API_VERSION_RE.fullmatch(kept):
-        client = docker.from_env(timeout=timeout, version=kept)
-        try:
-            agreed = _pinged_version(client) == kept
-        except docker.errors.APIError:  # it answered, refusing the version: negotiate
-            agreed = False
-        if agreed:
-            shared["api_version"] = kept
-            return client
-        client.close()
     client = docker.from_env(timeout=timeout)  # negotiated: the engine has answered
-    version = str(client.api.api_version)
-    shared["api_version"] = version
-    if _API_VERSION_RE.fullmatch(version) and version != kept:
-        passcache.keep(file, version, ".txt", 16)
+    shared["api_version"] = str(client.api.api_version)
     return client
 
 
@@ -147,21 +104,24 @@ class _Stream:
 
 
 class Engine:
-    """A connected Docker engine (implements ContainerEngine); builds with the classic builder."""
-
-    builder = Builder.classic
+    """A connected Docker engine (implements ContainerEngine); builds with the builder it is given
+    (ClassicBuilder by default, buildkit.BuildxBuilder for BuildKit)."""
 
     def __init__(self, client: docker.DockerClient | None = None, *, timeout: int = 600,
-                 interrupt: Interrupt | None = None, shared: dict[str, Any] | None = None):
+                 interrupt: Interrupt | None = None, shared: dict[str, Any] | None = None,
+                 registry: RegistryClient | None = None, builder: ImageBuilder | None = None):
         """`shared`: what the engines of one run (engines.docker_factory, one per worker) learn
         once: the API version the first agreed with the engine (_connect), and `docker info`
         (its runtimes and architecture do not change within a run), asked in the background
-        from the first engine on (_info)."""
+        from the first engine on (_info). `registry`: the registry HTTP API client that goes with
+        this engine (default: engine.registry.HttpRegistry with this engine's Docker config logins).
+        `builder`: what `build` builds with (default ClassicBuilder); it may refuse this engine
+        (ConfigError) once it has answered."""
         where = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
         self._shared = shared if shared is not None else {}
         try:
             if client is None:  # ours: its API version and `docker info` are the run's
-                self.client = _connect(where, timeout, self._shared)
+                self.client = _connect(timeout, self._shared)
                 if "info" not in self._shared:
                     self._shared["info"] = _ask_info(timeout, self._shared["api_version"])
             else:  # the caller's (the tests' fakes)
@@ -171,11 +131,15 @@ class Engine:
             raise DockerUnavailable(f"no Docker engine answered at {where} ({_short(e)}); {START_HINT}") from None
         self.api = self.client.api
         self.interrupt = interrupt or Interrupt()
+        self.registry: RegistryClient = registry or HttpRegistry(self.interrupt, self.login)
+        self._builder: ImageBuilder = builder or ClassicBuilder()
+        self.builder: Builder = self._builder.kind
         self._stream: _Stream | None = None
         self._native: tuple[platforms.Platform | None] | None = None  # (the engine's platform,) once asked
         hooks = getattr(self.api, "hooks", None)
         if isinstance(hooks, dict):
             hooks.setdefault("response", []).append(self._on_response)
+        self._builder.attach(self)
 
     def _on_response(self, response: Any, *args: Any, **kwargs: Any) -> None:
         if self._stream is not None:
@@ -333,43 +297,9 @@ class Engine:
     # -- build ------------------------------------------------------------------------------
     def build(self, request: BuildRequest, *, log: Callable[[str], None] = lambda line: None,
               progress: Callable[[BuildProgress], None] = lambda p: None) -> str:
-        """Build `request.context` and tag it; returns the image id. Raises BuildError with the
-        failing step and the log tail when the stream reports an error. The classic builder has
-        no build secrets: it refuses them rather than build without. It is given no platform: it
-        builds for the engine's own (with a local base tag of another arch it ignores one)."""
-        if request.secrets:
-            raise BuildError("the classic builder has no build secrets; build with --builder buildkit")
-        refuse_foreign(request, self.native_platform())
-        builder = _BuildStream(log, progress)
-        tag = request.tag
-        self.interrupt.check()
-        try:
-            with self._streaming() as stream:
-                events = self.api.build(path=request.context, tag=tag, rm=True, forcerm=True, decode=True,
-                                        network_mode=request.network, pull=request.pull,
-                                        cache_from=list(request.cache_from) or None, nocache=request.nocache)
-                for event in events:
-                    builder.feed(event, stream)  # first: it notes a new build container
-                    self.interrupt.check()
-        except Cancelled:
-            raise
-        except BuildError:  # a RUN step killed by our own interrupt fails too: that is not the cell's fault
-            self.interrupt.check()
-            raise
-        except _SDK_ERRORS as e:
-            if self.interrupt.is_set():
-                raise Cancelled("interrupted") from None
-            gone = isinstance(e, _LINK_ERRORS) and not self.alive()
-            message = f"lost the Docker engine: {_short(e)}" if gone else _short(e)
-            builder.emit(f"ERROR: {message}")
-            if gone:
-                raise EngineGone(f"build of {tag}: {message}") from None
-            raise builder.error(message) from None
-        self.interrupt.check()
-        image_id = builder.image_id or self.image_id(tag)
-        if image_id is None:
-            raise builder.error("the build ended without producing an image")
-        return image_id
+        """Build `request` with the builder this engine was given (ClassicBuilder: through the SDK;
+        buildkit.BuildxBuilder: `docker buildx build`); the image id."""
+        return self._builder.build(self, request, log=log, progress=progress)
 
     def describe(self) -> EngineInfo:
         """Version and GPU plumbing of the engine (for `imagefactory doctor`)."""
@@ -510,7 +440,7 @@ class Engine:
     def registry_digest(self, ref: str, *, auth_config: dict[str, str] | None = None) -> str | None:
         """The manifest digest the registry serves for `ref`: asked through the engine (GET
         /distribution, which uses the engine's own logins and mirrors); on podman, whose Docker
-        API has no /distribution (404), of the registry's HTTP API (registry_http.py). None
+        API has no /distribution (404), of the registry's HTTP API (`self.registry`). None
         when the registry serves nothing under `ref` or will not say."""
         try:
             data = self.api.inspect_distribution(ref, auth_config=auth_config)
@@ -522,17 +452,17 @@ class Engine:
             digest = (data.get("Descriptor") or {}).get("digest")
             return digest if isinstance(digest, str) and identity.DIGEST_RE.fullmatch(digest) else None
         try:
-            manifest = self.registry_manifest(ref, auth_config=auth_config)
+            manifest = self.registry.manifest(ref, auth_config=auth_config)
         except Cancelled:
             raise
         except ImageFactoryError:
             return None
         return manifest.digest if manifest is not None else None
 
-    # -- the registry's HTTP API (lists: what the daemon cannot read or write) ----------------
-    def _login(self, ref: str) -> dict[str, str] | None:
-        """What a push of `ref` without auth_config is given: the Docker config's login for its
-        registry (`auths` or a credential helper); None without one (identity tokens are not used)."""
+    def login(self, ref: str) -> dict[str, str] | None:
+        """What a registry call of `ref` without auth_config is given (the registry client's `login`):
+        the Docker config's login for its registry (`auths` or a credential helper); None without
+        one (identity tokens are not used)."""
         try:
             found = self.api._auth_configs.resolve_authconfig(refs.registry(ref)) or {}
         except _SDK_ERRORS:
@@ -540,21 +470,69 @@ class Engine:
         user, password = found.get("username") or found.get("Username"), found.get("password") or found.get("Password")
         return {"username": str(user), "password": str(password)} if user and password else None
 
-    def registry_manifest(self, ref: str, *, auth_config: dict[str, str] | None = None) -> Manifest | None:
-        from imagefactory.engine import registry as registry_http
 
-        self.interrupt.check()
-        manifest = registry_http.get_manifest(ref, auth_config or self._login(ref))
-        self.interrupt.check()
-        return manifest
+class ImageBuilder(Protocol):
+    """What an Engine builds with (it is given one): the classic builder through the SDK
+    (ClassicBuilder) or BuildKit through `docker buildx build` (buildkit.BuildxBuilder)."""
 
-    def put_manifest(self, ref: str, manifest: Manifest, *, auth_config: dict[str, str] | None = None) -> str:
-        from imagefactory.engine import registry as registry_http
+    kind: Builder  # Builder.classic or Builder.buildkit: the engine's `builder`
 
-        self.interrupt.check()
-        stored = registry_http.put_manifest(ref, manifest, auth_config or self._login(ref))
-        self.interrupt.check()
-        return stored
+    def attach(self, engine: Engine) -> None:
+        """Called once the engine answered: ConfigError when this builder cannot build through it."""
+        ...
+
+    def build(self, engine: Engine, request: BuildRequest, *, log: Callable[[str], None],
+              progress: Callable[[BuildProgress], None]) -> str:
+        ...
+
+
+class ClassicBuilder:
+    """The classic builder: POST /build through the Docker SDK (the engine's client)."""
+
+    kind = Builder.classic
+
+    def attach(self, engine: Engine) -> None:
+        pass
+
+    def build(self, engine: Engine, request: BuildRequest, *, log: Callable[[str], None] = lambda line: None,
+              progress: Callable[[BuildProgress], None] = lambda p: None) -> str:
+        """Build `request.context` and tag it; returns the image id. Raises BuildError with the
+        failing step and the log tail when the stream reports an error. The classic builder has
+        no build secrets: it refuses them rather than build without. It is given no platform: it
+        builds for the engine's own (with a local base tag of another arch it ignores one)."""
+        if request.secrets:
+            raise BuildError("the classic builder has no build secrets; build with --builder buildkit")
+        refuse_foreign(request, engine.native_platform())
+        builder = _BuildStream(log, progress)
+        tag = request.tag
+        engine.interrupt.check()
+        try:
+            with engine._streaming() as stream:
+                events = engine.api.build(path=request.context, tag=tag, rm=True, forcerm=True, decode=True,
+                                          network_mode=request.network, pull=request.pull,
+                                          cache_from=list(request.cache_from) or None, nocache=request.nocache)
+                for event in events:
+                    builder.feed(event, stream)  # first: it notes a new build container
+                    engine.interrupt.check()
+        except Cancelled:
+            raise
+        except BuildError:  # a RUN step killed by our own interrupt fails too: that is not the cell's fault
+            engine.interrupt.check()
+            raise
+        except _SDK_ERRORS as e:
+            if engine.interrupt.is_set():
+                raise Cancelled("interrupted") from None
+            gone = isinstance(e, _LINK_ERRORS) and not engine.alive()
+            message = f"lost the Docker engine: {_short(e)}" if gone else _short(e)
+            builder.emit(f"ERROR: {message}")
+            if gone:
+                raise EngineGone(f"build of {tag}: {message}") from None
+            raise builder.error(message) from None
+        engine.interrupt.check()
+        image_id = builder.image_id or engine.image_id(tag)
+        if image_id is None:
+            raise builder.error("the build ended without producing an image")
+        return image_id
 
 
 class _BuildStream:

@@ -20,11 +20,12 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from imagefactory.config import refs
 from imagefactory.engine.api import Manifest
 from imagefactory.errors import RegistryError
+from imagefactory.interrupt import Interrupt
 
 DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -194,3 +195,26 @@ def put_manifest(ref: str, manifest: Manifest, auth: Auth | None) -> str:
         raise RegistryError(f"{what}: the registry stored it as {shown(stored)}, not {manifest.digest}",
                             transient=False)
     return stored
+
+
+class HttpRegistry:
+    """The registry's HTTP API as a client of its own (implements engine.api.RegistryClient): what
+    the engine cannot read or write through the daemon. `login(ref)`: the credentials a call without
+    auth_config is given (the Docker config's for the ref's registry: engine.docker gives it); the
+    interrupt is checked before and after each call."""
+
+    def __init__(self, interrupt: Interrupt, login: Callable[[str], Auth | None] = lambda ref: None) -> None:
+        self.interrupt = interrupt
+        self._login = login
+
+    def manifest(self, ref: str, *, auth_config: Auth | None = None) -> Manifest | None:
+        self.interrupt.check()
+        manifest = get_manifest(ref, auth_config or self._login(ref))
+        self.interrupt.check()
+        return manifest
+
+    def put_manifest(self, ref: str, manifest: Manifest, *, auth_config: Auth | None = None) -> str:
+        self.interrupt.check()
+        stored = put_manifest(ref, manifest, auth_config or self._login(ref))
+        self.interrupt.check()
+        return stored

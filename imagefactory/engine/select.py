@@ -1,5 +1,5 @@
-"""Where Docker engines come from: the one place that constructs engine.Engine and
-buildkit.BuildxEngine.
+"""Where Docker engines come from: the one place that constructs engine.docker.Engine and
+gives it its builder (engine.docker.ClassicBuilder or buildkit.BuildxBuilder).
 
 engine_api.py only describes the interface; the commands that drive an engine get a factory
 from here. The Docker SDK is imported on the first call, never by the commands that need no
@@ -16,18 +16,21 @@ from imagefactory.interrupt import Interrupt
 
 def docker_engine(interrupt: Interrupt | None = None, *, builder: Builder = Builder.classic,
                   buildx_builder: str | None = None, shared: dict[str, Any] | None = None) -> ContainerEngine:
-    """A connected Docker engine that builds with `builder` (engine.Engine, or buildkit.BuildxEngine
-    that runs `docker buildx`; auto must have been resolved by buildkit.select). `shared`: what
-    the engines of one factory learn once (engine.Engine). Raises DockerUnavailable."""
+    """A connected Docker engine (engine.docker.Engine) given the builder `builder` names: the
+    classic one (engine.docker.ClassicBuilder) or BuildKit (buildkit.BuildxBuilder, which runs
+    `docker buildx`; auto must have been resolved by buildkit.select). `shared`: what the engines
+    of one factory learn once (engine.Engine). Raises DockerUnavailable, or ConfigError when the
+    builder refuses the engine (BuildKit through podman) or its name."""
     if builder is Builder.auto:
         raise ValueError("Builder.auto is a choice: resolve it with buildkit.select first")
+    from imagefactory.engine.docker import ClassicBuilder, Engine, ImageBuilder
+
+    made: ImageBuilder = ClassicBuilder()
     if builder is Builder.buildkit:
-        from imagefactory.engine.buildkit import BuildxEngine
+        from imagefactory.engine.buildkit import BuildxBuilder
 
-        return BuildxEngine(interrupt=interrupt, buildx_builder=buildx_builder, shared=shared)
-    from imagefactory.engine.docker import Engine
-
-    return Engine(interrupt=interrupt, shared=shared)
+        made = BuildxBuilder(buildx_builder)
+    return Engine(interrupt=interrupt, shared=shared, builder=made)
 
 
 def docker_factory(interrupt: Interrupt | None = None, *, builder: Builder = Builder.classic,

@@ -34,7 +34,7 @@ from imagefactory.config import tags as tagging
 from imagefactory.report.cell import (INTERRUPTED, NOT_PUBLISHED, PASSED, PUBLISH_FAILED, PUBLISHED, CellReport,
                                      ListReport)
 from imagefactory.run.context import Options, RunContext
-from imagefactory.engine.api import ContainerEngine, Manifest
+from imagefactory.engine.api import ContainerEngine, Manifest, RegistryClient
 from imagefactory.errors import Cancelled, EngineError, PushError, RegistryError
 from imagefactory.interrupt import Interrupt
 from imagefactory.config.model import Matrix, TagList
@@ -100,7 +100,7 @@ def publish_lists(lists: list[ListReport], run: RunContext, auth_for: AuthFor, r
             continue
         try:
             engine = engine or run.engines()()
-            _merge(engine, lr, auth_for, run.options, run.interrupt)
+            _merge(engine.registry, lr, auth_for, run.options, run.interrupt)
         except Cancelled:
             lr.publish = INTERRUPTED
             lr.reason = (f"interrupted after {len(lr.pushed)} of {len(lr.tags)} tag(s) of the list: not claimed "
@@ -115,10 +115,10 @@ def publish_lists(lists: list[ListReport], run: RunContext, auth_for: AuthFor, r
         run.ui.status(lr.ref, f"published list {lr.digest} ({', '.join(m['platform'] for m in lr.members)})")
 
 
-def _member(engine: ContainerEngine, m: dict, auth: dict[str, str] | None) -> dict:
+def _member(registry: RegistryClient, m: dict, auth: dict[str, str] | None) -> dict:
     """The index's descriptor of one member: the manifest its per-arch tag serves, which must be the
     digest pushed (and probed) for its cell, and a single image's manifest."""
-    served = engine.registry_manifest(m["tag"], auth_config=auth)
+    served = registry.manifest(m["tag"], auth_config=auth)
     if served is None or served.digest != m["digest"]:
         raise RegistryError(f"the registry serves {served.digest if served else 'nothing'} for {m['tag']}, not "
                             f"the {m['digest']} pushed for {m['cell']}", transient=False)
@@ -158,27 +158,27 @@ def mismatch(tag: str, put: Manifest, served: Manifest | None, members: list[dic
     return ""
 
 
-def _merge(engine: ContainerEngine, lr: ListReport, auth_for: AuthFor, options: Options, interrupt: Interrupt) -> None:
+def _merge(registry: RegistryClient, lr: ListReport, auth_for: AuthFor, options: Options, interrupt: Interrupt) -> None:
     auth = auth_for(lr.ref)  # the members' per-arch tags live beside the list, on its registry
     descriptors = []
     for m in lr.members:
         interrupt.check()
-        descriptors.append(_member(engine, m, auth))
+        descriptors.append(_member(registry, m, auth))
     put = index(descriptors)
     lr.media_type, lr.digest = put.media_type, put.digest
     repository, _ = refs.split_tag(lr.ref)
-    _put(engine, f"{repository}@{put.digest}", put, auth, options, interrupt)  # held under no tag yet
+    _put(registry, f"{repository}@{put.digest}", put, auth, options, interrupt)  # held under no tag yet
     for tag in lr.tags:
         interrupt.check()
         tag_auth = auth_for(tag)
-        _put(engine, tag, put, tag_auth, options, interrupt)
-        why = mismatch(tag, put, engine.registry_manifest(tag, auth_config=tag_auth), lr.members)
+        _put(registry, tag, put, tag_auth, options, interrupt)
+        why = mismatch(tag, put, registry.manifest(tag, auth_config=tag_auth), lr.members)
         if why:
             raise RegistryError(why, transient=False)
         lr.pushed.append({"ref": tag, "digest": put.digest})
 
 
-def _put(engine: ContainerEngine, ref: str, put: Manifest, auth: dict[str, str] | None, options: Options,
+def _put(registry: RegistryClient, ref: str, put: Manifest, auth: dict[str, str] | None, options: Options,
          interrupt: Interrupt) -> None:
     import tenacity  # a list push's only
 
@@ -187,4 +187,4 @@ def _put(engine: ContainerEngine, ref: str, put: Manifest, auth: dict[str, str] 
         wait=tenacity.wait_exponential(multiplier=options.backoff, max=60),
         retry=tenacity.retry_if_exception(lambda e: isinstance(e, PushError) and e.transient),
         sleep=interrupt.wait, reraise=True)
-    retrying(engine.put_manifest, ref, put, auth_config=auth)
+    retrying(registry.put_manifest, ref, put, auth_config=auth)

@@ -87,6 +87,25 @@ def test_the_fake_and_the_docker_engine_implement_the_whole_interface():
             assert list(inspect.signature(getattr(impl, name)).parameters) == wanted, f"{impl.__name__}.{name}"
 
 
+def test_the_fake_and_the_http_registry_client_implement_the_whole_interface():
+    """tests/fake_engine.py's FakeRegistry and registry.HttpRegistry both have every RegistryClient
+    method, with the same parameters; and the engine interface has no registry HTTP call left."""
+    import inspect
+
+    from imagefactory.engine.api import ContainerEngine, RegistryClient
+    from imagefactory.engine.registry import HttpRegistry
+    from tests.fake_engine import FakeRegistry
+
+    methods = [n for n, f in vars(RegistryClient).items() if callable(f) and not n.startswith("_")]
+    assert set(methods) == {"manifest", "put_manifest"}
+    for name in methods:
+        wanted = list(inspect.signature(getattr(RegistryClient, name)).parameters)
+        for impl in (HttpRegistry, FakeRegistry):
+            assert list(inspect.signature(getattr(impl, name)).parameters) == wanted, f"{impl.__name__}.{name}"
+    assert not {"registry_manifest", "put_manifest"} & set(vars(ContainerEngine))
+    assert ContainerEngine.__annotations__["registry"] in (RegistryClient, "RegistryClient")
+
+
 # --------------------------------------------------------------------------- one run's engines
 class _Client:
     """What Engine asks of a docker.DockerClient here: ping (its answer's Api-Version header
@@ -161,38 +180,19 @@ def test_the_engines_of_one_factory_negotiate_once_and_ask_docker_info_once(clie
     assert _Client.infos == 2
 
 
-def test_the_next_run_uses_the_version_the_engine_answered_when_its_ping_names_it_again(clients):
+def test_each_run_negotiates_its_api_version_and_keeps_none_on_disk(clients, tmp_path, monkeypatch):
+    """No API version is kept between runs (a cache that saved one GET /version): every run's
+    first engine negotiates, and nothing is written to the cache folder."""
     from imagefactory.engine import select as engines
 
+    monkeypatch.setenv("IMAGEFACTORY_CACHE_DIR", str(tmp_path / "cache"))
     engines.docker_factory()()
     assert clients[0] is None  # the first run negotiates ...
     clients.clear()
-    engines.docker_factory()()
-    assert None not in clients and clients[0] == "1.41"  # ... the next one does not
-
-
-@pytest.mark.parametrize("change", ["upgraded", "refused", "planted"])
-def test_a_kept_version_the_engine_does_not_name_is_negotiated_anew(clients, change):
-    """The engine upgraded (its ping names another version), or it refuses the kept version,
-    or the kept file is not a version: the run negotiates, and keeps what it negotiated."""
-    from imagefactory.engine import docker as engine
-    from imagefactory.engine import select as engines
-    from imagefactory.files import store as passcache
-
-    engines.docker_factory()()
-    file = next(passcache.path(engine.API_VERSIONS).iterdir())
-    if change == "upgraded":
-        _Client.server = "1.47"
-    elif change == "refused":
-        _Client.refuses = "1.41"
-    else:
-        file.write_text("1.41; rm -rf /")
-    clients.clear()
+    _Client.server = "1.47"  # ... and the next one too, whatever the engine now speaks
     made = engines.docker_factory()()
-    assert None in clients, "not negotiated"
-    assert "1.41; rm -rf /" not in clients  # a kept file's text reaches the SDK only as a version
-    assert made.client.api.api_version == _Client.server
-    assert file.read_text() == _Client.server
+    assert clients[0] is None and made.client.api.api_version == "1.47"
+    assert not (tmp_path / "cache").exists()
 
 
 def test_a_failed_background_docker_info_is_asked_again_by_the_engine(clients):

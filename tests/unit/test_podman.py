@@ -65,7 +65,7 @@ def test_the_engine_tells_podman_from_docker_once_a_run():
 def test_a_base_digest_comes_from_the_registry_when_the_engine_has_no_distribution_api(monkeypatch):
     """podman 4.3 answers GET /distribution with 404: the registry's HTTP API is asked instead
     (on podman only: Docker's engine answers it, and its silence means the registry's)."""
-    from imagefactory.engine.docker import Engine
+    from imagefactory.engine.registry import HttpRegistry
 
     asked: list[str] = []
 
@@ -73,7 +73,7 @@ def test_a_base_digest_comes_from_the_registry_when_the_engine_has_no_distributi
         asked.append(ref)
         return Manifest("application/vnd.oci.image.index.v1+json", DIGEST, b"{}")
 
-    monkeypatch.setattr(Engine, "registry_manifest", served)
+    monkeypatch.setattr(HttpRegistry, "manifest", served)
     ref = "127.0.0.1:5000/library/python:3.11-slim-bookworm"
     assert _engine(PODMAN_VERSION).registry_digest(ref) == DIGEST and asked == [ref]
     # an engine that answers is believed, and the registry not asked
@@ -86,15 +86,15 @@ def test_a_base_digest_comes_from_the_registry_when_the_engine_has_no_distributi
 
 
 def test_a_registry_that_has_nothing_or_refuses_gives_no_digest(monkeypatch):
-    from imagefactory.engine.docker import Engine
+    from imagefactory.engine.registry import HttpRegistry
 
-    monkeypatch.setattr(Engine, "registry_manifest", lambda self, ref, auth_config=None: None)
+    monkeypatch.setattr(HttpRegistry, "manifest", lambda self, ref, auth_config=None: None)
     assert _engine(PODMAN_VERSION).registry_digest("127.0.0.1:5000/x:1") is None
 
     def refuses(self, ref, auth_config=None):
         raise RegistryError("401 unauthorized", transient=False)
 
-    monkeypatch.setattr(Engine, "registry_manifest", refuses)
+    monkeypatch.setattr(HttpRegistry, "manifest", refuses)
     assert _engine(PODMAN_VERSION).registry_digest("127.0.0.1:5000/x:1") is None
 
 
@@ -110,16 +110,16 @@ def test_buildkit_through_podman_is_refused_naming_the_engine(monkeypatch):
     monkeypatch.setattr(engine_mod, "_ask_info", lambda timeout, version: answered)
     monkeypatch.setenv("DOCKER_HOST", "unix:///run/podman/podman.sock")
     for version, refused in ((PODMAN_VERSION, True), (DOCKER_VERSION, False)):
-        def connect(where, timeout, shared, version=version):
+        def connect(timeout, shared, version=version):
             shared["api_version"] = "1.41"
             return _Client(version)
 
         monkeypatch.setattr(engine_mod, "_connect", connect)
         if not refused:
-            assert buildkit.BuildxEngine().product() == DOCKER
+            assert engine_mod.Engine(builder=buildkit.BuildxBuilder()).product() == DOCKER
             continue
         with pytest.raises(ConfigError) as e:
-            buildkit.BuildxEngine()
+            engine_mod.Engine(builder=buildkit.BuildxBuilder())
         assert "podman" in e.value.message and "unix:///run/podman/podman.sock" in e.value.message
         assert "--builder classic" in e.value.message and "\n" not in e.value.message
 
