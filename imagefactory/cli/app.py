@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any, Callable, List, Optional
 import typer
 
 from imagefactory.run import context
-from imagefactory.cli import helpcache
 from imagefactory.files import bounded
 from imagefactory.engine import environment
 from imagefactory.files import terminal
@@ -745,36 +744,8 @@ def _escaped_output() -> Iterator[None]:
 
 
 def main() -> None:
-    args = sys.argv[1:]
-    if helpcache.cacheable(args):
-        _recording(args)
-        return
     with _escaped_output():
         _main()
-
-
-def _recording(args: list[str]) -> None:
-    """`--help` or `COMMAND --help`, run as always, its page kept for helpcache.replay when it exits
-    0 and writes nothing on stderr."""
-    try:
-        k = helpcache.key(args)
-    except OSError:
-        k = None
-    saved = sys.stdout, sys.stderr
-    out, err = helpcache.Tee(saved[0]), helpcache.Tee(saved[1])
-    sys.stdout, sys.stderr = out, err
-    code: Any = "raised"  # anything but a clean exit records nothing
-    try:
-        with _escaped_output():
-            _main()
-        code = 0
-    except SystemExit as e:
-        code = e.code
-        raise
-    finally:
-        sys.stdout, sys.stderr = saved
-        if k is not None and code in (0, None) and not err.parts:
-            helpcache.record(args, k, "".join(out.parts))
 
 
 def _main() -> None:
