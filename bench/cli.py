@@ -17,7 +17,7 @@ Figures:
   Docker CLI's default builder (BuildKit where buildx is installed). Without an engine the table
   says so and has the first rows only.
 All commands run as `python -m imagefactory` from this checkout, with a cache folder of the bench's
-(so the first `--help` runs typer and records its page, helpcache.py; the pairs replay it) and
+(`--help` keeps no page there: typer prints it each run) and
 their bytecode written once, by the warm-up runs, into the bench's folder (PYTHONPYCACHEPREFIX).
 """
 

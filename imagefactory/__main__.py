@@ -1,14 +1,9 @@
-"""`python -m imagefactory` and the `imagefactory` command: a help page typer printed before is
-replayed without importing the CLI (helpcache.py); everything else runs cli.main."""
-
-import sys
+"""`python -m imagefactory` and the `imagefactory` command: cli.main. The CLI imports typer and
+its own option declarations only; each command imports its pipeline steps when it runs, so
+`--help` is fast from lazy imports alone (tests/unit/test_cli_imports.py)."""
 
 
 def main() -> None:
-    from imagefactory.cli import helpcache
-
-    if helpcache.replay(sys.argv[1:]):
-        return
     from imagefactory.cli import app as cli
 
     cli.main()

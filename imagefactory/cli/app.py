@@ -1,32 +1,30 @@
-"""The command line. Each command is a thin shell over one pipeline step."""
+"""The command line. Each command is a thin shell over one pipeline step: its options parsed by
+options.py, checked by preflight.py, then the step run here."""
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import inspect
 import json
-import math
 import os
 import signal
 import sys
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, List, Optional
+from typing import TYPE_CHECKING, Callable, List, Optional
 
 import typer
 
+from imagefactory.cli.options import Invocation, _finite, select, shared
+from imagefactory.cli.preflight import engine_environment as _engine_environment
 from imagefactory.run import context
-from imagefactory.cli import helpcache
 from imagefactory.files import bounded
 from imagefactory.engine import environment
 from imagefactory.files import terminal
 from imagefactory.files import yamlfile
-from imagefactory.run.context import Builder, Gpus, Network, Pull, RunContext
+from imagefactory.run.context import RunContext
 from imagefactory.errors import Cancelled, CellFailure, ConfigError, DockerUnavailable, ImageFactoryError, Interrupted
 from imagefactory.interrupt import Interrupt
 
@@ -86,221 +84,6 @@ class ListFormat(str, Enum):
     table = "table"
     json = "json"
     github = "github"
-
-
-# -- the shared options: each declared once ---------------------------------------------------------
-# name: (type, typer declaration). A command lists the names it takes (`@shared(...)`); they are
-# added to its signature, resolved and checked once into an `Invocation` (the matrix, the selected
-# cells, one context.Options), and printed as one summary line when a run starts.
-FLAGS: dict[str, tuple[Any, Any]] = {
-    # Each help fits a line or two of `--help` at 100 columns; the details: docs/builders.md#build-options.
-    "matrix": (Path, typer.Option(Path("matrix.yaml"), "--matrix", "-m", help="The matrix file.", show_default=True)),
-    "only": (Optional[List[str]], typer.Option(None, "--only", help="Only this cell id (repeatable); see "
-                                                                     "`imagefactory list`.")),
-    "jobs": (int, typer.Option(1, "--jobs", "-j", min=1, help="Cells built at the same time.")),
-    "keep_going": (bool, typer.Option(True, "--keep-going/--fail-fast",
-                                      show_default=False,
-                                      help="Go on past a failing cell (default), or start none after one.")),
-    "gpus": (Gpus, typer.Option(Gpus.auto, "--gpus", help="GPUs for the probe and bench containers: all (then "
-                                                          "required), none, or auto (all with the NVIDIA runtime).")),
-    "network": (Network, typer.Option(Network.host, "--network", help="Network of the build containers.")),
-    "report": (Path, typer.Option(Path("build/report.json"), "--report",
-                                  help="JSON report; the .md summary beside it.")),
-    "work_dir": (Path, typer.Option(Path("build"), "--work-dir", help="Rendered contexts and per-cell logs.")),
-    "probe_timeout": (float, typer.Option(context.DEFAULT_PROBE_TIMEOUT, "--probe-timeout", min=1.0,
-                                          help="Seconds the in-image probe may run.")),
-    "live": (Optional[bool], typer.Option(None, "--live/--plain", help="Live display (default on a terminal) or "
-                                                                       "plain lines.")),
-    "push": (bool, typer.Option(False, "--push", help="Tag and push the cells that passed (as `imagefactory push`).")),
-    "atomic": (bool, typer.Option(False, "--atomic", help="Publish nothing unless every selected cell passed "
-                                                          "(with --push).")),
-    "push_tries": (int, typer.Option(context.DEFAULT_PUSH_TRIES, "--push-tries", min=1,
-                                     help="Tries per tag (transient failures).")),
-    "retry_delay": (float, typer.Option(context.DEFAULT_RETRY_DELAY, "--retry-delay", min=0.0,
-                                        help="Seconds before the 1st retry; doubles.")),
-    "cache_from": (Optional[List[str]], typer.Option(
-        None, "--cache-from", help="A local image whose layers the builds may reuse (repeatable).")),
-    "registry_cache": (Optional[bool], typer.Option(
-        None, "--registry-cache/--no-registry-cache",
-        help="Reuse the registry's content-hash tag (default: on with --push).")),
-    "pull": (Pull, typer.Option(Pull.missing, "--pull", help="Bases, pinned by digest in FROM: always (re-pulled), "
-                                                             "missing (registry, else local), never (local only).")),
-    "retest": (bool, typer.Option(False, "--retest", help="Probe every image, even one whose passing verdicts are "
-                                                          "cached.")),
-    "probe_shm": (str, typer.Option(context.DEFAULT_PROBE_SHM, "--probe-shm",
-                                    help="The probe's /dev/shm: a size (1g, 512m), host (--ipc=host) or default "
-                                         "(Docker's 64 MB: too small).")),
-    "builder": (Builder, typer.Option(Builder.auto, "--builder", metavar="KIND",
-                                      help="auto (BuildKit if `docker buildx` answers), buildkit or classic; "
-                                           "test/push find either's images.")),
-    "buildx_builder": (Optional[str], typer.Option(None, "--buildx-builder", metavar="NAME",
-                                                   help="With buildkit: the buildx builder (remote ones too).")),
-    "sign": (Optional[str], typer.Option(None, "--sign", metavar="KEY",
-                                         help="With a push: cosign-sign digests, attach SBOM, provenance.")),
-    "netrc": (Optional[Path], typer.Option(None, "--netrc", metavar="PATH",
-                                           help="Index logins (default $NETRC, ~/.netrc), a BuildKit-only "
-                                                "secret.")),
-}
-def _finite(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> Any:
-    """Every float flag: nan and inf pass a range check (nan < 1 is False), so refuse them here."""
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ConfigError(f"{param.opts[0]} {value}: not a finite number")
-    return value
-
-
-for _name, (_kind, _option) in FLAGS.items():
-    if _kind is float:
-        _option.callback = _finite
-
-# flag name -> the context.Options field it sets (the same name where not listed)
-FIELD = {"keep_going": "fail_fast", "push_tries": "attempts", "retry_delay": "backoff"}
-NOT_OPTIONS = ("matrix", "only", "live")
-
-
-@dataclass
-class Invocation:
-    """One command's shared options, resolved and checked."""
-
-    command: str
-    matrix: matrix_mod.Matrix
-    cells: list[Cell]
-    options: context.Options
-    live: bool | None
-    fields: tuple[str, ...]  # the Options fields this command has flags for
-
-    def summary(self) -> str:
-        return (f"imagefactory {self.command}: {len(self.cells)} cell(s) of {self.matrix.path}; "
-                + self.options.summary(self.fields))
-
-
-def shared(*names: str, **fixed: Any) -> Callable[[Callable[..., None]], Callable[..., None]]:
-    """Add the shared options `names` to a command; it receives them as `inv: Invocation`.
-    `fixed`: Options fields the command sets without a flag (push: push=True)."""
-
-    def wrap(fn: Callable[..., None]) -> Callable[..., None]:
-        own = [p for p in inspect.signature(fn, eval_str=True).parameters.values() if p.name != "inv"]
-        added = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=FLAGS[n][1], annotation=FLAGS[n][0])
-                 for n in names]
-
-        @functools.wraps(fn)
-        def command(**kwargs: Any) -> None:
-            values = {n: kwargs.pop(n) for n in names}
-            fn(inv=_invocation(fn.__name__.removesuffix("_cmd").replace("_cells", ""), values, fixed), **kwargs)
-
-        command.__signature__ = inspect.Signature([*own, *added])  # type: ignore[attr-defined]
-        command.__annotations__ = {p.name: p.annotation for p in [*own, *added]}
-        return command
-
-    return wrap
-
-
-def _invocation(command: str, values: dict[str, Any], fixed: dict[str, Any]) -> Invocation:
-    from imagefactory.config import matrix as matrix_mod
-
-    m = matrix_mod.load(values["matrix"])
-    cells = select(m, values.get("only"))
-    settings = {FIELD.get(n, n): v for n, v in values.items() if n not in NOT_OPTIONS}
-    if "fail_fast" in settings:
-        settings["fail_fast"] = not settings["fail_fast"]
-    if "cache_from" in settings:
-        settings["cache_from"] = _cache_from(settings["cache_from"] or ())
-    if "probe_shm" in settings:
-        from imagefactory.probe import smoke
-
-        settings["probe_shm"] = smoke.check_shm(settings["probe_shm"])
-    settings.update(fixed)
-    _outputs(m, settings)
-    if "builder" in settings:
-        settings.update(_builder(m, cells, settings))
-    if settings.get("atomic") and not settings.get("push"):
-        raise ConfigError("--atomic: only meaningful with --push")
-    if settings.get("sign"):
-        settings["sign"] = _signing_key(settings)
-    options = context.Options(**settings)
-    if options.push:
-        options = _publishing(m, cells, options)
-    return Invocation(command, m, cells, options, values.get("live"), tuple(settings))
-
-
-def _outputs(m: matrix_mod.Matrix, settings: dict[str, Any]) -> None:
-    """--work-dir and --report (and the report's .md) can be written, and none is the matrix file:
-    exit 2 naming the flag before anything is built."""
-    keep = (m.path,)
-    if "work_dir" in settings:
-        bounded.check_output(Path(settings["work_dir"]), "--work-dir", folder=True, keep=keep)
-    if "report" in settings:
-        report = Path(settings["report"])
-        for path in (report, report.with_suffix(".md")):
-            bounded.check_output(path, "--report", folder=False, keep=keep)
-
-
-def _cache_from(values: list[str] | tuple[str, ...]) -> tuple[str, ...]:
-    """Each --cache-from is an image reference (refs.parse, the whole string): it becomes a word of
-    buildx's command line, so a newline, an option word or an empty string never passes."""
-    from imagefactory.config import refs
-
-    bad = [v for v in values if refs.parse(v) is None]
-    if bad:
-        raise ConfigError([f"--cache-from {terminal.show(v)}: not an image reference (e.g. "
-                           f"registry.example.com/ml/train:2.13.0-py3.11-cpu-openblas)" for v in bad])
-    return tuple(values)
-
-
-def _signing_key(settings: dict[str, Any]) -> str:
-    """--sign checked before anything is built: a push asked for, cosign 2.x present, the key usable."""
-    from imagefactory.attest import signing
-
-    if not settings.get("push"):
-        raise ConfigError("--sign: only meaningful with --push (what is signed is the pushed digest)")
-    return signing.ready(settings["sign"], private=True, flag="--sign").ref
-
-
-def _builder(m: matrix_mod.Matrix, cells: list[Cell], settings: dict[str, Any]) -> dict[str, Any]:
-    """Resolve --builder to buildkit or classic (buildkit.select: exit 2 when buildkit is asked for
-    and buildx cannot build; auto falls back to classic and says so), check --buildx-builder, and
-    load the netrc the builds mount (netrc.resolve: exit 2 for a bad file, or for a cell that needs
-    a login under the classic builder)."""
-    from imagefactory.engine import buildkit
-    from imagefactory.config import netrc as netrc_mod
-
-    def say(line: str) -> None:
-        print(line, file=sys.stderr)
-
-    builder = buildkit.select(settings["builder"], say)
-    name = buildkit.check_builder_name(settings.get("buildx_builder"))
-    if name is not None and builder is not Builder.buildkit:
-        raise ConfigError(f"--buildx-builder {name}: names a buildx builder, but this run builds with the classic "
-                          f"builder, which would ignore it; build with --builder buildkit")
-    out: dict[str, Any] = {"builder": builder, "buildx_builder": name}
-    if "netrc" in settings:
-        loaded = netrc_mod.resolve(settings["netrc"], m, cells, buildkit=builder is Builder.buildkit, warn=say)
-        out["netrc"] = loaded
-    return out
-
-
-def _publishing(m: matrix_mod.Matrix, cells: list[Cell], options: context.Options) -> context.Options:
-    """Check everything publishing needs before anything is built: the credentials, the commit
-    id, every tag of every cell."""
-    from imagefactory.engine import logins
-    from imagefactory.publish import push as publish_mod
-
-    logins.registry_credentials(m)
-    options = dataclasses.replace(options, git_sha=publish_mod.git_sha())
-    for cell in cells:
-        publish_mod.tags_for(m, cell.id, "0" * 64, options)
-    return options
-
-
-def select(m: matrix_mod.Matrix, only: Optional[List[str]]) -> list[Cell]:
-    if not only:
-        return list(m.cells)
-    ids = [c.id for c in m.cells]
-    unknown = list(dict.fromkeys(o for o in only if o not in ids))
-    if unknown:
-        allowed = terminal.listing(ids)
-        raise ConfigError(yamlfile.capped([f"--only {bounded.short(u, 80)}: no such cell (allowed: {allowed}; "
-                                         f"`imagefactory list` shows them all)" for u in unknown]))
-    return [c for c in m.cells if c.id in only]
 
 
 def _cell_row(c: Cell) -> dict:
@@ -380,17 +163,6 @@ def _finish(outcome: build_mod.Outcome, report_path: Path, interrupt: Interrupt)
     if failed or lists:
         why = [f"{len(failed)} of {len(reports)} cell(s) failed: " + ", ".join(r.cell for r in failed)] if failed else []
         raise CellFailure("; ".join(why + ([f"list(s) not published: {', '.join(lists)}"] if lists else [])))
-
-
-def _engine_environment() -> None:
-    """What the Docker SDK reads from the environment, checked before it does (exit 2 naming it,
-    never the SDK's traceback or hang): $DOCKER_HOST well formed, the Docker config.json a
-    bounded regular file, and a cache folder (HOME or IMAGEFACTORY_CACHE_DIR)."""
-    from imagefactory.files import fsutil
-
-    environment.docker_host()
-    environment.check_docker_config()
-    fsutil.cache_root()
 
 
 @contextmanager
@@ -745,36 +517,8 @@ def _escaped_output() -> Iterator[None]:
 
 
 def main() -> None:
-    args = sys.argv[1:]
-    if helpcache.cacheable(args):
-        _recording(args)
-        return
     with _escaped_output():
         _main()
-
-
-def _recording(args: list[str]) -> None:
-    """`--help` or `COMMAND --help`, run as always, its page kept for helpcache.replay when it exits
-    0 and writes nothing on stderr."""
-    try:
-        k = helpcache.key(args)
-    except OSError:
-        k = None
-    saved = sys.stdout, sys.stderr
-    out, err = helpcache.Tee(saved[0]), helpcache.Tee(saved[1])
-    sys.stdout, sys.stderr = out, err
-    code: Any = "raised"  # anything but a clean exit records nothing
-    try:
-        with _escaped_output():
-            _main()
-        code = 0
-    except SystemExit as e:
-        code = e.code
-        raise
-    finally:
-        sys.stdout, sys.stderr = saved
-        if k is not None and code in (0, None) and not err.parts:
-            helpcache.record(args, k, "".join(out.parts))
 
 
 def _main() -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import difflib
 import functools
 import hashlib
-import itertools
 import json
 import re
 import unicodedata
@@ -21,6 +20,10 @@ from typing import TYPE_CHECKING, Any
 
 from imagefactory import __version__
 from imagefactory.config import availability
+from imagefactory.config import bases
+from imagefactory.config import expand
+from imagefactory.config.bases import DEFAULT_BASE_IMAGES
+from imagefactory.config.bases import apply_base_registry as apply_base_registry  # matrix.apply_base_registry
 from imagefactory.config import cacerts
 from imagefactory.files import bounded
 from imagefactory.files import credentials
@@ -39,13 +42,7 @@ from imagefactory.config.model import Cell, CondaSettings, InstallerPin, Matrix,
 if TYPE_CHECKING:
     import jsonschema
 
-AXES = ("python", "cuda", "blas", "installer", "platform", "variant")
-# An axis the file leaves out: installer conda; platform linux/amd64 (platforms.DEFAULT); variant
-# none ("", the fifth axis is optional).
-DEFAULT_AXES: dict[str, list[str]] = {"installer": ["conda"], "platform": [platforms.DEFAULT.oci], "variant": [""]}
-DEFAULT_NEW_CELL = {"installer": "conda", "platform": platforms.DEFAULT.oci, "variant": ""}  # a cell an include adds
 CELL_KEYS = ("torch", "numpy", "threads", "compiler", "base_image", "packages", "env")
-DEFAULT_BASE_IMAGES = {"conda": "debian:bookworm-slim", "pip": "python:{python}-slim-bookworm"}
 DEFAULT_THREADS = 4
 # Variables the templates bake from the cell; the smoke tests judge them, so `env` cannot override them.
 MANAGED_ENV = {"OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_THREADING_LAYER",
@@ -70,7 +67,6 @@ MAX_LINE, MAX_PROBLEMS, CREDENTIALS_RE = terminal.MAX_LINE, yamlfile.MAX_PROBLEM
 _read, _parse, _structure, _config_error = yamlfile.read_yaml_text, yamlfile.parse_yaml, yamlfile.structure, yamlfile.config_error
 _show, _printable = terminal.show, terminal.printable
 RESERVED_LABEL_PREFIX = "io.imagefactory"
-STAGE_NAMES = {"venv"}  # build-stage names in dockerfiles/; a base image with one of them would be the stage
 # Whole-string patterns for what reaches a Dockerfile, a condarc or a shell word.
 CONDA_SPEC_RE = re.compile(
     r"[A-Za-z0-9_][A-Za-z0-9._-]*(?:(?:==|=|>=|<=|!=|~=|>|<)[A-Za-z0-9_][A-Za-z0-9.*+_]*"
@@ -317,151 +313,108 @@ def keep_data(key: str, text: str) -> None:
 
 
 def _build(path: Path, data: dict[str, Any], loc: _Located, problems: list[Problem]) -> Matrix | None:
-    """Semantic checks and expansion; the data already matches the schema."""
+    """Semantic checks and expansion; the data already matches the schema. The problems come in
+    this order: the axes and their include/exclude (expand.py), the file-wide settings, then each
+    cell (its base image: bases.py; its packages, platform and installer), then the tags."""
 
     def problem(keypath: tuple[Any, ...], message: str) -> None:
         problems.append(Problem(loc.line(keypath), _keypath(keypath), message))
 
-    base_dir = path.parent
-    axes_spec = data["matrix"]
-    axes = {a: list(axes_spec.get(a, DEFAULT_AXES.get(a, []))) for a in AXES}
-
-    for axis, values in axes.items():
-        for i, v in enumerate(values):
-            if values.index(v) != i:
-                problem(("matrix", axis, i), f"{v!r} is listed twice (duplicate cells)")
-
-    # exclude: partial match removes every combination (GitHub Actions semantics).
-    for i, ex in enumerate(axes_spec.get("exclude", [])):
-        for axis, value in ex.items():
-            if value not in axes[axis]:
-                problem(("matrix", "exclude", i, axis),
-                        f"{value!r} is not in matrix.{axis}, so this exclude removes nothing "
-                        f"(allowed: {', '.join(v for v in axes[axis] if v) or 'none, matrix.' + axis + ' is not set'})")
-
-    combos: list[dict[str, Any]] = []
-    for picked in itertools.product(*(dict.fromkeys(axes[a]) for a in AXES)):
-        combo = dict(zip(AXES, picked))
-        if any(all(combo[k] == v for k, v in ex.items()) for ex in axes_spec.get("exclude", [])):
-            continue
-        combos.append(combo)
-    original = [dict(c) for c in combos]
-
-    # include: extend matching combinations without overwriting an original axis value;
-    # an entry that extends none adds a new cell.
-    for i, inc in enumerate(axes_spec.get("include", [])):
-        inc_axes = {k: v for k, v in inc.items() if k in AXES}
-        matched = False
-        for combo, orig in zip(combos, original):
-            if all(orig[k] == v for k, v in inc_axes.items()):
-                combo.update(inc)
-                matched = True
-        if not matched:
-            missing = [a for a in ("python", "cuda", "blas") if a not in inc_axes]
-            if missing:
-                problem(("matrix", "include", i),
-                        f"matches no cell, and a new cell needs {', '.join(missing)}")
-                continue
-            new = {**DEFAULT_NEW_CELL, **inc}
-            # Only a variant the entry names must be listed; an entry without one adds a cell of no
-            # variant, as a matrix without matrix.variant does (a tag it shares is reported below).
-            if "variant" in inc and new["variant"] not in axes["variant"]:
-                problem(("matrix", "include", i, "variant"), _new_variant(new["variant"], axes["variant"]))
-                continue
-            combos.append(new)
-            original.append({k: new[k] for k in AXES})
-
+    combos = expand.expand(data["matrix"], problem)
     if not combos and not problems:
         problem(("matrix",), "no cell is left after exclude")
         return None
+    pip, conda, certs = _settings(data, path.parent, problem)
+    if len(combos) > MAX_CELLS:
+        problem(("matrix",), f"{len(combos)} cells, more than {MAX_CELLS}; split the matrix file")
+        return None
+    cells, sources = _cells(combos, data, pip, conda, problem)
+    tagged = _tags(data, cells, sources, problem)
+    if problems:
+        return None
+    return Matrix(path=path, image=data["image"], pip=pip, conda=conda, ca_certificates=tuple(certs), **tagged)
 
-    pip_cfg = data.get("pip", {})
-    conda_cfg = data.get("conda", {})
-    pip = _pip_settings(pip_cfg, base_dir, problem)
-    conda = _conda_settings(conda_cfg, problem)
 
+def _settings(data: dict[str, Any], base_dir: Path, problem) -> tuple[PipSettings, CondaSettings, list[Path]]:
+    """The file-wide settings, checked: pip, conda, the CA certificates, env, plain-HTTP indexes
+    and labels."""
+    pip = _pip_settings(data.get("pip", {}), base_dir, problem)
+    conda = _conda_settings(data.get("conda", {}), problem)
     certs = _certificates(data.get("ca_certificates", []), base_dir, problem)
-
     _check_env(data, problem)
     _check_plain_http(data, problem)
+    _check_labels(data.get("labels", {}), problem)
+    return pip, conda, certs
 
-    for name, value in data.get("labels", {}).items():
+
+def _check_labels(labels: dict[str, str], problem) -> None:
+    for name, value in labels.items():
         if INVISIBLE_LETTERS & set(value):
             problem(("labels", name), f"the value holds {codepoints(''.join(INVISIBLE_LETTERS & set(value)))}, "
                                       f"a letter that shows as nothing; remove it")
         if name == RESERVED_LABEL_PREFIX or name.startswith(RESERVED_LABEL_PREFIX + "."):
             problem(("labels", name), f"labels under {RESERVED_LABEL_PREFIX}. are set by imagefactory "
                                       f"(the checks and the cache read them); choose another name")
-    if len(combos) > MAX_CELLS:
-        problem(("matrix",), f"{len(combos)} cells, more than {MAX_CELLS}; split the matrix file")
-        return None
 
+
+def _cells(combos: list[dict[str, Any]], data: dict[str, Any], pip: PipSettings, conda: CondaSettings,
+           problem) -> tuple[list[Cell], list[tuple[Any, ...]]]:
+    """One Cell per combination, each checked by the per-cell rules (its id unique, its base
+    image, its packages, its platform, then what its installer needs); with each cell's key path
+    (_cell_source)."""
+    axes_spec = data["matrix"]
     base_images = {**DEFAULT_BASE_IMAGES, **data.get("base_images", {})}
-    base_registry = data.get("base_registry")
-    user = data.get("user", {})
-    tags_cfg = data.get("tags", {})
-    image = data["image"]
-
     cells: list[Cell] = []
-    sources: list[tuple[Any, ...]] = []  # each cell's key path (_cell_source)
+    sources: list[tuple[Any, ...]] = []
     seen: set[str] = set()
     for combo in combos:
-        cuda = None if combo["cuda"] == "none" else combo["cuda"]
-        torch = combo.get("torch", data["torch"])
-        accel = "cpu" if cuda is None else f"cu{cuda}"
-        base = combo.get("base_image", base_images[combo["installer"]])
-        base = base.replace("{python}", combo["python"]).replace("{cuda}", cuda or "").replace("{accel}", accel)
-        base = apply_base_registry(base, base_registry)
-        env = {**data.get("env", {}), **combo.get("env", {})}
-        cell = Cell(
-            python=combo["python"], cuda=cuda, blas=combo["blas"], installer=combo["installer"],
-            variant=combo["variant"], platform=platforms.get(combo["platform"]),
-            torch=torch, numpy=combo.get("numpy", data.get("numpy")),
-            threads=combo.get("threads", data.get("threads", DEFAULT_THREADS)),
-            compiler=combo.get("compiler", data.get("compiler", True)),
-            base_image=base,
-            packages=tuple(data.get("packages", [])) + tuple(combo.get("packages", [])),
-            env=tuple(sorted(env.items())),
-            labels=tuple(sorted(data.get("labels", {}).items())),
-            user=user.get("name", "trainer"), uid=user.get("uid", 1000),
-        )
+        cell = _cell(combo, data, bases.resolve(combo, base_images, data.get("base_registry")))
         where = _cell_source(combo, axes_spec)
         if cell.id in seen:
             problem(where, f"cell {cell.id} is defined twice")
             continue
         seen.add(cell.id)
-        if refs.canonical_repository(combo.get("base_image", base_images[combo["installer"]])) == "scratch":
-            problem(where + ("base_image",) if "base_image" in combo else ("base_images", combo["installer"]),
-                    f"cell {cell.id}: scratch is the empty image: it has no Python, shell or package manager "
-                    f"to install torch with; name a base that has them")
-        elif not is_reference(base):
-            problem(where + ("base_image",) if "base_image" in combo else ("base_images", combo["installer"]),
-                    f"cell {cell.id}: base image {base!r} is not a valid image reference")
-        elif cell.installer == "pip" and _repository(base) in STAGE_NAMES:
-            problem(where + ("base_image",) if "base_image" in combo else ("base_images", combo["installer"]),
-                    f"cell {cell.id}: base image {base!r} has the name of a build stage of the pip "
-                    f"template ({', '.join(sorted(STAGE_NAMES))}); name its registry or namespace")
+        bases.check(cell, combo, base_images, where, problem)
         _check_packages(cell, combo, where, problem)
         if _check_platform(cell, conda, _platform_source(combo, axes_spec, where), problem):
             _check_cell(cell, pip, conda, where, problem)
         cells.append(cell)
         sources.append(where)
+    return cells, sources
 
+
+def _cell(combo: dict[str, Any], data: dict[str, Any], base: str) -> Cell:
+    """The cell of one combination: its own keys first, then the file's, then the defaults."""
+    env = {**data.get("env", {}), **combo.get("env", {})}
+    user = data.get("user", {})
+    return Cell(
+        python=combo["python"], cuda=None if combo["cuda"] == "none" else combo["cuda"], blas=combo["blas"],
+        installer=combo["installer"], variant=combo["variant"], platform=platforms.get(combo["platform"]),
+        torch=combo.get("torch", data["torch"]), numpy=combo.get("numpy", data.get("numpy")),
+        threads=combo.get("threads", data.get("threads", DEFAULT_THREADS)),
+        compiler=combo.get("compiler", data.get("compiler", True)),
+        base_image=base,
+        packages=tuple(data.get("packages", [])) + tuple(combo.get("packages", [])),
+        env=tuple(sorted(env.items())),
+        labels=tuple(sorted(data.get("labels", {}).items())),
+        user=user.get("name", "trainer"), uid=user.get("uid", 1000),
+    )
+
+
+def _tags(data: dict[str, Any], cells: list[Cell], sources: list[tuple[Any, ...]], problem) -> dict[str, Any]:
+    """The Matrix fields of the tags: the cells with their tags, the templates, the registries and
+    the lists, resolved and checked (tags.py)."""
+    tags_cfg = data.get("tags", {})
+    image = data["image"]
     tag_template = tags_cfg.get("template", Matrix.tag_template)
     hash_template = tags_cfg.get("hash_template", Matrix.hash_tag_template)
-
     allowed = tagging.registries(image, tuple(tags_cfg.get("registries", [])))
     for why in tagging.credential_clashes(allowed):
         problem(("tags", "registries"), why)
     resolved, lists = _resolve_tags(cells, image, tag_template, hash_template, tags_cfg.get("extra", []), allowed,
                                     problem, sources=sources, set_keys=set(tags_cfg))
-    if problems:
-        return None
-    return Matrix(
-        path=path, image=image, cells=tuple(resolved), pip=pip, conda=conda,
-        ca_certificates=tuple(certs), tag_template=tag_template, hash_tag_template=hash_template,
-        extra_tags=tuple(tags_cfg.get("extra", [])), registries=allowed[1:], lists=lists,
-    )
+    return {"cells": tuple(resolved), "tag_template": tag_template, "hash_tag_template": hash_template,
+            "extra_tags": tuple(tags_cfg.get("extra", [])), "registries": allowed[1:], "lists": lists}
 
 
 def _resolve_tags(cells: list[Cell], image: str, template: str, hash_template: str, extra: list[str],
@@ -661,11 +614,6 @@ def _wheels(pip: PipSettings, cell: Cell, local: str, *, python: bool = False) -
             if (local or "+" not in w.name) and w.name.endswith(arch)]
 
 
-def _repository(ref: str) -> str:
-    """The repository part of a reference: no registry-less tag, no digest."""
-    return refs.repository(ref) or ref
-
-
 def _check_packages(cell: Cell, combo: dict[str, Any], where: tuple[Any, ...], problem) -> None:
     """Each extra package is a valid spec for the installer of the cell it goes into."""
     if not cell.packages:  # nothing to check, and no packaging import (a cell without packages)
@@ -691,15 +639,6 @@ def _check_packages(cell: Cell, combo: dict[str, Any], where: tuple[Any, ...], p
         why = _pins_conflict(list(dict.fromkeys(cell.packages)), cell.installer)
         if why:
             problem(where + ("packages",) if own else ("packages",), f"cell {cell.id}: {why}; keep one")
-
-
-def _new_variant(variant: str, listed: list[str]) -> str:
-    """Why an include entry that adds a cell may not bring its own variant: variants are named once,
-    under matrix.variant, so a misspelt one is a mistake, not a new cell."""
-    names = [v for v in listed if v]
-    near = difflib.get_close_matches(variant, names, n=1)
-    return (f"{variant!r} is not in matrix.variant ({terminal.listing(names, empty='not set')}), so this entry would "
-            f"add a cell of its own" + (f"; did you mean {near[0]!r}?" if near else "; list the variant there first"))
 
 
 def _pins_conflict(specs: list[str], installer: str) -> str | None:
@@ -780,7 +719,3 @@ def _conda_settings(cfg: dict[str, Any], problem) -> CondaSettings:
                          for oci, pin in sorted(cfg.get("installers", {}).items())),
     )
 
-
-def apply_base_registry(ref: str, base_registry: str | None) -> str:
-    """Prefix a Docker Hub reference with a mirror; references naming a registry are kept."""
-    return refs.with_registry(ref, base_registry)

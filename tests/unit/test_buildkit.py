@@ -14,6 +14,7 @@ import pytest
 
 from imagefactory.engine import buildkit
 from imagefactory.cli import app as cli
+from imagefactory.cli import options
 from imagefactory.config import platforms
 from imagefactory.engine.api import Builder, BuildProgress, BuildRequest
 from imagefactory.errors import ConfigError
@@ -382,7 +383,7 @@ def test_metadata_file_digests(tmp_path):
 
 
 def test_cli_module_exposes_the_flags():
-    assert {"builder", "buildx_builder", "netrc"} <= set(cli.FLAGS)
+    assert {"builder", "buildx_builder", "netrc"} <= set(options.FLAGS)
 
 
 def test_buildx_is_asked_every_time_and_no_answer_is_kept(fake_docker, tmp_path, monkeypatch):

@@ -13,6 +13,7 @@ import pytest
 from imagefactory.engine import logins
 from imagefactory.config import cacerts
 from imagefactory.cli import app as cli
+from imagefactory.cli import options, preflight
 from imagefactory.files import fsutil
 from imagefactory.files import bounded
 from imagefactory.engine import environment
@@ -305,7 +306,7 @@ def test_cache_from_is_an_image_reference(project, monkeypatch, capsys, value):
 
 
 def test_cache_from_takes_a_reference():
-    assert cli._cache_from(["registry.example.com/ml/train:2.13.0", "debian"]) == (
+    assert preflight._cache_from(["registry.example.com/ml/train:2.13.0", "debian"]) == (
         "registry.example.com/ml/train:2.13.0", "debian")
 
 
@@ -318,8 +319,8 @@ def test_nan_and_inf_fail_the_float_flags(project, monkeypatch, capsys, args):
 
 
 def test_every_float_flag_is_checked_for_nan():
-    floats = [name for name, (kind, _) in cli.FLAGS.items() if kind is float]
-    assert floats and all(cli.FLAGS[name][1].callback is cli._finite for name in floats)
+    floats = [name for name, (kind, _) in options.FLAGS.items() if kind is float]
+    assert floats and all(options.FLAGS[name][1].callback is options._finite for name in floats)
     assert not math.isfinite(float("nan"))
 
 

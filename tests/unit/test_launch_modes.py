@@ -205,7 +205,7 @@ def test_good_probes_of_every_mode_pass_for_every_cell_shape():
 
 
 def test_probe_shm_option_is_checked_once_into_the_run_options():
-    from imagefactory.cli import app as cli
+    from imagefactory.cli import options as cli
     from imagefactory.run import context
     from tests.conftest import REPO
 
