@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from imagefactory.pipeline import bases as freshness
+from imagefactory.pipeline import freshness
 from imagefactory.files import fsutil
 from imagefactory.pipeline import regcache
 from imagefactory.render import contexts as render

@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from imagefactory.pipeline import build
-from imagefactory.pipeline import bases as freshness
+from imagefactory.pipeline import freshness
 from imagefactory.config import matrix
 from imagefactory.pipeline import schedule
 from tests.fake_engine import World

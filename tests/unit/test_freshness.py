@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from imagefactory.pipeline import bases as freshness
+from imagefactory.pipeline import freshness
 from imagefactory.run.context import Options, Pull
 from imagefactory.errors import ConfigError
 
