@@ -34,7 +34,7 @@ from imagefactory.report.summary import PASSED, PUBLISHED, CellReport
 from tests.fake_engine import World
 from tests.unit.helpers import BASE_DIGESTS, CPU_OPENBLAS, TWO_PIP_CELLS, good_probe
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 BASE = "127.0.0.1:5000/library/python:3.11-slim-bookworm@sha256:" + "c" * 64
 SUBJECT = sbom.Subject("127.0.0.1:5001/ml/train", CPU_OPENBLAS.id, "a" * 64, "sha256:" + "b" * 64, BASE)
 

@@ -18,7 +18,7 @@ from imagefactory.config import platforms
 from imagefactory.engine.api import Builder, BuildProgress, BuildRequest
 from imagefactory.errors import ConfigError
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "buildx"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "buildx"
 
 
 def parse(text: str) -> tuple[buildkit.RawJsonProgress, list[str], list[BuildProgress]]:

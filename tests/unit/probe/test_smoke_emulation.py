@@ -203,7 +203,7 @@ def test_emulated_verdicts_are_cached_apart_and_judged_again_as_emulated(both, t
 
 @pytest.fixture
 def golden(tmp_path):
-    m = matrix.load(Path(__file__).resolve().parents[1] / "golden" / "matrix.yaml")
+    m = matrix.load(Path(__file__).resolve().parents[2] / "golden" / "matrix.yaml")
     cell = m.cell("py3.11-cpu-openblas-pip")
     base = World(registry={cell.base_image: "sha256:" + "1" * 64})
     ctx = build.render_pinned(m, [cell], tmp_path / "pre", base.engine(), "missing")[0]
@@ -283,7 +283,7 @@ def test_the_engine_creates_an_emulated_container_with_its_platform_and_a_native
 def test_the_probe_scales_its_own_timeouts_by_the_slowdown(monkeypatch):
     import importlib.util
 
-    path = Path(__file__).resolve().parents[2] / "imagefactory" / "resources" / "probe.py"
+    path = Path(__file__).resolve().parents[3] / "imagefactory" / "resources" / "probe.py"
     spec = importlib.util.spec_from_file_location("probe_under_test", path)
     probe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(probe)

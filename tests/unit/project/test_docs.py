@@ -24,7 +24,7 @@ import pytest
 
 from tests.unit.helpers import package_modules
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 DOCS = sorted([REPO / "README.md", *(REPO / "docs").glob("*.md")])
 SCHEMA = REPO / "imagefactory" / "resources" / "matrix.schema.json"
 MATRIX_DOC = REPO / "docs" / "matrix.md"

@@ -36,7 +36,7 @@ from typer.testing import CliRunner
 
 from imagefactory.cli.app import app
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 WORKFLOW_DIR = REPO / ".github" / "workflows"
 WORKFLOWS = sorted(p for p in WORKFLOW_DIR.glob("*") if p.suffix in (".yml", ".yaml"))
 

@@ -116,7 +116,7 @@ def test_the_skip_pattern_names_exactly_the_newer_pythons_modules(python):
 
 def test_the_golden_cells_skip_torchs_py312_module():
     """The golden Dockerfiles (all Python 3.11) carry the pattern, and it names torch's file."""
-    golden = Path(__file__).resolve().parents[1] / "golden"
+    golden = Path(__file__).resolve().parents[2] / "golden"
     for dockerfile in sorted(golden.glob("*.Dockerfile")):
         (options,) = [compileall_options(dockerfile.read_text())]
         assert options[3:] == ["-x", recipe.newer_python_modules("3.11")], dockerfile.name

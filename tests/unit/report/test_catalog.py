@@ -19,7 +19,7 @@ from imagefactory.report import summary as report
 from imagefactory.cli.app import app
 from imagefactory.errors import ConfigError
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "report"
+FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "report"
 GOOD, BAD = "py3.11-cpu-openblas-pip", "py3.12-cpu-openblas-pip"
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from imagefactory.report import summary as report
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "report"
+FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "report"
 GOOD, BAD = "py3.11-cpu-openblas-pip", "py3.12-cpu-openblas-pip"
 
 

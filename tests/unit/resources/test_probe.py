@@ -21,7 +21,7 @@ import pytest
 
 from tests.unit.helpers import CPU_OPENBLAS, assert_torch_section, good_probe
 
-PROBE = Path(__file__).resolve().parents[2] / "imagefactory" / "resources" / "probe.py"
+PROBE = Path(__file__).resolve().parents[3] / "imagefactory" / "resources" / "probe.py"
 PYTHON = sys.executable  # the interpreter the test extra was installed into, not whatever is on PATH
 THREAD_ENV = {"OMP_NUM_THREADS": "3", "MKL_NUM_THREADS": "3", "OPENBLAS_NUM_THREADS": "3",
               "MKL_THREADING_LAYER": "GNU"}
