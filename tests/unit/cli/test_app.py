@@ -9,6 +9,10 @@ import sys
 import pytest
 
 from tests.conftest import REPO
+import math
+import os
+from imagefactory.cli import app
+from tests.unit.helpers import run_cli
 
 
 def cli(*args, env=None):
@@ -100,3 +104,96 @@ def test_every_error_line_reaches_the_terminal_escaped(tmp_path, monkeypatch, ca
                               "--netrc", str(bad)], monkeypatch, capsys)
     assert code == 2 and "file not found" in err
     assert "\x1b" not in err and "\x07" not in err and "\\x1b[31mred\\x07" in err
+
+
+# -- moved from test_hardening_iii.py ----------------------------------------
+
+
+PIP = """\
+image: registry.example.com/ml/train
+matrix:
+  python: ["3.11"]
+  cuda: ["none"]
+  blas: [openblas]
+  installer: [pip]
+torch: "2.13.0"
+pip:
+  index_url: https://pkgs.example.com/simple
+"""
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    """A matrix in an empty folder, the cwd; no netrc, no Docker config, no engine address."""
+    for name in ("NETRC", "DOCKER_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")  # never the real engine
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("IMAGEFACTORY_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "matrix.yaml").write_text(PIP)
+    return tmp_path
+
+
+def one_error(args: list[str], monkeypatch, capsys, code: int = 2) -> str:
+    """The command exits `code` with one printable error line."""
+    got, out, err = run_cli(args, monkeypatch, capsys)
+    assert got == code, err
+    (line,) = err.splitlines()
+    assert line.startswith("error: ") and line.isprintable(), line
+    return line
+
+
+@pytest.mark.parametrize("args, flag", [
+    (["--work-dir", "/proc/imagefactory"], "--work-dir"),
+    (["--report", "/proc/self/report.json"], "--report"),
+    (["--work-dir", "matrix.yaml"], "--work-dir"),
+    (["--work-dir", "matrix.yaml/sub"], "--work-dir"),
+    (["--report", "matrix.yaml"], "--report"),
+    (["--report", "matrix.json"], "--report"),  # with the matrix in matrix.md: the summary would overwrite it
+])
+def test_an_unusable_work_dir_or_report_is_exit_2_naming_the_flag(project, monkeypatch, capsys, args, flag):
+    if args[1] == "matrix.json":  # the Markdown summary beside it would overwrite a matrix.md
+        (project / "matrix.yaml").rename(project / "matrix.md")
+        args = ["--matrix", "matrix.md", *args]
+    before = (project / ("matrix.md" if "matrix.md" in args else "matrix.yaml")).read_bytes()
+    line = one_error(["build", "--builder", "classic", *args], monkeypatch, capsys)
+    assert line.startswith(f"error: {flag} "), line
+    assert (project / ("matrix.md" if "matrix.md" in args else "matrix.yaml")).read_bytes() == before
+    assert not (project / "build").exists()
+
+
+def test_a_report_that_is_the_matrix_file_through_a_link_is_refused(project, monkeypatch, capsys):
+    os.symlink("matrix.yaml", project / "report.json")
+    line = one_error(["test", "--report", "report.json"], monkeypatch, capsys)
+    assert "is the matrix file" in line
+
+
+@pytest.mark.parametrize("value", ["", "a\nb", "--push", "type=registry,ref=x", "a b", "x" * 300])
+def test_cache_from_is_an_image_reference(project, monkeypatch, capsys, value):
+    line = one_error(["build", "--builder", "classic", "--cache-from", value], monkeypatch, capsys)
+    assert line.startswith("error: --cache-from ") and "not an image reference" in line
+
+
+def test_cache_from_takes_a_reference():
+    assert app._cache_from(["registry.example.com/ml/train:2.13.0", "debian"]) == (
+        "registry.example.com/ml/train:2.13.0", "debian")
+
+
+@pytest.mark.parametrize("args", [["build", "--probe-timeout", "nan"], ["build", "--retry-delay", "nan"],
+                                  ["build", "--probe-timeout", "inf"], ["bench", "--budget", "nan"],
+                                  ["test", "--probe-timeout", "NaN"]])
+def test_nan_and_inf_fail_the_float_flags(project, monkeypatch, capsys, args):
+    line = one_error(args, monkeypatch, capsys)
+    assert line.startswith(f"error: {args[1]} ") and "finite" in line
+
+
+def test_every_float_flag_is_checked_for_nan():
+    floats = [name for name, (kind, _) in app.FLAGS.items() if kind is float]
+    assert floats and all(app.FLAGS[name][1].callback is app._finite for name in floats)
+    assert not math.isfinite(float("nan"))
+
+
+def test_buildx_builder_under_the_classic_builder_is_refused(project, monkeypatch, capsys):
+    line = one_error(["build", "--builder", "classic", "--buildx-builder", "remote"], monkeypatch, capsys)
+    assert "--buildx-builder remote" in line and "--builder buildkit" in line

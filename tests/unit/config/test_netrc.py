@@ -14,6 +14,7 @@ from imagefactory.config import netrc
 from imagefactory.render import contexts as render
 from imagefactory.engine.api import Builder
 from imagefactory.errors import ConfigError
+from tests.unit.helpers import run_cli
 
 SECRET = "Sup3r-S3cret-pw"
 MATRIX = textwrap.dedent("""\
@@ -217,3 +218,139 @@ def test_needs_matches_the_whole_host_only(m, tmp_path):
     cell = m.cells[0]
     for other in ("example.com", "pkgs.example", "kgs.example.com", "pkgs.example.com.evil.org"):
         assert not netrc.needs(netrc.load(write(tmp_path, f"machine {other} login a password b\n")), m, cell), other
+
+
+# -- moved from test_hardening_iii.py ----------------------------------------
+
+
+PIP = """\
+image: registry.example.com/ml/train
+matrix:
+  python: ["3.11"]
+  cuda: ["none"]
+  blas: [openblas]
+  installer: [pip]
+torch: "2.13.0"
+pip:
+  index_url: https://pkgs.example.com/simple
+"""
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    """A matrix in an empty folder, the cwd; no netrc, no Docker config, no engine address."""
+    for name in ("NETRC", "DOCKER_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")  # never the real engine
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("IMAGEFACTORY_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "matrix.yaml").write_text(PIP)
+    return tmp_path
+
+
+def one_error(args: list[str], monkeypatch, capsys, code: int = 2) -> str:
+    """The command exits `code` with one printable error line."""
+    got, out, err = run_cli(args, monkeypatch, capsys)
+    assert got == code, err
+    (line,) = err.splitlines()
+    assert line.startswith("error: ") and line.isprintable(), line
+    return line
+
+
+def test_proc_self_environ_is_not_a_netrc_directly_or_through_a_linked_folder(tmp_path):
+    os.symlink("/proc/self", tmp_path / "me")
+    for path in (Path("/proc/self/environ"), tmp_path / "me" / "environ"):
+        with pytest.raises(ConfigError, match="pseudo file system"):
+            netrc.load(path)
+
+
+def test_an_environment_value_saying_default_never_makes_a_default_entry(tmp_path, monkeypatch):
+    monkeypatch.setenv("IMAGEFACTORY_PROBE", "x default y")
+    os.symlink("/proc", tmp_path / "p")
+    with pytest.raises(ConfigError, match="pseudo file system"):
+        netrc.load(tmp_path / "p" / str(os.getpid()) / "environ")
+
+
+@pytest.mark.parametrize("where", ["/dev/null", "/sys/kernel/notes"])
+def test_devices_and_sysfs_are_not_a_netrc(where):
+    if not os.path.exists(where):
+        pytest.skip(f"{where} is not here")
+    with pytest.raises(ConfigError, match="pseudo file system"):
+        netrc.load(Path(where))
+
+
+def test_a_kubernetes_secret_volume_and_a_dotfile_link_are_accepted(tmp_path):
+    """A secret volume: netrc -> ..data/netrc, ..data -> ..2026_12_01/; a dotfile manager: a link."""
+    stamp = tmp_path / "..2026_12_01"
+    stamp.mkdir()
+    (stamp / "netrc").write_text("machine pkgs.example.com login a password b\n")
+    os.symlink(stamp.name, tmp_path / "..data")
+    os.symlink("..data/netrc", tmp_path / "netrc")
+    got = netrc.load(tmp_path / "netrc")
+    assert got.hosts == {"pkgs.example.com"}
+    assert got.path == stamp.resolve() / "netrc"  # what is mounted is the file, not the link
+    dot = tmp_path / "dotfiles"
+    dot.mkdir()
+    (dot / "netrc").write_text("machine x.example.com login a password b\n")
+    os.symlink(dot / "netrc", tmp_path / ".netrc")
+    assert netrc.load(tmp_path / ".netrc").hosts == {"x.example.com"}
+
+
+@pytest.mark.parametrize("text, hosts", [
+    ("machine\npkgs.example.com login a password b\n", {"pkgs.example.com"}),
+    ('machine "pkgs.example.com" login a password b\n', {"pkgs.example.com"}),
+    ("machine a.example.com login u password machine\n", {"a.example.com"}),
+    ("machine a.example.com login u password default\n", {"a.example.com"}),
+    ('machine a.example.com login u password "x machine b.example.com"\n', {"a.example.com"}),
+    ("machine a.example.com\n  login u\n  password\n    default\nmachine b.example.com password p\n",
+     {"a.example.com", "b.example.com"}),
+    ("# machine c.example.com\nmachine a.example.com password p\n", {"a.example.com"}),
+    ("macdef init\nmachine m.example.com\n\nmachine a.example.com password p\n", {"a.example.com"}),
+    ("machine a.example.com password p\ndefault login x password y\n", {"a.example.com", netrc.ANY_HOST}),
+])
+def test_hosts_are_read_with_netrcs_grammar(text, hosts):
+    assert netrc.hosts(text) == hosts
+
+
+def test_the_scan_agrees_with_pythons_netrc(tmp_path):
+    import netrc as stdlib
+
+    text = ('machine\n"a.example.com" login u password machine\nmachine b.example.com login "v w" password '
+            'default\ndefault login d password "machine c.example.com"\n')
+    (tmp_path / "n").write_text(text)
+    (tmp_path / "n").chmod(0o600)
+    parsed = stdlib.netrc(str(tmp_path / "n"))
+    want = set(parsed.hosts) | ({netrc.ANY_HOST} if "default" in parsed.hosts else set())
+    assert netrc.hosts(text) == {h for h in want if h != "default"} | {netrc.ANY_HOST}
+
+
+def test_a_netrc_with_nul_bytes_is_refused(tmp_path):
+    (tmp_path / "n").write_bytes(b"machine a.example.com\0 password p\n")
+    with pytest.raises(ConfigError, match="NUL"):
+        netrc.load(tmp_path / "n")
+
+
+def test_the_token_scan_is_bounded():
+    with pytest.raises(ValueError, match="more than"):
+        netrc.hosts("x " * (netrc.MAX_TOKENS + 1))
+
+
+@pytest.mark.parametrize("source", ["NETRC", "HOME"])
+def test_a_login_in_netrc_or_home_refuses_a_classic_build_as_the_flag_does(project, monkeypatch, capsys, source):
+    text = "machine pkgs.example.com login a password b\n"
+    if source == "NETRC":
+        (project / "logins").write_text(text)
+        monkeypatch.setenv("NETRC", str(project / "logins"))
+    else:
+        (project / "home").mkdir()
+        (project / "home" / ".netrc").write_text(text)
+    line = one_error(["build", "--builder", "classic"], monkeypatch, capsys)
+    assert "installs from pkgs.example.com" in line and "classic builder has no build secrets" in line
+    assert not (project / "build").exists()
+
+
+def test_a_default_entry_refusal_names_hosts_not_characters(project, monkeypatch, capsys):
+    (project / "logins").write_text("default login a password b\n")
+    line = one_error(["build", "--builder", "classic", "--netrc", "logins"], monkeypatch, capsys)
+    assert "installs from download.pytorch.org, pkgs.example.com, whose login" in line and "i, t, s" not in line

@@ -7,6 +7,12 @@ import datetime
 from imagefactory.config import tags
 from imagefactory.engine.docker import is_transient, split_tag
 from imagefactory.config.model import Cell
+import pytest
+from imagefactory.config import matrix
+from imagefactory.config import tags as tagging
+from imagefactory.errors import ConfigError
+from pathlib import Path
+from tests.unit.helpers import run_cli
 
 CELL = Cell(python="3.11", cuda="12.9", blas="mkl", installer="pip", torch="2.8.0", threads=4,
             base_image="python:3.11-slim-bookworm")
@@ -37,3 +43,141 @@ def test_authentication_errors_are_not_transient():
     assert not is_transient("no basic auth credentials")
     assert not is_transient("unauthorized: authentication required")
     assert is_transient("Get http://127.0.0.1:5002/v2/: dial tcp: connect: connection refused")
+
+
+# -- moved from test_hardening_tags.py ----------------------------------------
+
+
+ONE_CELL = """
+image: registry.example.com/ml/train
+matrix: {python: ["3.11"], cuda: ["none"], blas: [openblas], installer: [pip]}
+torch: "2.13.0"
+"""
+
+
+CELL_HT = "py3.11-cpu-openblas-pip"
+
+
+HASH = "ab" * 32
+
+
+def problems(write_matrix, text: str) -> list[str]:
+    with pytest.raises(ConfigError) as e:
+        matrix.load(write_matrix(text))
+    return e.value.problems
+
+
+# -- where tags point ------------------------------------------------------------------------------
+def test_a_tag_on_another_registry_is_refused(write_matrix):
+    text = ONE_CELL + 'tags: {template: "other.example.net/x/{id}"}\n'
+    [p] = problems(write_matrix, text)
+    assert "tags.template" in p and "points at registry other.example.net" in p
+    assert "not registry.example.com" in p and "tags.registries" in p
+
+
+@pytest.mark.parametrize("key", ["template", "hash_template"])
+def test_a_hub_tag_for_a_private_image_is_refused(write_matrix, key):
+    value = "ml/{id}" if key == "template" else "ml/x:{hash}"
+    [p] = problems(write_matrix, ONE_CELL + f'tags: {{{key}: "{value}"}}\n')
+    assert f"tags.{key}" in p and "points at registry docker.io" in p
+
+
+def test_a_registry_named_under_tags_registries_is_allowed(write_matrix):
+    text = ONE_CELL + 'tags: {template: "Other.Example.NET/x/{id}", registries: [other.example.net]}\n'
+    m = matrix.load(write_matrix(text))
+    assert m.cell(CELL_HT).tags == ("Other.Example.NET/x/" + CELL_HT,)
+    assert tagging.allowed_registries(m) == ("registry.example.com", "other.example.net")
+
+
+def test_tags_registries_entries_are_hosts(write_matrix):
+    [p] = problems(write_matrix, ONE_CELL + 'tags: {registries: ["evil.example/x"]}\n')
+    assert "tags.registries[0]" in p and "malformed" in p
+
+
+def test_the_hash_template_must_hold_the_hash(write_matrix):
+    [p] = problems(write_matrix, ONE_CELL + 'tags: {hash_template: "{image}:stable"}\n')
+    assert "tags.hash_template" in p and "{hash}" in p
+    # the code refuses it too, whatever the schema lets through
+    cell = matrix.load(write_matrix(ONE_CELL)).cell(CELL_HT)
+    with pytest.raises(tagging.TagTemplateError, match="has no {hash} field"):
+        tagging.hash_tag("{image}:stable", "r.example/x", cell, HASH)
+    assert tagging.hash_tag("{image}:h{hash}", "r.example/x", cell, HASH) == "r.example/x:h" + HASH[:12]
+
+
+@pytest.mark.parametrize("key,value", [("template", "{image}:x@sha256:" + "0" * 64),
+                                       ("hash_template", "{image}:{hash}@sha256:" + "0" * 64)])
+def test_a_tag_with_a_digest_is_refused(write_matrix, key, value):
+    [p] = problems(write_matrix, ONE_CELL + f'tags: {{{key}: "{value}"}}\n')
+    assert f"tags.{key}" in p and "holds a digest" in p
+
+
+# -- moved from test_hardening_iii.py ----------------------------------------
+
+
+PIP = """\
+image: registry.example.com/ml/train
+matrix:
+  python: ["3.11"]
+  cuda: ["none"]
+  blas: [openblas]
+  installer: [pip]
+torch: "2.13.0"
+pip:
+  index_url: https://pkgs.example.com/simple
+"""
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    """A matrix in an empty folder, the cwd; no netrc, no Docker config, no engine address."""
+    for name in ("NETRC", "DOCKER_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")  # never the real engine
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("IMAGEFACTORY_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "matrix.yaml").write_text(PIP)
+    return tmp_path
+
+
+def one_error(args: list[str], monkeypatch, capsys, code: int = 2) -> str:
+    """The command exits `code` with one printable error line."""
+    got, out, err = run_cli(args, monkeypatch, capsys)
+    assert got == code, err
+    (line,) = err.splitlines()
+    assert line.startswith("error: ") and line.isprintable(), line
+    return line
+
+
+def write(project: Path, text: str) -> Path:
+    (project / "matrix.yaml").write_text(text)
+    return project / "matrix.yaml"
+
+
+def refused(project: Path, text: str, monkeypatch, capsys) -> str:
+    write(project, text)
+    line = one_error(["list"], monkeypatch, capsys)
+    assert line.startswith("error: matrix.yaml:"), line
+    return line
+
+
+def test_an_extra_tag_of_one_cell_equal_to_another_cells_release_tag_is_refused(project, monkeypatch, capsys):
+    """Cell `a` gets a-g0000000 as its git-sha tag (the check's stand-in sha); cell `a-g0000000`
+    has that as its release tag: one push would overwrite the other."""
+    text = PIP.replace("  installer: [pip]", "  installer: [pip]\n  variant: [a, a-g0000000]") + (
+        'tags:\n  template: "{image}:{variant}"\n  extra: [git-sha]\n')
+    line = refused(project, text, monkeypatch, capsys)
+    assert "would both be tagged 'registry.example.com/ml/train:a-g0000000'" in line
+
+
+def test_tags_registries_names_are_normalised(project):
+    from imagefactory.config import tags
+
+    assert tags.registries("registry.example.com/ml/train", ("Other.Example.NET", "index.docker.io")) == (
+        "registry.example.com", "other.example.net", "docker.io")
+    text = PIP + ('tags:\n  registries: [Other.Example.NET, index.docker.io]\n'
+                  '  template: "other.example.net/ml/train:{torch}-py{python}"\n')
+    m = matrix.load(write(project, text))
+    assert m.cells[0].tags == ("other.example.net/ml/train:2.13.0-py3.11",)
+    assert tags.refusal("docker.io/ml/train:x", tags.allowed_registries(m)) is None
+    assert tags.refusal("OTHER.example.net/ml/train:x", tags.allowed_registries(m)) is None

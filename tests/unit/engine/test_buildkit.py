@@ -17,6 +17,7 @@ from imagefactory.cli import app as cli
 from imagefactory.config import platforms
 from imagefactory.engine.api import Builder, BuildProgress, BuildRequest
 from imagefactory.errors import ConfigError
+from imagefactory.files import fsutil
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "buildx"
 
@@ -535,3 +536,49 @@ def test_a_document_on_one_line_does_not_swallow_the_lines_after_it():
     assert p.error == "failed to solve: boom" and lines[-1] == "ERROR: failed to solve: boom"
     p, lines, _ = parse('{"vertexes": [{}\n]}\nplain\n')  # a first line that only looks whole
     assert lines == ["plain"]
+
+
+# -- moved from test_hardening_iii.py ----------------------------------------
+
+
+PIP = """\
+image: registry.example.com/ml/train
+matrix:
+  python: ["3.11"]
+  cuda: ["none"]
+  blas: [openblas]
+  installer: [pip]
+torch: "2.13.0"
+pip:
+  index_url: https://pkgs.example.com/simple
+"""
+
+
+@pytest.fixture
+def project_III(tmp_path, monkeypatch):
+    """A matrix in an empty folder, the cwd; no netrc, no Docker config, no engine address."""
+    for name in ("NETRC", "DOCKER_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")  # never the real engine
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("IMAGEFACTORY_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "matrix.yaml").write_text(PIP)
+    return tmp_path
+
+
+def test_the_cached_buildx_answer_is_read_bounded(project_III, monkeypatch):
+    from imagefactory.engine import buildkit
+
+    monkeypatch.setattr(buildkit, "docker_cli", lambda: "/usr/bin/true")
+    monkeypatch.setattr(buildkit, "_answer_key", lambda cli: "k")
+    asked = []
+    monkeypatch.setattr(buildkit, "_ask", lambda cli, timeout: asked.append(1) or ((0, 13, 1), "v0.13.1"))
+    cache = fsutil.cache_root() / "buildx-version.json"
+    cache.parent.mkdir(parents=True)
+    os.mkfifo(cache)  # a reader that waits on it never returns
+    assert buildkit.buildx_version() == ((0, 13, 1), "v0.13.1") and asked
+    os.unlink(cache)
+    cache.write_text('{"key": "k", "answer": "v0.13.1"}' + " " * (8 << 20))
+    asked.clear()
+    assert buildkit.buildx_version()[0] == (0, 13, 1) and asked  # too big: asked again, not read whole

@@ -36,6 +36,10 @@ from imagefactory.report.summary import (BUILD_FAILED, CHECK_FAILED, INTERRUPTED
 from tests.conftest import REPO
 from tests.fake_engine import World
 from tests.unit.helpers import CELL_A, CELL_B, TWO_PIP_CELLS, good_probe
+from imagefactory.run.context import Options, RunContext
+from imagefactory.engine.api import RunResult
+from imagefactory.report.summary import CACHED, NOT_BUILT
+from tests.fake_engine import FakeEngine, Image
 
 MATRIX = TWO_PIP_CELLS
 A, B = CELL_A, CELL_B
@@ -621,3 +625,131 @@ def test_sigterm_while_build_is_still_rendering_exits_143_with_a_report(m, tmp_p
     assert set(cells) == {A, B} and set(cells.values()) <= {INTERRUPTED, SKIPPED}
     assert world.ops("build") == []
     assert not [p for p in (tmp_path / "work" / "contexts").iterdir() if p.name.startswith(".render-")]
+
+
+# -- moved from test_caught_mutants.py ----------------------------------------
+
+
+def run(step, m, world, tmp_path, engine_factory=None, **options):
+    opts = Options(work_dir=tmp_path / "work", gpus="none", **options)
+    return step(m, list(m.cells), RunContext(opts, Plain(io.StringIO()), world.interrupt,
+                                             engine_factory or world.engine))
+
+
+def by_cell_CM(reports) -> dict:
+    return {r.cell: r for r in reports}
+
+
+def publish(m, world, reports, **options) -> dict:
+    publish_mod.publish(m, reports, world.context(Options(backoff=0, **options), Plain(io.StringIO())))
+    return by_cell_CM(reports)
+
+
+def derive_from(world: World, image_id: str, name: str) -> Image:
+    """What `FROM <cell image>` + one more layer gives: every label inherited, its own name."""
+    parent = world.images[image_id]
+    child = Image("sha256:" + "d" * 64, dict(parent.labels), {name}, cell=parent.cell)
+    world.images[child.id] = child
+    return child
+
+
+def test_an_image_that_only_inherits_the_content_hash_label_is_not_reused(m, world, tmp_path):
+    """Mutant: find_built() takes any image with the cell's content-hash label (README: it must
+    also carry one of the cell's own names). A user's image built FROM the cell's image, left
+    after the cell's own image was removed, was then tested, tagged and pushed as the release."""
+    first = by_cell_CM(run(build_mod.build, m, world, tmp_path).reports)
+    derived = derive_from(world, first[A].image_id, "someone/finetune:latest")
+    assert derived.labels[render.HASH_LABEL] == first[A].content_hash
+    del world.images[first[A].image_id]  # `docker rmi` of the cell's own image
+
+    assert build_mod.find_built(world.engine(), m, m.cell(A), first[A].content_hash) is None
+    again = by_cell_CM(run(build_mod.build, m, world, tmp_path).reports)
+    assert world.ops("build") == [A, B, A]  # rebuilt, not taken from the derived image
+    assert again[A].status == PASSED and not again[A].cached and again[A].image_id != derived.id
+    assert again[B].status == PASSED and again[B].cached and again[B].verdicts == CACHED
+    published = publish(m, world, list(again.values()))
+    assert published[A].publish == PUBLISHED
+    assert world.image_by_ref(m.cell(A).tags[0]).id == again[A].image_id
+    assert derived.tags == {"someone/finetune:latest"}  # never named as the release
+
+
+def test_a_cached_cell_is_found_by_its_candidate_name_without_listing_every_image(m, world, tmp_path):
+    """One inspect of the name an earlier run gave the cell's image, not a listing of every image
+    with the label (on an engine of many images, the slow question). Mutant: the candidate's
+    image taken whatever its content-hash label says."""
+    from imagefactory.config import tags
+
+    first = by_cell_CM(run(build_mod.build, m, world, tmp_path).reports)
+    cell, content_hash = m.cell(A), first[A].content_hash
+    candidate = tags.candidate(cell, content_hash)
+    world.calls.clear()
+    assert build_mod.find_built(world.engine(), m, cell, content_hash) == first[A].image_id
+    assert world.ops("labelled_image") == [candidate] and world.ops("images_with_label") == []
+    # the name moved to an image of other content (a user's `docker tag`): not this cell's image
+    world.images[first[A].image_id].tags.discard(candidate)
+    other = Image("sha256:" + "e" * 64, {render.HASH_LABEL: "0" * 64}, {candidate}, cell=cell.id)
+    world.images[other.id] = other
+    assert build_mod.find_built(world.engine(), m, cell, content_hash) != other.id
+    assert world.ops("images_with_label") == [content_hash]  # looked further, by the label
+
+
+def test_test_and_push_find_nothing_built_when_only_a_derived_image_carries_the_label(m, world, tmp_path):
+    first = by_cell_CM(run(build_mod.build, m, world, tmp_path).reports)
+    derive_from(world, first[A].image_id, "someone/finetune:latest")
+    del world.images[first[A].image_id]
+    retest = by_cell_CM(run(build_mod.test, m, world, tmp_path).reports)
+    assert retest[A].status == NOT_BUILT and retest[B].status == PASSED
+
+
+@pytest.mark.parametrize("setup", ["build-error", "engine-gone", "push-of-an-unbuilt-cell"])
+def test_atomic_publishes_nothing_when_a_build_fails(m, world, tmp_path, setup):
+    """Mutant: --atomic counted only check failures. A cell whose BUILD failed (or, for `push
+    --atomic`, was never built) let the others be pushed. (publish.py is right: any status
+    but passed stops it.)"""
+    world.builds[B] = "gone" if setup == "engine-gone" else "error"
+    reports = run(build_mod.build, m, world, tmp_path).reports
+    if setup == "push-of-an-unbuilt-cell":  # `imagefactory push --atomic` re-tests, then publishes
+        reports = run(build_mod.test, m, world, tmp_path).reports
+    assert [r.status for r in reports] == [PASSED, NOT_BUILT if setup.startswith("push") else BUILD_FAILED]
+    published = publish(m, world, reports, atomic=True)
+    assert world.ops("push") == [] and {r.publish for r in published.values()} == {NOT_PUBLISHED}
+    assert not [ref for _, ref in world.ops("tag") if ref.startswith("registry.example.com")]
+    assert f"--atomic and 1 cell(s) failed ({B})" in published[A].error
+    # the same run without --atomic publishes the cell that passed
+    assert publish(m, world, reports)[A].publish == PUBLISHED
+
+
+class ProbeFails(FakeEngine):
+    """The engine fails the probe's container (e.g. `could not create a container`)."""
+
+    error: EngineError = EngineError("could not run a container of x: 500 Server Error: no space left")
+
+    def run(self, image: str, command: list[str], *, timeout: float, gpus: bool = False,
+            environment: dict[str, str] | None = None, cpus: float | None = None,
+            options: dict | None = None, platform=None) -> RunResult:
+        self.world.record("run", image)
+        raise self.error
+
+
+def test_a_probe_engine_error_fails_the_cell_with_that_error(m, world, tmp_path):
+    """Mutant: the cell kept status `built` when the probe's container could not run. And the
+    report gave no error for it: the engine's message was only in the probe.ran check."""
+    outcome = run(build_mod.build, m, world, tmp_path, engine_factory=lambda: ProbeFails(world))
+    for r in outcome.reports:
+        assert r.status == CHECK_FAILED and not r.ok
+        assert r.error == "the probe did not run: " + ProbeFails.error.message
+        assert {c.name: c.verdict for c in r.checks} == {"probe.ran": "fail"}
+    assert outcome.engine_gone is None
+    # nothing was cached as passed: with the engine healthy again, the images are probed
+    retest = by_cell_CM(run(build_mod.test, m, world, tmp_path).reports)
+    assert {r.status for r in retest.values()} == {PASSED} and {r.verdicts for r in retest.values()} == {"probed"}
+
+
+def test_an_engine_lost_during_the_probe_is_the_runs_error(m, world, tmp_path):
+    class Gone(ProbeFails):
+        error = EngineGone("could not run a container of x: the Docker engine stopped answering")
+
+    outcome = run(build_mod.build, m, world, tmp_path, engine_factory=lambda: Gone(world))
+    assert outcome.engine_gone == Gone.error.message  # exit 3, as for a build that loses it
+    for r in outcome.reports:
+        assert r.status == CHECK_FAILED and r.error == Gone.error.message

@@ -189,3 +189,64 @@ def test_the_content_tag_lookup_gets_only_its_own_registrys_credentials(tmp_path
     mine = {"username": "third", "password": "third-secret"}
     looked_up = [auth for ref, auth in world.ops("digest_auth") if ref.startswith(third)]
     assert looked_up == [mine, mine] and world.ops("pull_auth") == [mine, mine]
+
+
+# -- moved from test_hardening_iii.py ----------------------------------------
+
+
+PIP = """\
+image: registry.example.com/ml/train
+matrix:
+  python: ["3.11"]
+  cuda: ["none"]
+  blas: [openblas]
+  installer: [pip]
+torch: "2.13.0"
+pip:
+  index_url: https://pkgs.example.com/simple
+"""
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    """A matrix in an empty folder, the cwd; no netrc, no Docker config, no engine address."""
+    for name in ("NETRC", "DOCKER_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")  # never the real engine
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("IMAGEFACTORY_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "matrix.yaml").write_text(PIP)
+    return tmp_path
+
+
+class _CacheEngine:
+    """A registry that serves the content tag, and a local image (another one) with the label."""
+
+    def __init__(self, pulled: str, labelled: list[str]):
+        self.pulled, self.labelled, self.tagged = pulled, labelled, []
+
+    def registry_digest(self, ref, *, auth_config=None):
+        return "sha256:" + "a" * 64
+
+    def pull(self, ref, *, auth_config=None):
+        return self.pulled
+
+    def images_with_label(self, key, value):
+        return {i: [] for i in self.labelled}
+
+    def tag(self, image, ref):
+        self.tagged.append((image, ref))
+
+
+def test_the_registry_cache_refuses_a_pulled_image_without_the_label_even_if_another_has_it(project):
+    from imagefactory.pipeline import regcache
+
+    m = matrix.load(project / "matrix.yaml")
+    cell, lines = m.cells[0], []
+    creds = {r: None for r in ("registry.example.com",)}
+    other = _CacheEngine(pulled="sha256:pulled", labelled=["sha256:some-other-local-image"])
+    assert regcache.pull_content(other, m, cell, "f" * 64, creds, lines.append) is None
+    assert other.tagged == [] and "does not carry content hash" in lines[-1]
+    same = _CacheEngine(pulled="sha256:pulled", labelled=["sha256:pulled"])
+    assert regcache.pull_content(same, m, cell, "f" * 64, creds, lines.append) is not None

@@ -10,6 +10,7 @@ import pytest
 from imagefactory.probe.checks import Check, judge, passed
 from imagefactory.config.model import Cell
 from tests.unit.helpers import CPU_OPENBLAS, CUDA_MKL, by_name, failures, good_probe, only_failure, openmp_entry
+from imagefactory.probe import smoke
 
 
 ALL_NAMES = {
@@ -421,3 +422,41 @@ def test_compute_not_reported_fails():
     probe = good_probe(cell)
     del probe["compute"]
     assert {"numpy.matmul", "torch.matmul"} <= failures(judge(cell, probe, gpu_required=False))
+
+
+# -- moved from test_caught_mutants.py ----------------------------------------
+
+
+def test_a_blas_running_every_host_cpu_fails_a_cell_that_asked_for_fewer():
+    """Mutant: the allowed counts use the CPU cap itself instead of min(threads, cap). On a
+    64-CPU host a threads: 4 cell whose BLAS and torch run 64 threads then passed."""
+    assert CPU_OPENBLAS.threads == 4
+    p = good_probe(CPU_OPENBLAS, cpus=64)
+    assert passed(judge(CPU_OPENBLAS, p, gpu_required=False))
+    p["numpy"]["blas"][0]["num_threads"] = 64
+    p["torch"]["num_threads"] = 64
+    checks = {c.name: c for c in judge(CPU_OPENBLAS, p, gpu_required=False)}
+    assert {n for n, c in checks.items() if c.verdict == "fail"} == {"threads.numpy_blas", "threads.torch"}
+    assert checks["threads.torch"].expected == "4"  # no capping excuse: 64 CPUs are plenty
+
+
+@pytest.mark.parametrize("cpus, allowed", [(64, {4}), (4, {4}), (3, {3, 4}), (1, {1, 4})])
+def test_allowed_thread_counts_are_the_request_and_the_request_capped(cpus, allowed):
+    for n in range(1, 70):
+        p = good_probe(CPU_OPENBLAS, cpus=cpus)
+        p["numpy"]["blas"][0]["num_threads"] = p["torch"]["num_threads"] = n
+        assert passed(judge(CPU_OPENBLAS, p, gpu_required=False)) == (n in allowed), n
+
+
+# -- moved from test_hardening_iii.py ----------------------------------------
+
+
+def test_an_hpc_probe_that_reports_no_launch_facts_fails_launch_conditions():
+    from imagefactory.probe import checks
+
+    expect = smoke.MODES["hpc"].expect()
+    assert expect.get("root read-only") is True
+    probe = {"user": {"uid": expect["uid"], "name": None}, "cpus": {"affinity": expect.get("CPUs (affinity)", 1)}}
+    got = checks.launch_conditions(expect, probe)
+    assert got.verdict == "fail" and "root read-only is None" in (got.detail or "")
+    assert checks.launch_conditions(expect, {**probe, "launch": "garbage"}).verdict == "fail"

@@ -16,6 +16,7 @@ from imagefactory.probe import smoke
 from imagefactory.errors import ConfigError
 from tests.fake_engine import Image, World, as_launched
 from tests.unit.helpers import CPU_OPENBLAS, CUDA_MKL, by_name, good_probe, only_failure
+from imagefactory.cli import app as cli
 
 
 def launched(cell=CPU_OPENBLAS, mode: str = "hpc", **kw) -> dict:
@@ -205,7 +206,6 @@ def test_good_probes_of_every_mode_pass_for_every_cell_shape():
 
 
 def test_probe_shm_option_is_checked_once_into_the_run_options():
-    from imagefactory.cli import app as cli
     from imagefactory.run import context
     from tests.conftest import REPO
 
@@ -226,3 +226,18 @@ def test_the_cli_refuses_a_bad_probe_shm():
     r = subprocess.run([sys.executable, "-m", "imagefactory", "test", "--matrix", str(REPO / "tests" / "golden" /
                         "matrix.yaml"), "--plain", "--probe-shm", "lots"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--probe-shm: 'lots' is not host, default or a size" in r.stderr + r.stdout
+
+
+# -- moved from test_hardening_iii.py ----------------------------------------
+
+
+@pytest.mark.parametrize("given, kept", [("1G", "1g"), ("1g", "1g"), ("512M", "512m"), ("2gb", "2g"),
+                                         ("1Gb", "1g"), ("host", "host"), ("default", "default")])
+def test_probe_shm_takes_what_docker_takes(given, kept):
+    assert smoke.check_shm(given) == kept
+
+
+@pytest.mark.parametrize("bad", ["1", "0g", "1t", "1 g", "-1g", "1g\n", "HOST", "1gib"])
+def test_probe_shm_still_refuses_what_is_not_a_size(bad):
+    with pytest.raises(ConfigError):
+        smoke.check_shm(bad)

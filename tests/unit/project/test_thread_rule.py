@@ -19,6 +19,7 @@ from imagefactory.render import contexts as render
 from tests.unit.thread_rule import (
     AUTO_CELL, CASES, CPUS, REFUSED, _run_hooked, _tree, launch, make_hooked_venv, probe, shell_copies, workload,
 )
+from imagefactory.files import bounded
 
 REPO = Path(render.__file__).resolve().parents[2]
 
@@ -116,3 +117,45 @@ def test_the_hook_cap_is_what_a_c_int_holds():
     assert launch.MAX_THREADS == 2**31 - 1
     assert f"[ \"$1\" -le {2**31 - 1} ]" in render.launch_env_text(AUTO_CELL)
     assert sys.maxsize > launch.MAX_THREADS  # (the Python side compares ints; the shell, intmax_t)
+
+
+# -- moved from test_hardening_iii.py ----------------------------------------
+
+
+def _finishes(fn, seconds: float = 10.0) -> bool:
+    import threading
+
+    thread = threading.Thread(target=fn, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    return not thread.is_alive()
+
+
+@pytest.mark.parametrize("files, limit", [
+    ({"cpu.max": "fifo", "cpu/cpu.cfs_quota_us": b"100000\n", "cpu/cpu.cfs_period_us": b"100000\n"}, (100000, 100000)),
+    ({"cpu/cpu.cfs_quota_us": "fifo", "cpu/cpu.cfs_period_us": b"100000\n"}, None),
+])
+def test_every_copy_reads_a_fifo_as_it_reads_a_folder_without_waiting(tmp_path, files, limit):
+    """A FIFO is not a regular file: each Python copy (hook, probe, workload) treats it as a file that
+    cannot be read, as the shell's `[ -f ]` does, and never waits on it (a thread with a timeout, so
+    a copy that blocks fails here instead of hanging the suite)."""
+    import importlib.util
+
+    root = tmp_path / "cgroup"
+    for rel, data in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        os.mkfifo(root / rel) if data == "fifo" else (root / rel).write_bytes(data)
+    resources = Path(bounded.__file__).parents[1] / "resources"
+    for name in ("launch.py", "probe.py", "workload.py"):
+        spec = importlib.util.spec_from_file_location(f"iii_{name[:-3]}", resources / name)
+        assert spec and spec.loader
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        got: list = []
+        try:
+            assert _finishes(lambda got=got, mod=mod: got.append(mod.cgroup_limit(str(root)))), name
+        finally:
+            for rel, data in files.items():
+                if data == "fifo":
+                    os.close(os.open(root / rel, os.O_RDWR | os.O_NONBLOCK))
+        assert got == [limit], name

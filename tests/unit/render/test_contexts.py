@@ -13,6 +13,12 @@ from imagefactory.config import matrix
 from imagefactory.render import contexts as render
 from imagefactory.engine.api import Builder
 from tests.conftest import REPO
+import signal
+import sys
+import tempfile
+import time
+import yaml
+from tests.unit.helpers import run_cli
 
 GOLDEN = REPO / "tests" / "golden"
 UPDATE = os.environ.get("IMAGEFACTORY_UPDATE_GOLDEN") == "1"
@@ -326,3 +332,165 @@ def test_a_unicode_label_renders_as_utf8_whatever_the_locale(tmp_path):
     assert r.returncode == 0, r.stderr
     text = (tmp_path / "out" / "py3.11-cpu-mkl-conda" / "Dockerfile").read_bytes().decode("utf-8")
     assert 'com.example.owner="José Müller"' in text
+
+
+# -- moved from test_hostile_input.py ----------------------------------------
+
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+BASE = """\
+image: registry.example.com/ml/train
+matrix:
+  python: ["3.11"]
+  cuda: ["none"]
+  blas: [openblas]
+torch: "2.7.1"
+"""
+
+
+TWO_CELLS = BASE.replace("blas: [openblas]", "blas: [openblas, mkl]")
+
+
+PIP = BASE.replace("blas: [openblas]", "blas: [openblas]\n  installer: [pip]")
+
+
+DIGEST = "sha256:" + "ab" * 32
+
+
+CERT = (GOLDEN / "certs" / "corp-ca.pem").read_text()
+
+
+KEY = "-----BEGIN PRIVATE KEY-----\nMC4CAQAwBQYDK2VwBCIEIBm5nGyGzDNZm0Ql0sm6yAZdLS0rYH/3wNudt2Wv4nsC\n-----END PRIVATE KEY-----\n"
+
+
+def test_condarc_channels_keep_their_type(tmp_path, write_matrix):
+    m = matrix.load(write_matrix(BASE + 'conda: {channels: ["null", "yes", "1.5", "conda-forge"]}\n'))
+    (ctx,) = render.render(m, tmp_path / "out")
+    assert yaml.safe_load((ctx.path / "condarc").read_text())["channels"] == ["null", "yes", "1.5", "conda-forge"]
+
+
+def test_only_certificate_blocks_enter_the_context(tmp_path, write_matrix):
+    crl = "-----BEGIN X509 CRL-----\nMAA=\n-----END X509 CRL-----\n"
+    (tmp_path / "ca.pem").write_text("# corporate bundle\n" + CERT + crl + "trailing text\n")
+    m = matrix.load(write_matrix(BASE + "ca_certificates: [ca.pem]\n"))
+    (ctx,) = render.render(m, tmp_path / "out")
+    copied = (ctx.path / "certs" / "ca-00.crt").read_text()
+    assert copied.startswith("-----BEGIN CERTIFICATE-----\n") and copied.endswith("-----END CERTIFICATE-----\n")
+    assert "corporate" not in copied and "trailing" not in copied and "CRL" not in copied
+    assert copied.count("BEGIN") == 1
+    # A key added after the matrix was checked is still refused when the context is written.
+    (tmp_path / "ca.pem").write_text(CERT + KEY)
+    with pytest.raises(matrix.ConfigError, match="private key"):
+        render.render(m, tmp_path / "out2")
+    assert not [p for p in (tmp_path / "out2").iterdir()]
+
+
+def _pip_wheelhouse_matrix(tmp_path: Path) -> Path:
+    (tmp_path / "wheels").mkdir()
+    (tmp_path / "wheels" / "torch-2.7.1+cpu-cp311-cp311-linux_x86_64.whl").write_bytes(b"wheel bytes")
+    (tmp_path / "wheels" / "b-1.0-py3-none-any.whl").symlink_to("torch-2.7.1+cpu-cp311-cp311-linux_x86_64.whl")
+    path = tmp_path / "matrix.yaml"
+    path.write_text(PIP + "pip: {wheelhouse: wheels, torch_index_url: null}\n")
+    return path
+
+
+def test_wheelhouse_gives_regular_files_and_the_same_bytes_wherever_out_is(tmp_path):
+    m = matrix.load(_pip_wheelhouse_matrix(tmp_path))
+    outs = [tmp_path / "out"]
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK) and os.stat(shm).st_dev != os.stat(tmp_path).st_dev:
+        outs.append(Path(tempfile.mkdtemp(dir=shm, prefix="imagefactory-test-")) / "out")
+    try:
+        contexts = [render.render(m, out)[0] for out in outs]
+        _same_regular_files(contexts)
+    finally:
+        for out in outs[1:]:
+            shutil.rmtree(out.parent, ignore_errors=True)
+
+
+def _same_regular_files(contexts) -> None:
+    for ctx in contexts:
+        files = sorted(p for p in ctx.path.rglob("*") if not p.is_dir())
+        assert all(not p.is_symlink() for p in files)
+        assert (ctx.path / "wheelhouse" / "b-1.0-py3-none-any.whl").read_bytes() == b"wheel bytes"
+    first = contexts[0]
+    for other in contexts[1:]:
+        assert other.content_hash == first.content_hash
+        for p in first.path.rglob("*"):
+            if p.is_file():
+                assert (other.path / p.relative_to(first.path)).read_bytes() == p.read_bytes()
+
+
+def test_a_link_out_of_the_wheelhouse_added_later_is_not_copied(tmp_path):
+    m = matrix.load(_pip_wheelhouse_matrix(tmp_path))
+    (tmp_path / "secret").write_text("root:x:0:0\n")
+    (tmp_path / "wheels" / "shadow-1.0-py3-none-any.whl").symlink_to(tmp_path / "secret")
+    with pytest.raises(matrix.ConfigError, match="outside the wheelhouse"):
+        render.render(m, tmp_path / "out")
+    assert not any("root:x" in p.read_text() for p in (tmp_path / "out").rglob("*") if p.is_file())
+
+
+@pytest.mark.parametrize("kind", ["symlink", "file"])
+def test_render_into_a_cell_folder_that_is_not_a_folder_replaces_nothing(kind, tmp_path, monkeypatch, capsys):
+    path = tmp_path / "matrix.yaml"
+    path.write_text(TWO_CELLS)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "py3.11-cpu-mkl-conda").mkdir()
+    (out / "py3.11-cpu-mkl-conda" / "Dockerfile").write_text("old\n")
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    if kind == "symlink":
+        (out / "py3.11-cpu-openblas-conda").symlink_to(target)
+    else:
+        (out / "py3.11-cpu-openblas-conda").write_text("a file\n")
+    code, _, err = run_cli(["render", "--matrix", str(path), "--out", str(out)], monkeypatch, capsys)
+    assert code == 2, err
+    assert len(err.splitlines()) == 1 and "py3.11-cpu-openblas-conda" in err
+    assert (out / "py3.11-cpu-mkl-conda" / "Dockerfile").read_text() == "old\n"
+    assert sorted(p.name for p in out.iterdir()) == ["py3.11-cpu-mkl-conda", "py3.11-cpu-openblas-conda"]
+    assert list(target.iterdir()) == []
+
+
+def test_sigterm_during_render_leaves_no_staging_folder(tmp_path):
+    # Four pip cells and four large (sparse) wheels to hash: rendering takes long enough to be
+    # stopped (each wheel is hashed once; render remembers digests by stat data).
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    for i in range(4):
+        with open(wheels / f"big{i}-1.0-py3-none-any.whl", "wb") as f:
+            f.truncate(300 << 20)
+    path = tmp_path / "matrix.yaml"
+    path.write_text(PIP.replace('["3.11"]', '["3.10", "3.11", "3.12", "3.13"]') + "pip: {wheelhouse: wheels}\n")
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "imagefactory", "render", "--matrix", str(path), "--out",
+                             str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        if out.is_dir() and any(p.name.startswith(".render-") for p in out.iterdir()):
+            break
+        time.sleep(0.005)
+    assert proc.poll() is None, "render finished before it could be stopped"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err  # the CLI owns the signal: 128 + SIGTERM, not a KeyboardInterrupt
+    assert list(out.iterdir()) == [], "a stopped render left files behind"
+
+
+@pytest.mark.parametrize("ref, registry, expected", [
+    (f"python:3.11-slim-bookworm@{DIGEST}", None, f"python:3.11-slim-bookworm@{DIGEST}"),
+    (f"python@{DIGEST}", "127.0.0.1:5000", f"127.0.0.1:5000/library/python@{DIGEST}"),
+    (f"python:{{python}}-slim-bookworm@{DIGEST}", "127.0.0.1:5000",
+     f"127.0.0.1:5000/library/python:3.11-slim-bookworm@{DIGEST}"),
+    (f"nvcr.io/nvidia/base:1@{DIGEST}", "127.0.0.1:5000", f"nvcr.io/nvidia/base:1@{DIGEST}"),
+    (f"ml/base@{DIGEST}", "mirror.example.com/hub", f"mirror.example.com/hub/ml/base@{DIGEST}"),
+])
+def test_base_images_can_be_pinned_by_digest(ref, registry, expected, tmp_path, write_matrix):
+    text = PIP + f'base_images: {{pip: "{ref}"}}\n' + (f"base_registry: {registry}\n" if registry else "")
+    m = matrix.load(write_matrix(text))
+    assert m.cells[0].base_image == expected
+    (ctx,) = render.render(m, tmp_path / "out")
+    froms = [line for line in ctx.dockerfile.read_text().splitlines() if line.startswith("FROM ")]
+    assert froms and all(line.split()[1] == expected for line in froms)

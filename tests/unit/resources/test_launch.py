@@ -21,6 +21,8 @@ from tests.unit.thread_rule import (
     AFFINITIES, AUTO_CELL, CASES, CPUS, REFUSED, RESOURCES, USER_VALUES, _run_hooked, _shell, _tree, launch,
     make_hooked_venv, probe, shell_copies, workload,
 )
+import stat
+from imagefactory.files import bounded
 
 @pytest.mark.parametrize("affinity", AFFINITIES)
 @pytest.mark.parametrize("case, files, limit", CASES, ids=[c[0] for c in CASES])
@@ -222,3 +224,104 @@ def test_the_hook_file_is_standalone():
     text = (RESOURCES / "launch.py").read_text()
     for slow in ("import json\n", "import re\n", "import tempfile", "from imagefactory", "import imagefactory"):
         assert not text.startswith(slow) and f"\n{slow}" not in text.split("def main")[0], slow
+
+
+# -- moved from test_hardening_iii.py ----------------------------------------
+
+
+def _hook():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("launch_iii", Path(bounded.__file__).parents[1] / "resources" / "launch.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _finishes(fn, seconds: float = 10.0) -> bool:
+    import threading
+
+    thread = threading.Thread(target=fn, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    return not thread.is_alive()
+
+
+def test_a_fifo_for_cpu_max_or_the_settings_file_never_blocks_a_start(tmp_path):
+    launch = _hook()
+    root, prefix = tmp_path / "cgroup", tmp_path / "env"
+    root.mkdir()
+    os.mkfifo(root / "cpu.max")
+    conf = prefix / "etc" / "imagefactory"
+    conf.mkdir(parents=True)
+    os.mkfifo(conf / "launch.conf")
+    os.mkfifo(conf / "activation.conf")
+    environ: dict[str, str] = {"HOME": str(tmp_path), "TMPDIR": str(tmp_path)}
+    try:
+        assert _finishes(lambda: launch.apply(environ, prefix=str(prefix), root=str(root)))
+        assert _finishes(lambda: launch.cpu_budget(str(root)))
+    finally:  # a copy that did block is released, so the test run itself ends
+        for fifo in (root / "cpu.max", conf / "launch.conf", conf / "activation.conf"):
+            fd = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)
+            os.close(fd)
+    assert launch.read_conf(str(conf / "launch.conf")) == []
+
+
+def test_the_settings_file_is_still_read_when_it_is_a_regular_file(tmp_path):
+    launch = _hook()
+    (tmp_path / "launch.conf").write_bytes(b"threads=auto\nHF_HOME=/data/hf\n")
+    assert launch.read_conf(str(tmp_path / "launch.conf")) == [("threads", "auto"), ("HF_HOME", "/data/hf")]
+
+
+def _shared_tmp(tmp_path: Path) -> Path:
+    """A sticky, world-writable temp dir (a host's /tmp bound in by Apptainer)."""
+    shared = tmp_path / "shared-tmp"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    (tmp_path / "home-file").write_text("")  # HOME stands for an unwritable one: TORCH_HOME must move
+    return shared
+
+
+def _env(tmp_path: Path, shared: Path, launch) -> dict[str, str]:
+    """The environment of a start whose only usable places are under tmp_path (no real /tmp)."""
+    usable = launch._usable
+    launch._usable = lambda path, *a, **k: str(path).startswith(str(tmp_path)) and usable(path, *a, **k)
+    (tmp_path / "second").mkdir(exist_ok=True)
+    return {"TMPDIR": str(shared), "TEMP": str(tmp_path / "second"), "HOME": str(tmp_path / "home-file")}
+
+
+def test_a_cache_place_another_uid_made_first_is_never_used(tmp_path):
+    launch = _hook()
+    shared = _shared_tmp(tmp_path)
+    uid = os.getuid()
+    planted = shared / f"torch_uid{uid}"
+    planted.mkdir()
+    os.chown(planted, 4242, 4242)  # these tests run as root: stand in for another user
+    got = launch.cache_dirs(_env(tmp_path, shared, launch), have_matplotlib=False)
+    assert got["TORCH_HOME"] == str(tmp_path / "second" / f"torch_uid{uid}")  # the next place, its own
+
+
+@pytest.mark.parametrize("plant", ["link", "world-writable"])
+def test_a_linked_or_world_writable_cache_place_is_never_used(tmp_path, plant):
+    launch = _hook()
+    shared = _shared_tmp(tmp_path)
+    leaf = shared / f"torch_uid{os.getuid()}"
+    if plant == "link":
+        (tmp_path / "elsewhere").mkdir()
+        os.symlink(tmp_path / "elsewhere", leaf)
+    else:
+        leaf.mkdir()
+        leaf.chmod(0o777)
+    got = launch.cache_dirs(_env(tmp_path, shared, launch), have_matplotlib=False)
+    assert got["TORCH_HOME"] == str(tmp_path / "second" / leaf.name)
+
+
+def test_a_cache_place_this_uid_makes_is_its_own_and_closed_to_others(tmp_path):
+    launch = _hook()
+    shared = _shared_tmp(tmp_path)
+    got = launch.cache_dirs(_env(tmp_path, shared, launch), have_matplotlib=False)
+    place = Path(got["TORCH_HOME"])
+    st = os.lstat(place)
+    assert place.parent == shared and stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid()
+    assert not st.st_mode & 0o022

@@ -15,6 +15,9 @@ from imagefactory.engine.api import EngineInfo
 from imagefactory.errors import DockerUnavailable
 from imagefactory.config.model import Cell
 from tests.fake_engine import World
+from dataclasses import replace
+from pathlib import Path
+from tests.unit.helpers import run_cli
 
 TABLE = doctor.load_table()
 ENGINE_OK = EngineFacts(reachable=True, version="27.3.1", api_version="1.47", nvidia_runtime=True)
@@ -232,7 +235,6 @@ def test_exit_codes():
     assert gone.exit_code == 3 and gone.to_json()["engine"]["error"].startswith("no Docker engine answered")
 
     from imagefactory.config.model import Matrix
-    from pathlib import Path
     m = Matrix(path=Path("/x/matrix.yaml"), image="reg.example/ml/train", cells=tuple(CELLS))
     here = World(info=EngineInfo("27.3.1", "1.47", ("nvidia",), ())).engine
     assert doctor.diagnose(m, engine_factory=here, driver_query=lambda: Driver("580.65.06", ["H200"]),
@@ -263,7 +265,6 @@ BOTH = [pip_cell(platforms.AMD64), pip_cell(platforms.ARM64), pip_cell(platforms
 
 
 def _diagnose(cells: list[Cell], machine: str, driver: Driver = Driver("580.65.06", ["H200"])) -> doctor.Report:
-    from pathlib import Path
 
     from imagefactory.config.model import Matrix
     m = Matrix(path=Path("/x/matrix.yaml"), image="reg.example/ml/train", cells=tuple(cells))
@@ -362,3 +363,75 @@ def test_no_launch_flags_without_an_engine():
         raise DockerUnavailable("no Docker engine answered at unix:///x")
     gone = doctor.diagnose(None, engine_factory=unreachable, driver_query=lambda: Driver(error="none"))
     assert gone.launch is None and gone.to_json()["launch"] is None and "launch:" not in doctor.text(gone)
+
+
+# -- moved from test_caught_mutants.py ----------------------------------------
+
+
+def gpu_cell(cuda: str | None) -> Cell:
+    accel = "cpu" if cuda is None else f"cu{cuda}"
+    return Cell(python="3.11", cuda=cuda, blas="mkl", installer="conda", torch="2.7.1", threads=4,
+                base_image="debian:bookworm-slim", tags=(f"reg.example/ml/train:py3.11-{accel}",))
+
+
+def test_a_driver_field_with_more_digits_is_newer():
+    """Mutant: versions compared as strings: '580.105.08' < '580.65.06', so a driver newer than
+    CUDA 13.0's minimum was judged too old (limits only) and another tag recommended."""
+    cells = [gpu_cell(None), gpu_cell("12.9"), gpu_cell("13.0")]
+    assert TABLE.toolkits["13.0"] == "580.65.06"
+    v = {x.cuda: x for x in doctor.judge(cells, Driver("580.105.08", ["NVIDIA H200"]), ENGINE_OK, TABLE)}
+    assert v["13.0"].verdict == RUNS and v["13.0"].reason == "driver 580.105.08 >= 580.65.06 needed by CUDA 13.0"
+    assert doctor.recommend(cells, list(v.values())) == "reg.example/ml/train:py3.11-cu13.0"
+    older = {x.cuda: x for x in doctor.judge(cells, Driver("580.9.1", ["NVIDIA H200"]), ENGINE_OK, TABLE)}
+    assert older["13.0"].verdict == LIMITS  # 580.9 < 580.65 as numbers, '580.9' > '580.65' as text
+
+
+def test_the_newest_cuda_is_the_numerically_newest():
+    """Mutant: CUDA versions compared as strings ('12.9' > '12.10') names an older cell's tag."""
+    table = replace(TABLE, toolkits={**TABLE.toolkits, "12.10": "580.65.06"})
+    cells = [gpu_cell("12.9"), gpu_cell("12.10"), gpu_cell("13.0")]
+    v = doctor.judge(cells, Driver("580.65.06", ["NVIDIA H200"]), ENGINE_OK, table)
+    assert {x.verdict for x in v} == {RUNS}
+    assert doctor.recommend(cells[:2], v[:2]) == "reg.example/ml/train:py3.11-cu12.10"
+    too_old = {x.cuda: x for x in doctor.judge(cells, Driver("450.80.02", ["T4"]), ENGINE_OK, table)}
+    assert too_old["12.10"].verdict == CANNOT
+
+
+# -- moved from test_hardening_iii.py ----------------------------------------
+
+
+PIP = """\
+image: registry.example.com/ml/train
+matrix:
+  python: ["3.11"]
+  cuda: ["none"]
+  blas: [openblas]
+  installer: [pip]
+torch: "2.13.0"
+pip:
+  index_url: https://pkgs.example.com/simple
+"""
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    """A matrix in an empty folder, the cwd; no netrc, no Docker config, no engine address."""
+    for name in ("NETRC", "DOCKER_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")  # never the real engine
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("IMAGEFACTORY_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "matrix.yaml").write_text(PIP)
+    return tmp_path
+
+
+def test_doctor_prints_docker_host_escaped(project, monkeypatch, capsys):
+    from imagefactory.tools import doctor
+
+    report = doctor.Report(engine=doctor.EngineFacts(reachable=True, version="20.10.24", api_version="1.41"),
+                           driver=doctor.Driver(error="none"), matrix=None, cells=[], recommended=None,
+                           docker_host="tcp://h\x1b[2J:2375")
+    monkeypatch.setattr(doctor, "diagnose", lambda m: report)
+    code, out, err = run_cli(["doctor"], monkeypatch, capsys)
+    assert "\x1b" not in out and "tcp://h\\x1b[2J:2375" in out
