@@ -1,7 +1,7 @@
 """Shared unit-test helpers: the cells and the probe reports several test modules judge.
 
 Test modules import shared helpers from here, never from one another: a helper kept in a test
-module ties every importer to that module's edits (tests/unit/test_lint.py checks the rule).
+module ties every importer to that module's edits (tests/unit/project/test_lint.py checks the rule).
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def good_probe(cell: Cell, *, gpu: bool = False, cpus: int = 8) -> dict:
 
 def assert_torch_section(report: dict, threads: int) -> None:
     """The probe's `torch` section, from a Python that has torch, with `threads` asked for through
-    OMP/MKL_NUM_THREADS. tests/unit/test_probe.py runs it where the host has torch (the test extra
+    OMP/MKL_NUM_THREADS. tests/unit/resources/test_probe.py runs it where the host has torch (the test extra
     has none); tests/integration/test_probe_in_image.py runs it in the shared built image, in CI."""
     torch = report["torch"]
     assert torch["error"] is None, torch

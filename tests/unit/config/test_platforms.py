@@ -106,7 +106,7 @@ def test_auto_is_a_choice_no_engine_is_made_of(monkeypatch):
 
 def test_an_arm64_pip_cell_on_this_host_is_resolved_by_uv_not_by_pip(tmp_path, monkeypatch):
     """pip's --platform reads markers on this host (an aarch64 torch would lock x86 CUDA wheels): a
-    cell of another platform goes to uv (tests/unit/test_lock_platforms.py locks one for real)."""
+    cell of another platform goes to uv (tests/unit/lock/test_resolve_platforms.py locks one for real)."""
     from imagefactory.lock import resolve as lock
     from imagefactory.config.model import Matrix
 

@@ -1,6 +1,6 @@
 """Locks: the file format, staleness rules, rendering from a lock, the lock step's orchestration
 (with a stand-in resolver), pip's report parsed, and the packages.locked check. Conda solves with
-py-rattler: tests/unit/test_condasolve.py.
+py-rattler: tests/unit/lock/test_condasolve.py.
 
 The conda fixture lock (tests/fixtures/locks/locks/py3.9-cpu-openblas-conda.txt) holds real
 conda-forge URLs and sha256 digests, written as data: conda channels cannot be reached here.

@@ -81,7 +81,7 @@ def test_context_holds_every_file_the_dockerfile_copies(golden_contexts):
 @pytest.mark.parametrize("cell_id", ["py3.11-cpu-mkl-conda", "py3.11-cpu-openblas-pip"])
 @pytest.mark.parametrize("name", ["entrypoint.sh", "launch-env.sh", "launch.conf", "python-launcher"])
 def test_golden_launch_files(golden_contexts, cell_id, name):
-    """The launch carriers (see tests/unit/test_launch_carrier.py for what they do)."""
+    """The launch carriers (see tests/unit/resources/test_launch.py for what they do)."""
     text = (golden_contexts[cell_id].path / name).read_text()
     expected = GOLDEN / "launch" / cell_id / name
     if UPDATE:
