@@ -15,6 +15,7 @@ from imagefactory.cli import app
 from tests.unit.helpers import run_cli
 import typer
 from typer.testing import CliRunner
+from tests.unit.helpers import hardening_project, one_error
 
 
 def cli(*args, env=None):
@@ -97,7 +98,6 @@ def test_unwritable_output_is_one_line_not_a_traceback(tmp_path):
 def test_every_error_line_reaches_the_terminal_escaped(tmp_path, monkeypatch, capsys):
     """A message carries what the user gave (here a --netrc path with a terminal escape and a
     bell); cli.main prints it with every control character written out, lines kept."""
-    from tests.unit.helpers import run_cli
 
     (tmp_path / "matrix.yaml").write_text(
         'image: r.example.com/ml/t\nmatrix: {python: ["3.11"], cuda: ["none"], blas: [openblas]}\ntorch: "2.7.1"\n')
@@ -111,39 +111,10 @@ def test_every_error_line_reaches_the_terminal_escaped(tmp_path, monkeypatch, ca
 # -- moved from test_hardening_iii.py ----------------------------------------
 
 
-PIP = """\
-image: registry.example.com/ml/train
-matrix:
-  python: ["3.11"]
-  cuda: ["none"]
-  blas: [openblas]
-  installer: [pip]
-torch: "2.13.0"
-pip:
-  index_url: https://pkgs.example.com/simple
-"""
-
-
 @pytest.fixture
 def project(tmp_path, monkeypatch):
     """A matrix in an empty folder, the cwd; no netrc, no Docker config, no engine address."""
-    for name in ("NETRC", "DOCKER_CONFIG"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")  # never the real engine
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("IMAGEFACTORY_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "matrix.yaml").write_text(PIP)
-    return tmp_path
-
-
-def one_error(args: list[str], monkeypatch, capsys, code: int = 2) -> str:
-    """The command exits `code` with one printable error line."""
-    got, out, err = run_cli(args, monkeypatch, capsys)
-    assert got == code, err
-    (line,) = err.splitlines()
-    assert line.startswith("error: ") and line.isprintable(), line
-    return line
+    return hardening_project(tmp_path, monkeypatch)
 
 
 @pytest.mark.parametrize("args, flag", [
@@ -255,7 +226,6 @@ def test_bare_imagefactory_names_the_first_three_commands():
 
 def test_the_installed_entry_point_agrees(monkeypatch, capsys):
     """cli.main (what `imagefactory` runs) prints the same first steps, exit 0."""
-    from tests.unit.helpers import run_cli
 
     code, out, _ = run_cli([], monkeypatch, capsys)
     assert code == 0 and out == app.FIRST_STEPS

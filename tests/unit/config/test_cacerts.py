@@ -11,7 +11,7 @@ from imagefactory.files import pem
 from imagefactory.config import matrix
 from imagefactory.render import contexts as render
 from tests.conftest import REPO
-from tests.unit.helpers import run_cli
+from tests.unit.helpers import render_refused as refused
 
 
 BASE = """\
@@ -28,18 +28,6 @@ CERT = (REPO / "tests" / "golden" / "certs" / "corp-ca.pem").read_text()
 
 
 KEY_BODY = "MC4CAQAwBQYDK2VwBCIEIBm5nGyGzDNZm0Ql0sm6yAZdLS0rYH/3wNudt2Wv4nsC"  # PKCS#8 Ed25519 key
-
-
-def refused(tmp_path: Path, text: str, monkeypatch, capsys) -> str:
-    """`render` of this matrix exits 2 with one printable, located line; nothing is written."""
-    path = tmp_path / "matrix.yaml"
-    path.write_text(text)
-    code, out, err = run_cli(["render", "--matrix", str(path), "--out", str(tmp_path / "out")], monkeypatch, capsys)
-    assert code == 2, err
-    (line,) = err.splitlines()
-    assert line.startswith(f"error: {path}:") and line.isprintable(), line
-    assert not (tmp_path / "out").exists()
-    return line
 
 
 def test_what_enters_the_image_is_the_parsed_certificate(tmp_path):

@@ -18,6 +18,7 @@ from tests.unit.helpers import run_cli
 from imagefactory.files import terminal
 from imagefactory.files import yamlfile
 from imagefactory.render import contexts as render
+from tests.unit.helpers import HARDENING_PIP as PIP_III, hardening_project, list_refused as refused, one_error, write_matrix_text as write
 
 BASE = """
 image: registry.example.com/ml/train
@@ -680,39 +681,10 @@ def test_digest_pinned_cell_in_an_include_entry(write_matrix):
 # -- moved from test_hardening_iii.py ----------------------------------------
 
 
-PIP_III = """\
-image: registry.example.com/ml/train
-matrix:
-  python: ["3.11"]
-  cuda: ["none"]
-  blas: [openblas]
-  installer: [pip]
-torch: "2.13.0"
-pip:
-  index_url: https://pkgs.example.com/simple
-"""
-
-
 @pytest.fixture
 def project(tmp_path, monkeypatch):
     """A matrix in an empty folder, the cwd; no netrc, no Docker config, no engine address."""
-    for name in ("NETRC", "DOCKER_CONFIG"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")  # never the real engine
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("IMAGEFACTORY_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "matrix.yaml").write_text(PIP_III)
-    return tmp_path
-
-
-def one_error(args: list[str], monkeypatch, capsys, code: int = 2) -> str:
-    """The command exits `code` with one printable error line."""
-    got, out, err = run_cli(args, monkeypatch, capsys)
-    assert got == code, err
-    (line,) = err.splitlines()
-    assert line.startswith("error: ") and line.isprintable(), line
-    return line
+    return hardening_project(tmp_path, monkeypatch)
 
 
 def test_ten_thousand_unknown_only_ids_are_twenty_lines_and_a_count(project, monkeypatch, capsys):
@@ -734,18 +706,6 @@ def test_a_typo_against_240_cells_is_one_bounded_line(project, monkeypatch, caps
     assert n == 240
     line = one_error(["list", "--only", "py3.11-cpu-openblas-pipp"], monkeypatch, capsys)
     assert len(line) < terminal.MAX_LINE and f"and {n - terminal.MAX_LISTED} more" in line
-
-
-def write(project: Path, text: str) -> Path:
-    (project / "matrix.yaml").write_text(text)
-    return project / "matrix.yaml"
-
-
-def refused(project: Path, text: str, monkeypatch, capsys) -> str:
-    write(project, text)
-    line = one_error(["list"], monkeypatch, capsys)
-    assert line.startswith("error: matrix.yaml:"), line
-    return line
 
 
 def test_the_schemas_tag_defaults_are_the_codes():

@@ -14,7 +14,7 @@ from imagefactory.config import netrc
 from imagefactory.render import contexts as render
 from imagefactory.engine.api import Builder
 from imagefactory.errors import ConfigError
-from tests.unit.helpers import run_cli
+from tests.unit.helpers import hardening_project, one_error
 
 SECRET = "Sup3r-S3cret-pw"
 MATRIX = textwrap.dedent("""\
@@ -223,39 +223,10 @@ def test_needs_matches_the_whole_host_only(m, tmp_path):
 # -- moved from test_hardening_iii.py ----------------------------------------
 
 
-PIP = """\
-image: registry.example.com/ml/train
-matrix:
-  python: ["3.11"]
-  cuda: ["none"]
-  blas: [openblas]
-  installer: [pip]
-torch: "2.13.0"
-pip:
-  index_url: https://pkgs.example.com/simple
-"""
-
-
 @pytest.fixture
 def project(tmp_path, monkeypatch):
     """A matrix in an empty folder, the cwd; no netrc, no Docker config, no engine address."""
-    for name in ("NETRC", "DOCKER_CONFIG"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")  # never the real engine
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("IMAGEFACTORY_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "matrix.yaml").write_text(PIP)
-    return tmp_path
-
-
-def one_error(args: list[str], monkeypatch, capsys, code: int = 2) -> str:
-    """The command exits `code` with one printable error line."""
-    got, out, err = run_cli(args, monkeypatch, capsys)
-    assert got == code, err
-    (line,) = err.splitlines()
-    assert line.startswith("error: ") and line.isprintable(), line
-    return line
+    return hardening_project(tmp_path, monkeypatch)
 
 
 def test_proc_self_environ_is_not_a_netrc_directly_or_through_a_linked_folder(tmp_path):

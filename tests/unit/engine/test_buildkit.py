@@ -18,6 +18,7 @@ from imagefactory.config import platforms
 from imagefactory.engine.api import Builder, BuildProgress, BuildRequest
 from imagefactory.errors import ConfigError
 from imagefactory.files import fsutil
+from tests.unit.helpers import hardening_project
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "buildx"
 
@@ -541,30 +542,10 @@ def test_a_document_on_one_line_does_not_swallow_the_lines_after_it():
 # -- moved from test_hardening_iii.py ----------------------------------------
 
 
-PIP = """\
-image: registry.example.com/ml/train
-matrix:
-  python: ["3.11"]
-  cuda: ["none"]
-  blas: [openblas]
-  installer: [pip]
-torch: "2.13.0"
-pip:
-  index_url: https://pkgs.example.com/simple
-"""
-
-
 @pytest.fixture
 def project_III(tmp_path, monkeypatch):
     """A matrix in an empty folder, the cwd; no netrc, no Docker config, no engine address."""
-    for name in ("NETRC", "DOCKER_CONFIG"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")  # never the real engine
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("IMAGEFACTORY_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "matrix.yaml").write_text(PIP)
-    return tmp_path
+    return hardening_project(tmp_path, monkeypatch)
 
 
 def test_the_cached_buildx_answer_is_read_bounded(project_III, monkeypatch):

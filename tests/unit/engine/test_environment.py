@@ -5,42 +5,13 @@ from __future__ import annotations
 import os
 import pytest
 from imagefactory.engine import environment
-from tests.unit.helpers import run_cli
-
-
-PIP = """\
-image: registry.example.com/ml/train
-matrix:
-  python: ["3.11"]
-  cuda: ["none"]
-  blas: [openblas]
-  installer: [pip]
-torch: "2.13.0"
-pip:
-  index_url: https://pkgs.example.com/simple
-"""
+from tests.unit.helpers import hardening_project, one_error
 
 
 @pytest.fixture
 def project(tmp_path, monkeypatch):
     """A matrix in an empty folder, the cwd; no netrc, no Docker config, no engine address."""
-    for name in ("NETRC", "DOCKER_CONFIG"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")  # never the real engine
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("IMAGEFACTORY_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "matrix.yaml").write_text(PIP)
-    return tmp_path
-
-
-def one_error(args: list[str], monkeypatch, capsys, code: int = 2) -> str:
-    """The command exits `code` with one printable error line."""
-    got, out, err = run_cli(args, monkeypatch, capsys)
-    assert got == code, err
-    (line,) = err.splitlines()
-    assert line.startswith("error: ") and line.isprintable(), line
-    return line
+    return hardening_project(tmp_path, monkeypatch)
 
 
 @pytest.mark.parametrize("value", ["tcp://[::1", "tcp://127.0.0.1:65536", "tcp://host:0", "unix://", "tcp://a b:1",

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import base64
-from pathlib import Path
 import pytest
 from imagefactory.files import bounded
 from imagefactory.files import pem
 from tests.conftest import REPO
-from tests.unit.helpers import run_cli
+from tests.unit.helpers import render_refused as refused
 
 
 BASE = """\
@@ -25,18 +24,6 @@ CERT = (REPO / "tests" / "golden" / "certs" / "corp-ca.pem").read_text()
 
 
 KEY_BODY = "MC4CAQAwBQYDK2VwBCIEIBm5nGyGzDNZm0Ql0sm6yAZdLS0rYH/3wNudt2Wv4nsC"  # PKCS#8 Ed25519 key
-
-
-def refused(tmp_path: Path, text: str, monkeypatch, capsys) -> str:
-    """`render` of this matrix exits 2 with one printable, located line; nothing is written."""
-    path = tmp_path / "matrix.yaml"
-    path.write_text(text)
-    code, out, err = run_cli(["render", "--matrix", str(path), "--out", str(tmp_path / "out")], monkeypatch, capsys)
-    assert code == 2, err
-    (line,) = err.splitlines()
-    assert line.startswith(f"error: {path}:") and line.isprintable(), line
-    assert not (tmp_path / "out").exists()
-    return line
 
 
 def test_a_megabyte_of_unterminated_begin_lines_is_refused_as_cut_short(tmp_path, monkeypatch, capsys):

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from tests.unit.helpers import run_cli
+from tests.unit.helpers import render_refused as refused
 
 
 BASE = """\
@@ -17,18 +16,6 @@ torch: "2.7.1"
 
 
 PIP = BASE.replace("blas: [openblas]", "blas: [openblas]\n  installer: [pip]")
-
-
-def refused(tmp_path: Path, text: str, monkeypatch, capsys) -> str:
-    """`render` of this matrix exits 2 with one printable, located line; nothing is written."""
-    path = tmp_path / "matrix.yaml"
-    path.write_text(text)
-    code, out, err = run_cli(["render", "--matrix", str(path), "--out", str(tmp_path / "out")], monkeypatch, capsys)
-    assert code == 2, err
-    (line,) = err.splitlines()
-    assert line.startswith(f"error: {path}:") and line.isprintable(), line
-    assert not (tmp_path / "out").exists()
-    return line
 
 
 def test_a_wheel_name_with_a_newline_is_refused(tmp_path, monkeypatch, capsys):

@@ -18,6 +18,7 @@ from imagefactory.config import tags
 from imagefactory.report.summary import PASSED, summary
 from tests.fake_engine import Image, World
 from tests.unit.helpers import BASE_DIGESTS, TWO_PIP_CELLS, good_probe
+from tests.unit.helpers import hardening_project
 
 MATRIX = TWO_PIP_CELLS.replace("registry.example.com/ml/train", "127.0.0.1:5001/it/fast")
 BASES = BASE_DIGESTS
@@ -194,30 +195,10 @@ def test_the_content_tag_lookup_gets_only_its_own_registrys_credentials(tmp_path
 # -- moved from test_hardening_iii.py ----------------------------------------
 
 
-PIP = """\
-image: registry.example.com/ml/train
-matrix:
-  python: ["3.11"]
-  cuda: ["none"]
-  blas: [openblas]
-  installer: [pip]
-torch: "2.13.0"
-pip:
-  index_url: https://pkgs.example.com/simple
-"""
-
-
 @pytest.fixture
 def project(tmp_path, monkeypatch):
     """A matrix in an empty folder, the cwd; no netrc, no Docker config, no engine address."""
-    for name in ("NETRC", "DOCKER_CONFIG"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")  # never the real engine
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("IMAGEFACTORY_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "matrix.yaml").write_text(PIP)
-    return tmp_path
+    return hardening_project(tmp_path, monkeypatch)
 
 
 class _CacheEngine:

@@ -18,6 +18,7 @@ from tests.fake_engine import World
 from dataclasses import replace
 from pathlib import Path
 from tests.unit.helpers import run_cli
+from tests.unit.helpers import hardening_project
 
 TABLE = doctor.load_table()
 ENGINE_OK = EngineFacts(reachable=True, version="27.3.1", api_version="1.47", nvidia_runtime=True)
@@ -400,30 +401,10 @@ def test_the_newest_cuda_is_the_numerically_newest():
 # -- moved from test_hardening_iii.py ----------------------------------------
 
 
-PIP = """\
-image: registry.example.com/ml/train
-matrix:
-  python: ["3.11"]
-  cuda: ["none"]
-  blas: [openblas]
-  installer: [pip]
-torch: "2.13.0"
-pip:
-  index_url: https://pkgs.example.com/simple
-"""
-
-
 @pytest.fixture
 def project(tmp_path, monkeypatch):
     """A matrix in an empty folder, the cwd; no netrc, no Docker config, no engine address."""
-    for name in ("NETRC", "DOCKER_CONFIG"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")  # never the real engine
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("IMAGEFACTORY_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "matrix.yaml").write_text(PIP)
-    return tmp_path
+    return hardening_project(tmp_path, monkeypatch)
 
 
 def test_doctor_prints_docker_host_escaped(project, monkeypatch, capsys):
