@@ -3,7 +3,7 @@ start-up, and a no-op `build` against a cached `docker build` of the same render
 
 Each figure is the median of interleaved pairs (A, B, A, B, ...), so a drifting, shared machine
 hits both sides alike; it prints one Markdown table. No timing is asserted anywhere: the tests
-check what these commands import instead (tests/unit/test_cli_imports.py).
+check what these commands import instead (tests/unit/cli/test_imports.py).
 
     python bench/cli.py [--pairs 15] [--no-engine] [--build-pairs 3] [--wheelhouse DIR] [--profile FILE]
 

@@ -504,7 +504,7 @@ def _thread_counts(cell: Cell, probe: dict) -> tuple[list[int], str]:
 def _thread_budget(probe: dict) -> int:
     """The CPU budget `threads: auto` must give, by README's one rule (the image's launch hook and
     shell script apply it at start): min(affinity CPUs, floor(quota/period)), at least 1. The probe
-    reports the quota unrounded (quota/period) or None; tests/unit/test_launch_carrier.py runs this
+    reports the quota unrounded (quota/period) or None; tests/unit/resources/test_launch.py runs this
     on the probe's figures against every other copy of the rule."""
     cpus = _get(probe, "cpus")
     limits = [c for c in (_get(cpus, "affinity"),) if isinstance(c, int) and c > 0]

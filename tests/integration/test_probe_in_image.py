@@ -1,6 +1,6 @@
 """The probe's torch branch, run where torch is: inside the shared built CPU image.
 
-tests/unit/test_probe.py runs the probe on the host, whose test extra has no torch, so there
+tests/unit/resources/test_probe.py runs the probe on the host, whose test extra has no torch, so there
 only the "torch is missing" branch runs. Here the same assertions about the torch section
 (tests/unit/helpers.assert_torch_section) run against the probe's report from the image the
 session already built (the `cpu_build` fixture): no build of its own, one probe run.

@@ -1,7 +1,7 @@
 """Shared unit-test helpers: the cells and the probe reports several test modules judge.
 
 Test modules import shared helpers from here, never from one another: a helper kept in a test
-module ties every importer to that module's edits (tests/unit/test_lint.py checks the rule).
+module ties every importer to that module's edits (tests/unit/project/test_lint.py checks the rule).
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def good_probe(cell: Cell, *, gpu: bool = False, cpus: int = 8) -> dict:
 
 def assert_torch_section(report: dict, threads: int) -> None:
     """The probe's `torch` section, from a Python that has torch, with `threads` asked for through
-    OMP/MKL_NUM_THREADS. tests/unit/test_probe.py runs it where the host has torch (the test extra
+    OMP/MKL_NUM_THREADS. tests/unit/resources/test_probe.py runs it where the host has torch (the test extra
     has none); tests/integration/test_probe_in_image.py runs it in the shared built image, in CI."""
     torch = report["torch"]
     assert torch["error"] is None, torch
@@ -208,3 +208,66 @@ def package_modules() -> dict[str, Path]:
         parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
         found[".".join(parts)] = path
     return found
+
+
+# -- a small pip matrix in an empty folder, and the one error line a command ends with: the -----------
+# -- setting of the hardening reviews' tests, now filed under the modules they test (netrc, terminal, ----
+# -- fsutil, environment, logins, tags, the CLI...) ----------------------------------------------------
+
+HARDENING_PIP = """\
+image: registry.example.com/ml/train
+matrix:
+  python: ["3.11"]
+  cuda: ["none"]
+  blas: [openblas]
+  installer: [pip]
+torch: "2.13.0"
+pip:
+  index_url: https://pkgs.example.com/simple
+"""
+
+
+def hardening_project(tmp_path, monkeypatch, text: str = HARDENING_PIP) -> Path:
+    """A matrix in an empty folder, the cwd; no netrc, no Docker config, no engine address."""
+    for name in ("NETRC", "DOCKER_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")  # never the real engine
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("IMAGEFACTORY_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "matrix.yaml").write_text(text)
+    return tmp_path
+
+
+def one_error(args: list[str], monkeypatch, capsys, code: int = 2) -> str:
+    """The command exits `code` with one printable error line."""
+    got, out, err = run_cli(args, monkeypatch, capsys)
+    assert got == code, err
+    (line,) = err.splitlines()
+    assert line.startswith("error: ") and line.isprintable(), line
+    return line
+
+
+def write_matrix_text(project: Path, text: str) -> Path:
+    (project / "matrix.yaml").write_text(text)
+    return project / "matrix.yaml"
+
+
+def list_refused(project: Path, text: str, monkeypatch, capsys) -> str:
+    """`list` of this matrix exits 2 with one error line located in matrix.yaml."""
+    write_matrix_text(project, text)
+    line = one_error(["list"], monkeypatch, capsys)
+    assert line.startswith("error: matrix.yaml:"), line
+    return line
+
+
+def render_refused(tmp_path: Path, text: str, monkeypatch, capsys) -> str:
+    """`render` of this matrix exits 2 with one printable, located line; nothing is written."""
+    path = tmp_path / "matrix.yaml"
+    path.write_text(text)
+    code, out, err = run_cli(["render", "--matrix", str(path), "--out", str(tmp_path / "out")], monkeypatch, capsys)
+    assert code == 2, err
+    (line,) = err.splitlines()
+    assert line.startswith(f"error: {path}:") and line.isprintable(), line
+    assert not (tmp_path / "out").exists()
+    return line

@@ -1,8 +1,8 @@
 """The ONE table of the CPU-budget and thread-count rules (issues 25 and 35), and how each copy of
 the rules is run: the hook (resources/launch.py), the probe read by checks.py, the bench workload,
 and the shell script rendered from dockerfiles/partials/launch_env.sh.j2 (as /etc/profile.d and
-Apptainer's script under dash and bash, and as the ENTRYPOINT). tests/unit/test_launch_carrier.py
-runs every copy on every row; tests/unit/test_thread_rule_copies.py holds that no copy is left out.
+Apptainer's script under dash and bash, and as the ENTRYPOINT). tests/unit/resources/test_launch.py
+runs every copy on every row; tests/unit/project/test_thread_rule.py holds that no copy is left out.
 A helper module, not a test module: test modules import it, never one another."""
 
 from __future__ import annotations
