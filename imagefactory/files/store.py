@@ -52,9 +52,11 @@ def is_key(key: str) -> bool:
 class Store:
     """One kept-result store: `name` (its folder under the cache folder), `limit` (entries kept,
     the oldest pruned beyond), `max_bytes` (an entry read back is at most this), `suffix` (its
-    files' ending), `durable` (sync each write to disk before the rename)."""
+    files' ending), `durable` (sync each write to disk before the rename), `at` (a folder of its
+    own instead: verdicts.py's --verdicts-dir)."""
 
-    def __init__(self, name: str, limit: int, max_bytes: int, *, suffix: str = ".txt", durable: bool = False) -> None:
+    def __init__(self, name: str, limit: int, max_bytes: int, *, suffix: str = ".txt", durable: bool = False,
+                 at: Path | None = None) -> None:
         if not name or "/" in name or name.startswith("."):
             raise ValueError(f"not a store name: {name!r}")
         self.name = name
@@ -62,9 +64,12 @@ class Store:
         self.max_bytes = max_bytes
         self.suffix = suffix
         self.durable = durable
+        self.at = at
 
     def folder(self) -> Path | None:
         """The store's folder, or None where there is no cache folder (no HOME)."""
+        if self.at is not None:
+            return self.at
         try:
             return fsutil.cache_root() / self.name
         except ConfigError:

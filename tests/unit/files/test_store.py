@@ -162,3 +162,10 @@ def test_a_store_name_is_one_folder_under_the_cache_folder():
         with pytest.raises(ValueError):
             Store(bad, 8, 1024)
     assert Store("things", 8, 1024).folder() == cache() / "things"
+
+
+def test_a_store_at_a_folder_of_its_own_keeps_there(tmp_path):
+    s = Store("verdicts", 8, 1024, suffix=".json", at=tmp_path / "v")
+    key = s.key("a")
+    assert s.folder() == tmp_path / "v" and s.put(key, "{}")
+    assert [p.name for p in (tmp_path / "v").iterdir()] == [f"{key}.json"] and not (cache() / "verdicts").exists()
