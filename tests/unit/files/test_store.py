@@ -169,3 +169,27 @@ def test_a_store_at_a_folder_of_its_own_keeps_there(tmp_path):
     key = s.key("a")
     assert s.folder() == tmp_path / "v" and s.put(key, "{}")
     assert [p.name for p in (tmp_path / "v").iterdir()] == [f"{key}.json"] and not (cache() / "verdicts").exists()
+
+
+def test_the_kept_results_are_these_stores_and_the_dropped_caches_are_gone(tmp_path):
+    """Every kept result of this lane goes through a Store; the checked-certificates cache and the
+    schema-validated keys are gone (the matrix's kept data stands for the latter), and a matrix with
+    a CA file still loads to the same cells twice."""
+    from imagefactory.attest import sbom
+    from imagefactory.config import cacerts, matrix
+    from imagefactory.probe import verdicts
+    from imagefactory.render import digests, rendered
+
+    names = {s.name for s in (matrix.DATA, rendered.RENDERS, sbom.DOCUMENTS, sbom.VALIDATED, digests.DIGESTS,
+                              verdicts._store(tmp_path))}
+    assert names == {"matrix-data", "rendered", "sbom-documents", "sbom-validated", "file-digests", "verdicts"}
+    assert not hasattr(matrix, "SCHEMA_VALIDATED") and not hasattr(cacerts, "CERTS_CHECKED")
+    from tests.unit.helpers import TWO_PIP_CELLS
+
+    ca = Path(__file__).parents[2] / "golden" / "certs" / "corp-ca.pem"
+    (tmp_path / "ca.pem").write_bytes(ca.read_bytes())
+    path = tmp_path / "matrix.yaml"
+    path.write_text(TWO_PIP_CELLS + "ca_certificates: [ca.pem]\n")
+    first = matrix.load(path)
+    assert matrix.load(path) == first and [c.id for c in first.cells] == [c.id for c in matrix.load(path).cells]
+    assert sorted(p.name for p in cache().iterdir()) == ["matrix-data"]
