@@ -30,7 +30,7 @@ from typing import Any, Iterable
 
 from imagefactory import __version__
 from imagefactory.files import fsutil
-from imagefactory.files import store as passcache
+from imagefactory.files.store import Store
 from imagefactory.config import refs
 from imagefactory.errors import ImageFactoryError
 from imagefactory.lock.lockfile import Lock, canonical
@@ -242,9 +242,9 @@ def document(subject: Subject, probe: dict, lock: Lock | None) -> str:
     return text
 
 
-DOCUMENTS = "sbom-documents"  # the cache folder's (fsutil.cache_root) folder of documents made before
 DOCUMENTS_KEPT = 64  # documents kept; the oldest go first
 DOCUMENT_MAX_BYTES = 64 << 20
+DOCUMENTS = Store("sbom-documents", DOCUMENTS_KEPT, DOCUMENT_MAX_BYTES, suffix=".cdx.json")  # documents made before
 
 
 @functools.lru_cache(maxsize=1)
@@ -261,21 +261,19 @@ def document_key(subject: Subject, probe: dict, lock: Lock | None) -> str:
     that makes the bytes (imagefactory's version and this module's source, cyclonedx-python-lib's
     version)."""
     pins = None if lock is None else [[p.name, p.version, list(p.hashes)] for p in lock.pins]
-    what = ["imagefactory-sbom-document/1", __version__, passcache.code_digest(__name__), _cyclonedx_version(), SPEC,
-            subject.__dict__, probe, pins]
-    return hashlib.sha256(json.dumps(what, sort_keys=True, default=repr).encode()).hexdigest()
+    what = ["imagefactory-sbom-document/1", __version__, _cyclonedx_version(), SPEC, subject.__dict__, probe, pins]
+    return DOCUMENTS.key(json.loads(json.dumps(what, default=repr)), code=(__name__,))
 
 
 def _document_file(key: str) -> Path | None:
-    folder = passcache.path(DOCUMENTS)
-    return None if folder is None or not passcache.is_key(key) else folder / f"{key}.cdx.json"
+    return DOCUMENTS.file(key)
 
 
 def kept_document(key: str, subject: Subject) -> str | None:
     """The document made before from the input `key` names, when its bytes still pass validate()
-    (passcache's key of these very bytes, or the validator) and it describes `subject`; else None.
+    (VALIDATED's key of these very bytes, or the validator) and it describes `subject`; else None.
     Read bounded, never through a link; anything odd is made again."""
-    text = passcache.read_kept(_document_file(key), DOCUMENT_MAX_BYTES)
+    text = DOCUMENTS.get(key)
     try:
         doc = validate(text) if text is not None else None
     except (ValueError, RecursionError, SbomError):
@@ -288,7 +286,7 @@ def kept_document(key: str, subject: Subject) -> str | None:
 
 def keep_document(key: str, text: str) -> None:
     """Keep `text` (validated) as the document of the input `key` names; never fatal."""
-    passcache.keep(_document_file(key), text, ".cdx.json", DOCUMENTS_KEPT)
+    DOCUMENTS.put(key, text)
 
 
 def _made(subject: Subject, probe: dict, lock: Lock | None) -> str:
@@ -317,30 +315,28 @@ def _made(subject: Subject, probe: dict, lock: Lock | None) -> str:
     return text
 
 
-VALIDATED_FILE = "sbom-validated.json"  # passcache.py's file for CycloneDX's strict schema
+VALIDATED = Store("sbom-validated", 256, 16, suffix=".ok")  # an empty entry per document that passed
 
 
 def validation_key(text: str) -> str:
     """sha256 of what decides the validator's verdict: the document's bytes and the validator's
     code (cyclonedx-python-lib's version, which ships the schema)."""
-    h = hashlib.sha256(f"imagefactory-sbom-validated/1\0{SPEC}\0{_cyclonedx_version()}\0".encode())
-    h.update(text.encode("utf-8"))
-    return h.hexdigest()
+    return VALIDATED.key(SPEC, _cyclonedx_version(), text.encode("utf-8"))
 
 
 def validate(text: str) -> dict:
     """The document parsed, once it passed cyclonedx-python-lib's strict 1.6 validator. A document
-    whose bytes passed it before (passcache.py) is not validated again: an unchanged image's SBOM
+    whose bytes passed it before (the store VALIDATED) is not validated again: an unchanged image's SBOM
     has the same bytes, and importing the validator costs seconds (jsonschema's format grammars)."""
     key = validation_key(text)
-    if not passcache.passed(VALIDATED_FILE, key):
+    if not VALIDATED.has(key):
         from cyclonedx.schema import SchemaVersion
         from cyclonedx.validation.json import JsonStrictValidator
 
         error = JsonStrictValidator(SchemaVersion.V1_6).validate_str(text)
         if error is not None:
             raise SbomError(f"not a valid CycloneDX {SPEC} document: {' '.join(str(error).split())[:300]}")
-        passcache.remember(VALIDATED_FILE, key)
+        VALIDATED.put(key, "")
     doc = json.loads(text)
     if doc.get("specVersion") != SPEC:
         raise SbomError(f"CycloneDX {str(doc.get('specVersion'))[:20]}, not {SPEC}")

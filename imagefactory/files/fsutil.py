@@ -16,7 +16,7 @@ LOCK_MAX_BYTES = 32  # what a lock file holds: a pid and a newline
 
 def cache_root() -> Path:
     """imagefactory's cache folder: $IMAGEFACTORY_CACHE_DIR, else $XDG_CACHE_HOME/imagefactory,
-    else ~/.cache/imagefactory. The verdicts, the file digests and buildx's answer live in it."""
+    else ~/.cache/imagefactory. Every kept result lives in it, each store (store.Store) a folder."""
     explicit = os.environ.get("IMAGEFACTORY_CACHE_DIR")
     if explicit:
         return Path(explicit)

@@ -16,7 +16,9 @@ finding it back by a second lookup, which costs more than the probe's margin; a 
 file costs one read. An image id is the digest of the image's config, so a record can
 only ever describe the content it was made for, whichever engine holds it.
 
-A record is written atomically (temporary file + rename) and checked whole when read:
+The folder is a store (store.py: read bounded, never through a link, written atomically and
+durably, the newest KEPT images' files staying) whose key is the image id's hex, itself a
+sha256 of the image's config. A record is checked whole when read:
 anything that is not a well-formed record for exactly this key is ignored, and the
 cell is probed again. On a hit, the stored probe JSON is judged again by today's
 checks (cheap), so a stricter checks.py never lets an old pass through.
@@ -33,7 +35,7 @@ from pathlib import Path
 
 from imagefactory.probe import checks
 from imagefactory.files import fsutil
-from imagefactory.files import bounded
+from imagefactory.files.store import Store
 from imagefactory.config import platforms
 from imagefactory.probe import smoke
 from imagefactory.config.model import Cell, Threads
@@ -45,6 +47,7 @@ _VERSION_RE = re.compile(r"^PROBE_VERSION = (\d+)$", re.MULTILINE)
 _AT_RE = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?\+00:00")
 FORMAT = 1
 MAX_BYTES = 4 << 20  # a record is a few KiB; anything huge is not ours
+KEPT = 4096  # images whose verdicts stay; the oldest go first
 
 
 def cache_dir() -> Path:
@@ -91,9 +94,13 @@ class Hit:
     probe: dict | None = None  # {mode: the stored probe JSON}: what the SBOM is made from (supply.py)
 
 
-def _path(directory: Path, image_id: str) -> Path | None:
+def _store(directory: Path) -> Store:
+    return Store("verdicts", KEPT, MAX_BYTES, suffix=".json", durable=True, at=directory)
+
+
+def _entry(image_id: str) -> str | None:
     m = IMAGE_ID_RE.fullmatch(image_id)
-    return directory / f"{m[1]}.json" if m else None
+    return m[1] if m else None
 
 
 def _records(doc: object) -> list[dict]:
@@ -102,21 +109,20 @@ def _records(doc: object) -> list[dict]:
     return [r for r in doc["records"] if isinstance(r, dict)]
 
 
-def _read(path: Path) -> list[dict]:
+def _read(store: Store, entry: str) -> list[dict]:
+    text = store.get(entry)  # bounded, no link nor FIFO
     try:
-        if path.is_symlink() or not path.exists():
-            return []
-        return _records(json.loads(bounded.read_regular(path, MAX_BYTES).decode("utf-8")))  # no FIFO, bounded
-    except (OSError, ValueError, RecursionError):  # bounded.InputError is a ValueError
+        return _records(json.loads(text)) if text is not None else []
+    except (ValueError, RecursionError):
         return []
 
 
 def lookup(directory: Path, k: Key, cell: Cell) -> Hit | None:
     """The earlier passing verdicts for exactly this key, judged again now; None: probe."""
-    path = _path(directory, k.image_id)
-    if path is None:
+    entry = _entry(k.image_id)
+    if entry is None:
         return None
-    for record in _read(path):
+    for record in _read(_store(directory), entry):
         at, probe = record.get("at"), record.get("probe")
         if record.get("key") != k.as_dict() or not isinstance(at, str) or not _AT_RE.fullmatch(at):
             continue
@@ -143,16 +149,13 @@ def forget(directory: Path, k: Key) -> None:
 
 
 def _write(directory: Path, k: Key, record: dict | None) -> bool:
-    path = _path(directory, k.image_id)
-    if path is None:
+    entry = _entry(k.image_id)
+    if entry is None:
         return False
-    kept = [r for r in _read(path) if r.get("key") != k.as_dict()][-7:]  # other modes of this image
-    if record is None and not path.exists():
+    store = _store(directory)
+    kept = [r for r in _read(store, entry) if r.get("key") != k.as_dict()][-7:]  # other modes of this image
+    file = store.file(entry)
+    if record is None and (file is None or not file.exists()):
         return True
     doc = {"format": FORMAT, "records": kept + ([record] if record else [])}
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        fsutil.atomic_write(path, json.dumps(doc, sort_keys=True), durable=True)
-    except OSError:
-        return False
-    return True
+    return store.put(entry, json.dumps(doc, sort_keys=True))

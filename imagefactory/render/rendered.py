@@ -5,12 +5,12 @@ reads its text back instead of importing Jinja2 and compiling the templates (~35
 build renders the same contexts every run, and writes the same catalogue (render.py, catalog.py).
 
 The key: this module's format, imagefactory's version, the source of the calling modules
-(passcache.code_digest), Jinja2's and MarkupSafe's own source files (found, not imported), every
+(store.code_digest), Jinja2's and MarkupSafe's own source files (found, not imported), every
 file of the template folder, the template's name and the values as JSON that keeps what a
 template can tell apart (_exact). A value it cannot state exactly (anything but str, int, float,
 bool, None, lists, tuples, dicts, dataclasses, enums and paths) makes no key: that render always
-runs. One text file per key in
-the cache folder (fsutil.cache_root), read bounded, never through a link; the newest KEPT stay.
+runs. Kept in the store RENDERS (store.py: one text file per key, read bounded, never through a
+link, the newest KEPT staying).
 """
 
 from __future__ import annotations
@@ -19,17 +19,16 @@ import dataclasses
 import enum
 import functools
 import hashlib
-import json
 from pathlib import Path, PurePath
 from typing import Any, Callable, Mapping
 
 from imagefactory import __version__
-from imagefactory.files import store as passcache
+from imagefactory.files.store import Store
 
 FORMAT = 1
-FOLDER = "rendered"  # under the cache folder
 KEPT = 512
 MAX_BYTES = 16 << 20
+RENDERS = Store("rendered", KEPT, MAX_BYTES)
 
 
 def text(name: str, values: Mapping[str, Any], make: Callable[[], str], *, templates: Path,
@@ -70,11 +69,10 @@ def _exact(value: object) -> object:
 
 def _key(name: str, values: Mapping[str, Any], templates: Path, code: tuple[str, ...]) -> str | None:
     try:
-        what = json.dumps([FORMAT, __version__, passcache.code_digest(__name__, *code), _libraries(),
-                           _folder(str(templates)), name, _exact(dict(values))])
+        return RENDERS.key(FORMAT, __version__, _libraries(), _folder(str(templates)), name, _exact(dict(values)),
+                           code=(__name__, *code))
     except (TypeError, ValueError, RecursionError, OSError):
         return None
-    return hashlib.sha256(what.encode()).hexdigest()
 
 
 @functools.lru_cache(maxsize=1)
@@ -101,14 +99,12 @@ def _folder(folder: str) -> str:
 
 
 def _file(key: str) -> Path | None:
-    folder = passcache.path(FOLDER)
-    return None if folder is None or not passcache.is_key(key) else folder / f"{key}.txt"
+    return RENDERS.file(key)
 
 
 def _read(key: str) -> str | None:
-    return passcache.read_kept(_file(key), MAX_BYTES)
+    return RENDERS.get(key)
 
 
 def _keep(key: str, out: str) -> None:
-    if len(out) <= MAX_BYTES:
-        passcache.keep(_file(key), out, ".txt", KEPT)
+    RENDERS.put(key, out)

@@ -86,8 +86,11 @@ def test_an_sbom_whose_bytes_passed_before_is_not_validated_again_one_that_faile
         with pytest.raises(sbom.SbomError, match="not a valid CycloneDX 1.6"):
             sbom.validate(json.dumps(doc))
         assert len(seen) == tries
-    (Path(os.environ["IMAGEFACTORY_CACHE_DIR"]) / sbom.VALIDATED_FILE).write_text("[\"not a key\"]")
-    sbom.validate(text)  # an odd cache file is no pass: validated again
+    kept = sbom.VALIDATED.file(sbom.validation_key(text))
+    assert kept is not None and kept.exists()
+    kept.unlink()
+    kept.symlink_to(Path(os.environ["IMAGEFACTORY_CACHE_DIR"]))  # a link is no pass: validated again
+    sbom.validate(text)
     assert len(seen) == 3
 
 
@@ -111,8 +114,9 @@ def test_an_sbom_made_before_from_the_same_input_is_read_back_not_made_again(mon
 
 
 def test_an_edit_to_the_code_that_makes_a_kept_document_is_a_new_key(tmp_path, monkeypatch):
-    """An editable install changes code without a new version: the kept SBOMs and certificates are
-    keyed by their module's source too (passcache.code_digest)."""
+    """An editable install changes code without a new version: the kept SBOMs are keyed by their
+    module's source too (store.code_digest). Checked certificates are kept no more: each run parses
+    them, and nothing of theirs lands in the cache folder."""
     import importlib
     import sys
 
@@ -133,11 +137,16 @@ def test_an_edit_to_the_code_that_makes_a_kept_document_is_a_new_key(tmp_path, m
         passcache.code_digest.cache_clear()
     probe = inventory_probe()
     key = sbom.document_key(SUBJECT, probe, None)
-    cert_key = cacerts._certificates_key(b"data", b"plain")
     real = passcache.code_digest
     monkeypatch.setattr(passcache, "code_digest", lambda *names: real(*names) + "-edited")
     assert sbom.document_key(SUBJECT, probe, None) != key
-    assert cacerts._certificates_key(b"data", b"plain") != cert_key
+    assert not hasattr(cacerts, "_certificates_key") and not hasattr(cacerts, "CERTS_CHECKED")
+    ca = Path(__file__).parents[2] / "golden" / "certs" / "corp-ca.pem"
+    cache = Path(os.environ["IMAGEFACTORY_CACHE_DIR"])
+    before = sorted(cache.rglob("*")) if cache.exists() else []
+    assert cacerts.certificates(ca) == cacerts.certificates(ca)
+    assert cacerts.certificates(ca).startswith(b"-----BEGIN CERTIFICATE-----\n")
+    assert (sorted(cache.rglob("*")) if cache.exists() else []) == before
 
 
 def test_a_kept_sbom_is_used_only_for_the_image_it_describes_and_only_while_it_validates(monkeypatch):

@@ -129,29 +129,39 @@ def test_a_bad_matrix_is_never_remembered(tmp_path, monkeypatch):
         with pytest.raises(matrix.ConfigError):
             matrix.load(path)
     assert len(calls) == 2
-    assert not (tmp_path / "imagefactory-cache" / matrix.VALIDATED_FILE).exists()
+    assert not (tmp_path / "imagefactory-cache" / matrix.DATA.name).exists()
 
 
 def test_a_planted_key_skips_the_schema_only(tmp_path, monkeypatch):
-    """The cache says only "these bytes passed the schema": a matrix whose key someone wrote there
-    still meets every other check of `load`, and an odd cache file is ignored."""
-    cache = tmp_path / "imagefactory-cache" / matrix.VALIDATED_FILE
-    cache.parent.mkdir(parents=True)
+    """The cache says only "these bytes load to this data": a matrix whose kept data someone wrote
+    there still meets every other check of `load`, and an odd cache entry is ignored."""
     path = tmp_path / "matrix.yaml"
     text = TWO_PIP_CELLS.replace("matrix:\n", "matrix:\n  exclude: [{python: \"3.9\"}]\n")  # removes nothing
     path.write_text(text)
-    cache.write_text(json.dumps([matrix.validation_key(text)]))
+    data = matrix._parse(text, "matrix.yaml")[1]
+    assert matrix.DATA.put(matrix.validation_key(text), json.dumps(data))
     calls = schema_runs(monkeypatch)
     with pytest.raises(matrix.ConfigError, match="exclude removes nothing"):
         matrix.load(path)
-    assert calls == []  # the planted key did skip the schema, and only the schema
-    for odd in ("{not json", json.dumps({"a": 1}), json.dumps(["x" * 64]), "[" + " " * (1 << 20) + "]"):
-        cache.write_text(odd)
+    assert calls == []  # the planted data did skip the schema, and only the schema
+    entry = matrix._data_file(matrix.validation_key(TWO_PIP_CELLS))
+    assert entry is not None
+    for odd in ("link", "folder", " " * (1 << 20)):  # never through a link, only a regular file, bounded
+        if odd == "link":
+            entry.symlink_to(path)
+        elif odd == "folder":
+            entry.mkdir()
+        else:
+            entry.write_text(odd)
         calls = schema_runs(monkeypatch)
         path.write_text(TWO_PIP_CELLS)
         matrix.load(path)
         assert len(calls) == 1
-        assert json.loads(cache.read_text()) == [matrix.validation_key(TWO_PIP_CELLS)]
+        if odd == "folder":
+            entry.rmdir()
+        else:
+            assert entry.is_file() and not entry.is_symlink() and json.loads(entry.read_text())["torch"]  # kept anew
+            entry.unlink()
 
 
 # -- the parsed matrix ------------------------------------------------------------------------------

@@ -16,7 +16,6 @@ from imagefactory.probe import smoke
 from imagefactory.errors import ConfigError
 from tests.fake_engine import Image, World, as_launched
 from tests.unit.helpers import CPU_OPENBLAS, CUDA_MKL, by_name, good_probe, only_failure
-from imagefactory.cli import app as cli
 from pathlib import Path
 from imagefactory.tools import bench
 from imagefactory.pipeline import build
