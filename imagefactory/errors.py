@@ -70,7 +70,7 @@ class PushError(ImageFactoryError):
 
 
 class RegistryError(PushError):
-    """The registry's HTTP API refused, failed or contradicted a request (registry_http.py): a
+    """The registry's HTTP API refused, failed or contradicted a request (engine/registry.py): a
     manifest it would not serve or store, or one whose digest is not its bytes' sha256."""
 
 

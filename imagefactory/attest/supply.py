@@ -3,7 +3,7 @@ cell that passes), and, with `--sign KEY`, a signature and both documents as att
 every digest it was pushed under.
 
 - record.py writes both documents after a cell passed (the pipeline calls it after the probe).
-- sign_published(): after publish.py verified each push, sign each distinct pushed digest once
+- sign_published(): after publish/push.py verified each push, sign each distinct pushed digest once
   (signing.py runs cosign). With --atomic, nothing is signed unless every cell was published.
   A cell whose signing fails is reported publish-failed (exit 1), with cosign's reason.
 """
@@ -40,7 +40,7 @@ def _targets(r: CellReport) -> list[str]:
 def sign_published(matrix: Matrix, reports: list[CellReport], run: RunContext,
                    auth_for: Callable[[str], dict[str, str] | None]) -> None:
     """Sign every published cell's digests with run.options.sign (a checked key reference).
-    `auth_for(reference)`: the login of the registry that holds it (publish.py's own rule, handed
+    `auth_for(reference)`: the login of the registry that holds it (publish/push.py's own rule, handed
     in so this module never imports publish, which calls it)."""
     key = signing.Key(run.options.sign or "", kms=bool(signing.KMS_RE.fullmatch(run.options.sign or "")))
     unpublished = [r.cell for r in reports if r.status == PASSED and r.publish != PUBLISHED]

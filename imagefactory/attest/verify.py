@@ -54,7 +54,7 @@ class Verdict:
         return {"ref": self.ref, "ok": self.ok, "digest": self.digest, "kind": self.kind, "line": self.line}
 
 
-# -- the registry: digests and labels (its HTTP API: registry_http.py) ------------------------
+# -- the registry: digests and labels (its HTTP API: engine/registry.py) ------------------------
 
 _scheme, _api = registry_http.scheme, registry_http.api
 

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 # Each command imports the pipeline steps it runs (build, render, publish, lock, the engine, Jinja2,
 # tenacity) when it runs: `imagefactory --help` and `imagefactory list` import none of them, and
-# answer at once (docs/performance.md#the-cli-itself-benchclipy, tests/unit/test_cli_imports.py).
+# answer at once (docs/performance.md#the-cli-itself-benchclipy, tests/unit/cli/test_imports.py).
 
 app = typer.Typer(
     name="imagefactory",
@@ -76,7 +76,7 @@ def _first_steps(ctx: typer.Context) -> None:
 
 
 def example(line: str) -> str:
-    """A command's epilog: the one example line every `--help` ends with (tests/unit/test_cli_help.py)."""
+    """A command's epilog: the one example line every `--help` ends with (tests/unit/cli/test_app.py)."""
     return f"Example: {line}"
 
 
@@ -151,7 +151,7 @@ def _finish(outcome: build_mod.Outcome, report_path: Path, interrupt: Interrupt)
     reports = outcome.reports
     json_path, md_path = report_mod.write(reports, report_path, gpus=outcome.gpus, lists=outcome.lists)
     failed = [r for r in reports if not r.ok]
-    lists = [lr.ref for lr in outcome.lists if not lr.ok]  # a list that failed to merge (publish_lists.py)
+    lists = [lr.ref for lr in outcome.lists if not lr.ok]  # a list that failed to merge (publish/lists.py)
     print(f"report: {json_path} and {md_path}", file=sys.stderr)
     counts = ", ".join(f"{n} {s}" for s, n in sorted(Counter(
         r.status + (f"/{r.publish}" if r.publish else "") for r in reports).items()))

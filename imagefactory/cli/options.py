@@ -1,7 +1,7 @@
 """The CLI's option parsing: the shared flags, each declared once (`FLAGS`), added to the commands
 that take them (`shared`), and parsed into an `Invocation`: the matrix, the selected cells and the
 run's context.Options, checked before anything runs (preflight.py). Imports typer and nothing of
-the pipeline: `--help` reads these declarations (tests/unit/test_cli_imports.py)."""
+the pipeline: `--help` reads these declarations (tests/unit/cli/test_imports.py)."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ CUDA x Python x BLAS) and resources/pip_torch_wheels.json (torch version x CUDA 
 file's top-level `releases` are linux/amd64's (linux-64, x86_64 wheels), its `by_platform` holds
 the other platforms' (linux/arm64: linux-aarch64, aarch64 wheels), sourced the same way.
 matrix.py asks `conda_problem` / `pip_problem` whether a cell is possible on its platform;
-render.py asks `conda_build_spec` for the spec that pins the cell's CUDA build.
+render/contexts.py asks `conda_build_spec` for the spec that pins the cell's CUDA build.
 
 Vocabulary is the matrix file's: cuda None is a CPU build, blas is "mkl" or
 "openblas" (conda-forge's "generic" variant).

@@ -60,7 +60,7 @@ LOOPBACK_HOSTS = re.compile(r"localhost|127(?:\.[0-9]{1,3}){3}|\[?::1\]?")
 DECIMAL_RE = re.compile(r"[-+]?(?:0|[1-9][0-9]*)")  # what YAML 1.2 and a reader both read as the same integer
 
 MAX_CELLS = 256
-# The bounded YAML reader and the message helpers live in inputs.py, which every file read goes through.
+# The bounded YAML reader and the message helpers live in files/yamlfile.py, which every file read goes through.
 MAX_BYTES, MAX_DEPTH, MAX_EVENTS, MAX_VALUES = (yamlfile.YAML_MAX_BYTES, yamlfile.MAX_DEPTH, yamlfile.MAX_EVENTS,
                                                 yamlfile.MAX_VALUES)
 MAX_LINE, MAX_PROBLEMS, CREDENTIALS_RE = terminal.MAX_LINE, yamlfile.MAX_PROBLEMS, credentials.CREDENTIALS_RE
@@ -273,7 +273,7 @@ DATA = Store("matrix-data", DATA_KEPT, DATA_MAX_BYTES, suffix=".json")
 
 
 def _data_file(key: str) -> Path | None:
-    """The kept data of the matrix `key` (validation_key) names, under inputs.py's YAML reader as
+    """The kept data of the matrix `key` (validation_key) names, under files/yamlfile.py's YAML reader as
     it is now (its source is in the file's name)."""
     return DATA.file(key)
 

@@ -116,7 +116,7 @@ class Matrix:
     extra_tags: tuple[str, ...] = ()  # "date", "git-sha"
     registries: tuple[str, ...] = ()  # registries besides image's that tags may name (tags.registries)
     # release tags that name several platforms' images (tags.plan): the cells push their per-arch
-    # tags (cell.tags), then publish_lists.py merges each list whose every platform passed
+    # tags (cell.tags), then publish/lists.py merges each list whose every platform passed
     lists: tuple[TagList, ...] = ()
 
     def cell(self, cell_id: str) -> Cell:

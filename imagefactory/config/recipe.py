@@ -2,7 +2,7 @@
 written: the runtime and image ENV, the labels, where the environment lives, the torch
 requirement and the index options that pick its build, the conda specs.
 
-render.py writes these values into build contexts through the templates; lock.py resolves the
+render/contexts.py writes these values into build contexts through the templates; lock/resolve.py resolves the
 same requirements and specs on the host, so a lock pins exactly what an image would install.
 """
 

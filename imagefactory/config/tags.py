@@ -1,11 +1,11 @@
 """Tag names: computed from the matrix before anything is built, validated as references.
 
-Release tags are applied (publish.py) only to cells whose build and checks passed.
+Release tags are applied (publish/push.py) only to cells whose build and checks passed.
 
 Platforms, as docker-stacks does it: cells alike but for their platform share one release tag,
 which names a list (an OCI image index) of their images; each cell's own tag is then a per-arch
 tag beside it, `name:aarch64-<tag>` / `name:x86_64-<tag>` (`plan`). Publishing pushes the per-arch
-tags; the lists (Matrix.lists) are merged once every platform of one passed (publish_lists.py). A
+tags; the lists (Matrix.lists) are merged once every platform of one passed (publish/lists.py). A
 release tag of one cell stays that cell's own tag: a linux/amd64-only matrix is tagged as before.
 """
 

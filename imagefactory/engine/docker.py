@@ -4,7 +4,7 @@ Everything else calls these methods and sees imagefactory's own errors, never
 the SDK's. The SDK's traps handled here (see docs): builds and pushes report
 failures inside the stream rather than raising; exec/run has no timeout.
 
-`ContainerEngine` (engine_api.py, which imports no SDK) is the interface every command
+`ContainerEngine` (engine/api.py, which imports no SDK) is the interface every command
 takes; `Engine` implements it with the Docker SDK, tests/fake_engine.py in memory. The
 names re-exported from engine_api stay importable from here. Every SDK error becomes an
 imagefactory error: EngineGone when the engine stopped answering, Cancelled when the run was

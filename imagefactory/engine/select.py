@@ -1,7 +1,7 @@
 """Where Docker engines come from: the one place that constructs engine.docker.Engine and
 gives it its builder (engine.docker.ClassicBuilder or buildkit.BuildxBuilder).
 
-engine_api.py only describes the interface; the commands that drive an engine get a factory
+engine/api.py only describes the interface; the commands that drive an engine get a factory
 from here. The Docker SDK is imported on the first call, never by the commands that need no
 engine (`list`, `render`, `schema`, `lock --check`).
 """

@@ -9,7 +9,7 @@ cell's own installer consumes.
 A header of `# input KEY: VALUE` lines records what the lock was resolved for (Python,
 torch, BLAS, CUDA, installer, packages, indexes or channels). A lock whose inputs no longer
 match its cell is stale: rendering refuses it (exit 2) and names the cell and what changed.
-This module reads and judges locks; lock.py resolves and writes them.
+This module reads and judges locks; lock/resolve.py resolves and writes them.
 """
 
 from __future__ import annotations
@@ -252,7 +252,7 @@ def _logical_lines(text: str) -> list[tuple[int, str]]:
 
 def requirement_pins(text: str) -> tuple[list[Pin], list[tuple[int, str]]]:
     """The `name==version --hash=sha256:...` lines of a requirements text (a resolver's output;
-    comments skipped, several hashes allowed), and every other line, located: what lock.py checks
+    comments skipped, several hashes allowed), and every other line, located: what lock/resolve.py checks
     of a resolver's answer before any of it is used."""
     pins, other = [], []
     for number, line in _logical_lines(text):

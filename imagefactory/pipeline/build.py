@@ -53,7 +53,7 @@ class Outcome:
     reports: list[CellReport]
     gpus: bool  # whether the smoke tests were given GPUs
     engine_gone: str | None = None  # the error, when the engine stopped answering mid-run
-    lists: list[ListReport] = field(default_factory=list)  # what publishing did with each list (publish_lists.py)
+    lists: list[ListReport] = field(default_factory=list)  # what publishing did with each list (publish/lists.py)
 
 
 def resolve_gpus(mode: Gpus, engine: ContainerEngine) -> bool:

@@ -194,7 +194,7 @@ def _one(engine: ContainerEngine, cell: Cell, image: str, mode: str, *, gpus: bo
     try:
         result = run_probe(engine, image, timeout=timeout, gpus=gpus, compile_check=cell.compiler, mode=mode, shm=shm,
                            emulation=emulation)
-    except EngineGone:  # not the image's fault: the run reports a lost engine (build.py, exit 3)
+    except EngineGone:  # not the image's fault: the run reports a lost engine (pipeline/build.py, exit 3)
         raise
     except EngineError as e:  # e.g. no `python` in the image, or GPUs asked of a host without any
         failed = checks.Check("probe.ran", "probe JSON on stdout", e.message, checks.FAIL, e.message, mode=mode)

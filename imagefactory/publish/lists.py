@@ -17,7 +17,7 @@ resolving to its cell's digest. A list is claimed published only once every tag 
 back; an interrupt or a failure leaves it interrupted or publish-failed, `pushed` saying which
 of its tags the registry took.
 
-Two callers share this one merge: publish.py, after the per-arch pushes of its own run, and
+Two callers share this one merge: publish/push.py, after the per-arch pushes of its own run, and
 merge.py, after the per-arch pushes of other jobs (one CI job per cell, on a runner of its
 platform), from the reports they wrote. Each hands `publish_lists` its own refusal.
 """
@@ -90,7 +90,7 @@ def publish_lists(lists: list[ListReport], run: RunContext, auth_for: AuthFor, r
                   refusal: Callable[[ListReport], str]) -> None:
     """Merge, put and verify every list that `refusal` lets through ("" for it: its members all passed
     and were pushed); update each in place. The one merge of both paths: after this run's per-arch
-    pushes (publish.py: refusal is `blocked`) and after other jobs' (merge.py: from their reports)."""
+    pushes (publish/push.py: refusal is `blocked`) and after other jobs' (merge.py: from their reports)."""
     engine: ContainerEngine | None = None
     for lr in lists:
         why = "not published: the run was interrupted" if run.interrupt.is_set() else refusal(lr)

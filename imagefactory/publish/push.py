@@ -8,7 +8,7 @@ failures are not, and a tag counts as published only when the registry serves
 the digest that was pushed. The immutable content-hash tag goes first and the
 release tags after it, so an interrupted publish leaves no release tag behind
 (the one being pushed when the interrupt came is removed locally too). After the per-arch
-pushes, each list whose every platform passed is merged, put and read back (publish_lists.py).
+pushes, each list whose every platform passed is merged, put and read back (publish/lists.py).
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def tags_for(matrix: Matrix, cell_id: str, content_hash: str, options: Options) 
 
 def publish(matrix: Matrix, reports: list[CellReport], run: RunContext) -> list[ListReport]:
     """Tag and push every passing cell of `reports`, updating each report in place, then merge
-    the lists whose every platform passed (publish_lists.py); the lists' reports. An interrupt
+    the lists whose every platform passed (publish/lists.py); the lists' reports. An interrupt
     stops at once: the cell being pushed is marked interrupted, later ones are not published.
     Reads run.options' atomic, attempts, backoff, git_sha and today."""
     creds = registry_credentials(matrix)

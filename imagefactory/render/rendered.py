@@ -2,7 +2,7 @@
 template files, the values it is given and the code that renders it (Jinja2 and MarkupSafe, and
 the modules whose filters and properties the templates call). A render whose key is unchanged
 reads its text back instead of importing Jinja2 and compiling the templates (~35 ms): a no-op
-build renders the same contexts every run, and writes the same catalogue (render.py, catalog.py).
+build renders the same contexts every run, and writes the same catalogue (render/contexts.py, catalog.py).
 
 The key: this module's format, imagefactory's version, the source of the calling modules
 (store.code_digest), Jinja2's and MarkupSafe's own source files (found, not imported), every

@@ -1,5 +1,5 @@
 """What the report says of one cell: its state and everything the run learnt about it. The
-report (report.py) writes these; the catalogue (catalog.py) reads them back, so both import this
+report (report/summary.py) writes these; the catalogue (catalog.py) reads them back, so both import this
 module and neither imports the other."""
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ class CellReport:
 
 @dataclass
 class ListReport:
-    """What the report says of one list (model.TagList, publish_lists.py): its tag and the tags derived
+    """What the report says of one list (model.TagList, publish/lists.py): its tag and the tags derived
     from it, its members as pushed, and whether it was published; `reason` says why not, in one line."""
 
     ref: str  # the list tag: registry/ns/name:2.10.0-py3.11-cpu-openblas-pip

@@ -12,7 +12,7 @@ from typing import Sequence
 from imagefactory.files import fsutil
 from imagefactory.probe.checks import Check
 
-# The cell states and CellReport live in cellreport.py (the catalogue reads them too); they are
+# The cell states and CellReport live in report/cell.py (the catalogue reads them too); they are
 # re-exported here, where every step of the pipeline has always found them.
 from imagefactory.report.cell import (  # noqa: E402,F401
     BUILD_FAILED, BUILT, CACHED, CHECK_FAILED, INTERRUPTED, NOT_BUILT, NOT_PUBLISHED, PASSED, PUBLISH_FAILED,
@@ -23,8 +23,8 @@ def write(reports: list[CellReport], path: Path, *, gpus: bool,
           lists: Sequence[ListReport] = ()) -> tuple[Path, Path]:
     """report.json, the Markdown summary beside it (.md, also appended to GITHUB_STEP_SUMMARY),
     and the image catalogue beside both (.html, catalog.py). `lists`: the lists publishing merged
-    or refused (publish_lists.py), under the key "lists" (added beside "cells", nothing changed)."""
-    from imagefactory.report import catalog  # catalog reads CellReport from cellreport.py, never from here
+    or refused (publish/lists.py), under the key "lists" (added beside "cells", nothing changed)."""
+    from imagefactory.report import catalog  # catalog reads CellReport from report/cell.py, never from here
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -2,10 +2,10 @@
 bench) is given.
 
 `Options` is the one options object: the CLI declares each shared flag once (cli.py) and
-resolves them into it; the pipeline steps (build.py, publish.py, bench.py) read the fields
+resolves them into it; the pipeline steps (pipeline/build.py, publish/push.py, tools/bench.py) read the fields
 they need. Choice values are checked here once, as enums. `RunContext` adds what the run
 holds: the display (a typed `UI`), the run's Interrupt (SIGINT/SIGTERM, interrupt.py) and
-the engine factory (engines.py). Defaults are defined here only. `Builder` is engine_api's.
+the engine factory (engine/select.py). Defaults are defined here only. `Builder` is engine/api.py's.
 """
 
 from __future__ import annotations
