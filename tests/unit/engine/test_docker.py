@@ -4,6 +4,7 @@ The real podman is driven by tests/integration/test_podman.py; here the rules, e
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import docker.errors
@@ -141,3 +142,144 @@ def test_the_hpc_mode_expects_the_user_name_each_engine_gives_an_arbitrary_uid()
     # each engine's own: a passwd entry under Docker, or none under podman, is not the launch asked for
     assert checks.launch_conditions(hpc.expect(DOCKER), _probe("4242")).verdict == checks.FAIL
     assert checks.launch_conditions(hpc.expect(PODMAN), _probe(None)).verdict == checks.FAIL
+
+
+# --------------------------------------------------------------------------- one run's engines
+class _SdkClient:
+    """What Engine asks of a docker.DockerClient here: ping (its answer's Api-Version header
+    seen by the session's response hooks), the negotiated version, docker info, close."""
+
+    server = "1.41"  # the engine's API version: what negotiating gives and its ping names
+    refuses: str | None = None  # a version whose ping the engine answers with an APIError
+    infos = 0
+    info_fails = 0  # how many `docker info` calls fail before one answers
+
+    def __init__(self, version: str | None):
+        self.api = type("Api", (), {"api_version": version or _SdkClient.server, "hooks": {"response": []}})()
+
+    def ping(self) -> bool:
+        import docker.errors
+
+        if self.api.api_version == _SdkClient.refuses:
+            raise docker.errors.APIError("client version is too new")
+        answer = type("Response", (), {"headers": {"Api-Version": _SdkClient.server}})()
+        for hook in self.api.hooks["response"]:
+            hook(answer)
+        return True
+
+    def info(self) -> dict:
+        _SdkClient.infos += 1
+        if _SdkClient.info_fails:
+            _SdkClient.info_fails -= 1
+            raise OSError("the engine hung up")
+        return {"Architecture": "x86_64", "Runtimes": {"runc": {}}}
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+def clients(monkeypatch) -> list[str | None]:
+    """docker.from_env stood in by _SdkClient; the versions asked of it, in order."""
+    import docker
+
+    asked: list[str | None] = []
+
+    def from_env(timeout: int, version: str | None = None) -> _SdkClient:
+        asked.append(version)
+        return _SdkClient(version)
+
+    monkeypatch.setattr(docker, "from_env", from_env)
+    monkeypatch.setattr(_SdkClient, "server", "1.41")
+    monkeypatch.setattr(_SdkClient, "refuses", None)
+    monkeypatch.setattr(_SdkClient, "infos", 0)
+    monkeypatch.setattr(_SdkClient, "info_fails", 0)
+    return asked
+
+
+def test_the_engines_of_one_factory_negotiate_once_and_ask_docker_info_once(clients):
+    """A run makes one engine per worker: the second takes the first's API version (no second
+    negotiation round trip) and its `docker info` (runtimes, architecture) instead of asking again."""
+    from imagefactory.engine import select as engines
+    from imagefactory.config import platforms
+
+    factory = engines.docker_factory()
+    first = factory()
+    deadline = time.monotonic() + 10
+    while _SdkClient.infos == 0 and time.monotonic() < deadline:  # asked in the background, unprompted
+        time.sleep(0.01)
+    assert _SdkClient.infos == 1, "docker info was not asked ahead"
+    second = factory()
+    assert not first.gpus_available() and second.native_platform() == platforms.native("x86_64")
+    assert _SdkClient.infos == 1
+    # negotiated by the first engine only; the rest (the second, the info thread's) were given it
+    assert clients.count(None) == 1 and clients[0] is None and set(clients[1:]) == {"1.41"}
+    engines.docker_factory()().gpus_available()  # another run's factory asks again
+    assert _SdkClient.infos == 2
+
+
+def test_each_run_negotiates_its_api_version_and_keeps_none_on_disk(clients, tmp_path, monkeypatch):
+    """No API version is kept between runs (a cache that saved one GET /version): every run's
+    first engine negotiates, and nothing is written to the cache folder."""
+    from imagefactory.engine import select as engines
+
+    monkeypatch.setenv("IMAGEFACTORY_CACHE_DIR", str(tmp_path / "cache"))
+    engines.docker_factory()()
+    assert clients[0] is None  # the first run negotiates ...
+    clients.clear()
+    _SdkClient.server = "1.47"  # ... and the next one too, whatever the engine now speaks
+    made = engines.docker_factory()()
+    assert clients[0] is None and made.client.api.api_version == "1.47"
+    assert not (tmp_path / "cache").exists()
+
+
+def test_a_failed_background_docker_info_is_asked_again_by_the_engine(clients):
+    from imagefactory.engine import select as engines
+
+    _SdkClient.info_fails = 1  # the background question fails; the engine's own answers
+    assert not engines.docker_factory()().gpus_available()
+    assert _SdkClient.infos == 2
+
+
+# --------------------------------------------------------------------------- a push's digest
+class _PushClient:
+    """A docker.DockerClient whose push streams `events` (what each image store sends)."""
+
+    def __init__(self, events: list[dict]):
+        self.events = events
+        self.api = type("Api", (), {"hooks": {"response": []}, "push": self._push})()
+
+    def _push(self, repo, tag=None, stream=True, decode=True, auth_config=None):
+        return iter(self.events)
+
+    def ping(self) -> bool:
+        return True
+
+
+DIGEST = "sha256:" + "5" * 64
+LAYERS = [{"status": "Pushed", "progressDetail": {}, "id": "aaaaaaaaaaaa"},
+          {"status": "Layer already exists", "progressDetail": {}, "id": "bbbbbbbbbbbb"}]
+
+
+@pytest.mark.parametrize("events", [
+    # the graph-driver store: the digest in an aux event, after the status line
+    [*LAYERS, {"status": f"v1: digest: {DIGEST} size: 3048"}, {"aux": {"Tag": "v1", "Digest": DIGEST, "Size": 3048}}],
+    # the containerd image store: the status line only
+    [*LAYERS, {"status": f"v1: digest: {DIGEST} size: 3048"}],
+], ids=["graph-driver", "containerd"])
+def test_a_push_gives_its_digest_in_either_image_store(events):
+    from imagefactory.engine.docker import Engine
+
+    outcome = Engine(_PushClient(events)).push("127.0.0.1:5001/ml/train:v1")
+    assert (outcome.digest, outcome.layers_pushed, outcome.layers_existing) == (
+        DIGEST, ["aaaaaaaaaaaa"], ["bbbbbbbbbbbb"])
+
+
+@pytest.mark.parametrize("line", [f"v2: digest: {DIGEST} size: 3048", f"v1: digest: {DIGEST[:-1]} size: 3048",
+                                  f"v1: digest: {DIGEST} size: 3048 extra", f"x v1: digest: {DIGEST} size: 1"])
+def test_a_status_line_that_names_no_digest_of_this_tag_is_not_taken(line):
+    from imagefactory.engine.docker import Engine
+    from imagefactory.errors import PushError
+
+    with pytest.raises(PushError, match="ended without a digest"):
+        Engine(_PushClient([*LAYERS, {"status": line}])).push("127.0.0.1:5001/ml/train:v1")
