@@ -26,7 +26,6 @@ from typing import Callable
 
 from imagefactory.pipeline import freshness
 from imagefactory.files import fsutil
-from imagefactory.pipeline import regcache
 from imagefactory.render import contexts as render
 from imagefactory.pipeline import schedule
 from imagefactory.probe import smoke
@@ -36,7 +35,6 @@ from imagefactory.probe import verdicts
 from imagefactory.config import netrc as netrc_mod
 from imagefactory.probe.checks import FAIL, Check
 from imagefactory.run.context import UI, Gpus, Network, Options, Pull, RunContext
-from imagefactory.engine import logins
 from imagefactory.engine.api import Builder, BuildProgress, BuildRequest, ContainerEngine
 from imagefactory.errors import BuildError, Cancelled, ConfigError, EngineGone, ImageFactoryError
 from imagefactory.interrupt import GRACE_SECONDS, Interrupt
@@ -138,6 +136,9 @@ class _Cell:
             return True
         if self.registry_cache:
             self.ui.status(cell.id, "looking in the registry")
+            from imagefactory.engine import logins  # the registry cache's: only a run that uses it
+            from imagefactory.pipeline import regcache
+
             pulled = regcache.pull_content(self.engine, self.matrix, cell, self.ctx.content_hash,
                                            logins.registry_credentials(self.matrix), self.log)
             if pulled:
@@ -178,6 +179,8 @@ class _Cell:
             return [ref for ref in self.options.cache_from if self.engine.image_id(ref)]
         refs = list(self.options.cache_from)
         if self.registry_cache:
+            from imagefactory.pipeline import regcache  # only a run that uses the registry cache
+
             refs += regcache.cache_sources(self.ctx.cell)
         refs = list(dict.fromkeys(refs))
         if refs:
