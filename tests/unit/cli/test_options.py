@@ -1,4 +1,4 @@
-"""cli/options.py: the shared flags, each declared once, parsed into context.Options fields."""
+"""cli/options.py: the shared flags, each declared once, parsed into the fields of each command's settings type."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ GOLDEN = REPO / "tests" / "golden" / "matrix.yaml"
 
 
 def test_every_flag_sets_an_options_field_or_is_read_by_the_cli():
-    fields = {f.name for f in dataclasses.fields(context.Options)}
+    fields = {f.name for kind in options.TYPES.values() for f in dataclasses.fields(kind)}
     for name in options.FLAGS:
         assert name in options.NOT_OPTIONS or options.FIELD.get(name, name) in fields, name
 
@@ -40,7 +40,7 @@ def test_select_keeps_the_matrix_order_and_refuses_an_unknown_id():
 
 def test_an_invocation_holds_the_fields_its_command_has_flags_for():
     inv = options._invocation("list", {"matrix": GOLDEN, "only": None}, {})
-    assert inv.fields == () and inv.options == context.Options() and inv.cells == list(inv.matrix.cells)
+    assert inv.fields == () and inv.options == context.Settings() and inv.cells == list(inv.matrix.cells)
     inv = options._invocation("test", {"matrix": GOLDEN, "only": None, "jobs": 3, "keep_going": False}, {})
     assert inv.fields == ("jobs", "fail_fast") and inv.options.jobs == 3 and inv.options.fail_fast
     assert inv.summary().startswith(f"imagefactory test: {len(inv.cells)} cell(s) of ")

@@ -16,7 +16,7 @@ from imagefactory.pipeline import build as build_mod
 from imagefactory.cli import app as cli
 from imagefactory.engine import select as engines
 from imagefactory.config import matrix as matrix_mod
-from imagefactory.run.context import Gpus, Options
+from imagefactory.run.context import Gpus, TestOptions
 from imagefactory.errors import Cancelled, ConfigError
 from imagefactory.interrupt import Interrupt
 from tests.fake_engine import World
@@ -69,9 +69,9 @@ def test_a_run_starts_by_printing_its_resolved_settings(world, monkeypatch, caps
 
 
 def test_choices_are_checked_once_into_enums():
-    assert Options(gpus="none").gpus is Gpus.none  # type: ignore[arg-type]
+    assert TestOptions(gpus="none").gpus is Gpus.none  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=r"^--gpus some: not allowed \(allowed: none, all, auto\)$"):
-        Options(gpus="some")  # type: ignore[arg-type]
+        TestOptions(gpus="some")  # type: ignore[arg-type]
 
 
 def test_bench_holds_the_work_dir_lock(world, tmp_path, monkeypatch, capsys):
