@@ -117,3 +117,18 @@ def test_a_second_lock_of_the_same_matrix_stops_before_resolving(world, tmp_path
         code, _, err = run_cli(monkeypatch, capsys, "lock")
     assert code == 2 and "another imagefactory run" in err and "resolving" not in err, err
     assert not (tmp_path / "locks").exists() and (tmp_path / "matrix.yaml").read_text() == MATRIX
+
+
+def test_a_step_reads_only_the_settings_groups_its_command_takes():
+    """run.settings(group): a command's type holds only its groups, so bench's run has no push
+    settings; or_defaults gives a group's defaults where a command has no flag for it (push's probe)."""
+    from pathlib import Path
+
+    from imagefactory.run.context import (BenchOptions, Publishing, PushOptions, RunContext, Testing, Workspace,
+                                          or_defaults)
+
+    run = RunContext(BenchOptions(budget=40))
+    assert run.settings(Workspace).work_dir == Path("build") and run.settings(BenchOptions).budget == 40
+    with pytest.raises(TypeError, match="^BenchOptions holds no Publishing settings$"):
+        run.settings(Publishing)
+    assert or_defaults(PushOptions(), Testing) == Testing() and or_defaults(TestOptions(jobs=2), Testing).jobs == 2
