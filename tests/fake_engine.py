@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from imagefactory.run.context import UI, Options, RunContext, Silent
+from imagefactory.run.context import UI, BuildOptions, RunContext, Settings, Silent
 from imagefactory.config import platforms
 from imagefactory.engine.api import (Builder, BuildProgress, BuildRequest, ContainerEngine, EngineInfo, Manifest,
                                      PushOutcome, RegistryClient, RunResult, is_transient, refuse_foreign)
@@ -94,9 +94,9 @@ class World:
             return "sha256:" + "0" * 64
         return served
 
-    def context(self, options: Options | None = None, ui: UI | None = None) -> RunContext:
+    def context(self, options: Settings | None = None, ui: UI | None = None) -> RunContext:
         """A run on this world: its engines share the world's interrupt."""
-        return RunContext(options or Options(), ui or Silent(), self.interrupt, self.engine)
+        return RunContext(options or BuildOptions(), ui or Silent(), self.interrupt, self.engine)
 
     def record(self, op: str, arg: Any) -> None:
         with self.lock:

@@ -18,7 +18,7 @@ from typing import Callable
 from imagefactory.config import refs
 from imagefactory.attest import sbom
 from imagefactory.attest import signing
-from imagefactory.run.context import RunContext
+from imagefactory.run.context import Releasing, RunContext
 from imagefactory.errors import ImageFactoryError
 from imagefactory.config.model import Matrix
 from imagefactory.report.summary import PASSED, PUBLISH_FAILED, PUBLISHED, CellReport
@@ -39,12 +39,13 @@ def _targets(r: CellReport) -> list[str]:
 
 def sign_published(matrix: Matrix, reports: list[CellReport], run: RunContext,
                    auth_for: Callable[[str], dict[str, str] | None]) -> None:
-    """Sign every published cell's digests with run.options.sign (a checked key reference).
+    """Sign every published cell's digests with the run's Releasing.sign (a checked key reference).
     `auth_for(reference)`: the login of the registry that holds it (publish/push.py's own rule, handed
     in so this module never imports publish, which calls it)."""
-    key = signing.Key(run.options.sign or "", kms=bool(signing.KMS_RE.fullmatch(run.options.sign or "")))
+    release = run.settings(Releasing)
+    key = signing.Key(release.sign or "", kms=bool(signing.KMS_RE.fullmatch(release.sign or "")))
     unpublished = [r.cell for r in reports if r.status == PASSED and r.publish != PUBLISHED]
-    if run.options.atomic and unpublished:
+    if release.atomic and unpublished:
         for r in reports:
             if r.publish == PUBLISHED:
                 r.signing = NOT_SIGNED

@@ -24,7 +24,8 @@ from imagefactory.files import bounded
 from imagefactory.engine import environment
 from imagefactory.files import terminal
 from imagefactory.files import yamlfile
-from imagefactory.run.context import RunContext
+from imagefactory.run.context import BenchOptions, Builders, Publishing, Reporting, RunContext, Workspace
+from imagefactory.run.context import need, or_defaults
 from imagefactory.errors import Cancelled, CellFailure, ConfigError, DockerUnavailable, ImageFactoryError, Interrupted
 from imagefactory.interrupt import Interrupt
 
@@ -176,9 +177,12 @@ def _run(inv: Invocation, output: Path) -> Iterator[RunContext]:
 
     interrupt = Interrupt()
     _engine_environment()
-    with build_mod.locked(inv.options.work_dir, output):
-        factory = engines_mod.docker_factory(interrupt, builder=inv.options.builder,
-                                             buildx_builder=inv.options.buildx_builder)
+    # merge and bench have no flag for some of these: the groups' defaults (build/, the classic builder)
+    work_dir = or_defaults(inv.options, Workspace).work_dir
+    builders = or_defaults(inv.options, Builders)
+    with build_mod.locked(work_dir, output):
+        factory = engines_mod.docker_factory(interrupt, builder=builders.builder,
+                                             buildx_builder=builders.buildx_builder)
         first: list[ContainerEngine] = [factory()]  # DockerUnavailable before anything is printed
 
         def engines() -> ContainerEngine:
@@ -192,9 +196,10 @@ def _run(inv: Invocation, output: Path) -> Iterator[RunContext]:
 def _pipeline(inv: Invocation, steps: Callable[[RunContext], build_mod.Outcome]) -> None:
     """Run `steps` in the run context; the report is written however they end (passed,
     failed, interrupted)."""
-    with _run(inv, inv.options.report) as run:
+    report = need(inv.options, Reporting).report
+    with _run(inv, report) as run:
         outcome = steps(run)
-    _finish(outcome, inv.options.report, run.interrupt)
+    _finish(outcome, report, run.interrupt)
 
 
 BUILD_FLAGS = ("matrix", "only", "jobs", "keep_going", "gpus", "network", "report", "work_dir", "probe_timeout",
@@ -214,7 +219,7 @@ def build(inv: Invocation) -> None:
 
     def steps(run: RunContext) -> build_mod.Outcome:
         outcome = build_mod.build(inv.matrix, inv.cells, run)
-        if run.options.push:  # after an interrupt: marks every cell not published
+        if run.settings(Publishing).push:  # after an interrupt: marks every cell not published
             from imagefactory.publish import push as publish_mod  # a build that pushes nothing loads no publish code
 
             outcome.lists = publish_mod.publish(inv.matrix, outcome.reports, run)
@@ -262,9 +267,10 @@ def merge_cmd(
     from imagefactory.publish import merge as merge_mod
 
     found = merge_mod.load(inv.matrix, reports)  # every report checked before the registry is asked
-    with _run(inv, inv.options.report) as run:
+    report = need(inv.options, Reporting).report
+    with _run(inv, report) as run:
         lists = merge_mod.merge(inv.matrix, found, run)
-    _merged(merge_mod.members(found), lists, inv.options.report, run.interrupt)
+    _merged(merge_mod.members(found), lists, report, run.interrupt)
 
 
 def _merged(cells: list[CellReport], lists: list[ListReport], report_path: Path, interrupt: Interrupt) -> None:
@@ -398,7 +404,7 @@ def bench_cmd(
 
     for path in (out, out.with_suffix(".md")):
         bounded.check_output(path, "--out", folder=False, keep=(inv.matrix.path,))
-    inv = dataclasses.replace(inv, options=dataclasses.replace(inv.options, budget=budget),
+    inv = dataclasses.replace(inv, options=dataclasses.replace(need(inv.options, BenchOptions), budget=budget),
                               fields=(*inv.fields, "budget"))
     with _run(inv, out) as run:
         results, host_cores = bench_mod.bench(inv.matrix, inv.cells, run)

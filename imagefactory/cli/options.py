@@ -1,7 +1,8 @@
 """The CLI's option parsing: the shared flags, each declared once (`FLAGS`), added to the commands
 that take them (`shared`), and parsed into an `Invocation`: the matrix, the selected cells and the
-run's context.Options, checked before anything runs (preflight.py). Imports typer and nothing of
-the pipeline: `--help` reads these declarations (tests/unit/cli/test_imports.py)."""
+run's settings, of the command's own type (`TYPES`, run/context.py), checked before anything runs
+(preflight.py). Imports typer and nothing of the pipeline: `--help` reads these declarations
+(tests/unit/cli/test_imports.py)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 # -- the shared options: each declared once ---------------------------------------------------------
 # name: (type, typer declaration). A command lists the names it takes (`@shared(...)`); they are
 # added to its signature, resolved and checked once into an `Invocation` (the matrix, the selected
-# cells, one context.Options), and printed as one summary line when a run starts.
+# cells, the command's settings type: TYPES), and printed as one summary line when a run starts.
 FLAGS: dict[str, tuple[Any, Any]] = {
     # Each help fits a line or two of `--help` at 100 columns; the details: docs/builders.md#build-options.
     "matrix": (Path, typer.Option(Path("matrix.yaml"), "--matrix", "-m", help="The matrix file.", show_default=True)),
@@ -88,9 +89,16 @@ for _name, (_kind, _option) in FLAGS.items():
     if _kind is float:
         _option.callback = _finite
 
-# flag name -> the context.Options field it sets (the same name where not listed)
+# flag name -> the settings field it sets (the same name where not listed)
 FIELD = {"keep_going": "fail_fast", "push_tries": "attempts", "retry_delay": "backoff"}
 NOT_OPTIONS = ("matrix", "only", "live")
+
+# command -> its settings type, holding only what its flags set (and its type's NO_SHARED_FLAG);
+# a command not listed (list, render, lock) drives no engine and gets context.Settings()
+TYPES: dict[str, type[context.Settings]] = {
+    "build": context.BuildOptions, "test": context.TestOptions, "push": context.PushOptions,
+    "merge": context.MergeOptions, "bench": context.BenchOptions,
+}
 
 
 @dataclass
@@ -100,9 +108,9 @@ class Invocation:
     command: str
     matrix: matrix_mod.Matrix
     cells: list[Cell]
-    options: context.Options
+    options: context.Settings  # the command's type (TYPES)
     live: bool | None
-    fields: tuple[str, ...]  # the Options fields this command has flags for
+    fields: tuple[str, ...]  # the settings fields this command has flags for
 
     def summary(self) -> str:
         return (f"imagefactory {self.command}: {len(self.cells)} cell(s) of {self.matrix.path}; "
@@ -112,7 +120,7 @@ class Invocation:
 
 def shared(*names: str, **fixed: Any) -> Callable[[Callable[..., None]], Callable[..., None]]:
     """Add the shared options `names` to a command; it receives them as `inv: Invocation`.
-    `fixed`: Options fields the command sets without a flag (push: push=True)."""
+    `fixed`: settings fields the command sets without a flag (push: push=True)."""
 
     def wrap(fn: Callable[..., None]) -> Callable[..., None]:
         own = [p for p in inspect.signature(fn, eval_str=True).parameters.values() if p.name != "inv"]
@@ -126,6 +134,7 @@ def shared(*names: str, **fixed: Any) -> Callable[[Callable[..., None]], Callabl
 
         command.__signature__ = inspect.Signature([*own, *added])  # type: ignore[attr-defined]
         command.__annotations__ = {p.name: p.annotation for p in [*own, *added]}
+        command.shared = (names, fixed)  # type: ignore[attr-defined]  # what the settings test reads
         return command
 
     return wrap
@@ -141,12 +150,12 @@ def _invocation(command: str, values: dict[str, Any], fixed: dict[str, Any]) -> 
     m = matrix_mod.load(values["matrix"])
     cells = select(m, values.get("only"))
     given = settings(values, fixed)
-    options = preflight.checked(m, cells, given)
+    options = preflight.checked(m, cells, given, TYPES.get(command, context.Settings))
     return Invocation(command, m, cells, options, values.get("live"), tuple(given))
 
 
 def settings(values: dict[str, Any], fixed: dict[str, Any]) -> dict[str, Any]:
-    """The context.Options fields the flags `values` set, by field name (FIELD), with `fixed` (the
+    """The settings fields the flags `values` set, by field name (FIELD), with `fixed` (the
     fields a command sets without a flag) last; --keep-going/--fail-fast becomes fail_fast."""
     out = {FIELD.get(n, n): v for n, v in values.items() if n not in NOT_OPTIONS}
     if "fail_fast" in out:

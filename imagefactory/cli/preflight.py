@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from imagefactory.engine import environment
 from imagefactory.errors import ConfigError
@@ -21,8 +21,12 @@ if TYPE_CHECKING:
     from imagefactory.config.model import Cell
 
 
-def checked(m: matrix_mod.Matrix, cells: list[Cell], settings: dict[str, Any]) -> context.Options:
-    """The run's Options from the parsed `settings` (updated in place with what the checks
+P = TypeVar("P", bound=context.Publishing)
+
+
+def checked(m: matrix_mod.Matrix, cells: list[Cell], settings: dict[str, Any],
+            kind: type[context.Settings]) -> context.Settings:
+    """The run's settings, of the command's type `kind`, from the parsed `settings` (updated in place with what the checks
     resolve: --cache-from, --probe-shm, the builder, the netrc, the signing key), every check
     run in this order, so the first failure is the one a run always reported."""
     if "cache_from" in settings:
@@ -38,8 +42,8 @@ def checked(m: matrix_mod.Matrix, cells: list[Cell], settings: dict[str, Any]) -
         raise ConfigError("--atomic: only meaningful with --push")
     if settings.get("sign"):
         settings["sign"] = _signing_key(settings)
-    options = context.Options(**settings)
-    if options.push:
+    options = kind(**settings)
+    if isinstance(options, context.Publishing) and options.push:
         options = _publishing(m, cells, options)
     return options
 
@@ -93,14 +97,14 @@ def _builder(m: matrix_mod.Matrix, cells: list[Cell], settings: dict[str, Any]) 
     if name is not None and builder is not Builder.buildkit:
         raise ConfigError(f"--buildx-builder {name}: names a buildx builder, but this run builds with the classic "
                           f"builder, which would ignore it; build with --builder buildkit")
-    out: dict[str, Any] = {"builder": builder, "buildx_builder": name}
+    out: dict[str, Any] = {"builder": builder, "buildx_builder": name}  # test, push too: their summary shows it
     if "netrc" in settings:
         loaded = netrc_mod.resolve(settings["netrc"], m, cells, buildkit=builder is Builder.buildkit, warn=say)
         out["netrc"] = loaded
     return out
 
 
-def _publishing(m: matrix_mod.Matrix, cells: list[Cell], options: context.Options) -> context.Options:
+def _publishing(m: matrix_mod.Matrix, cells: list[Cell], options: P) -> P:
     """Check everything publishing needs before anything is built: the credentials, the commit
     id, every tag of every cell."""
     from imagefactory.engine import logins

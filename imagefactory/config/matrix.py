@@ -24,11 +24,9 @@ from imagefactory.config import bases
 from imagefactory.config import expand
 from imagefactory.config.bases import DEFAULT_BASE_IMAGES
 from imagefactory.config.bases import apply_base_registry as apply_base_registry  # matrix.apply_base_registry
-from imagefactory.config import cacerts
 from imagefactory.files import bounded
 from imagefactory.files import credentials
 from imagefactory.files import terminal
-from imagefactory.files import wheelfiles
 from imagefactory.files import yamlfile
 from imagefactory.files.store import Store
 from imagefactory.config import platforms
@@ -526,6 +524,10 @@ def codepoints(text: str) -> str:
 def _certificates(patterns: list[str], base_dir: Path, problem) -> list[Path]:
     """The CA certificate files, each a regular file holding certificates and no key."""
     certs: list[Path] = []
+    if not patterns:
+        return certs
+    from imagefactory.config import cacerts  # only a matrix that names CA files reads them
+
     for i, rel in enumerate(patterns):
         try:
             certs += cacerts.ca_files(rel, base_dir)  # a glob lists one directory, at most 256 files
@@ -669,6 +671,8 @@ def _pip_settings(cfg: dict[str, Any], base_dir: Path, problem) -> PipSettings:
         wheelhouse = base_dir / cfg["wheelhouse"]
         try:
             wheelhouse = bounded.resolved(wheelhouse)  # a link loop is an InputError, not a RuntimeError
+            from imagefactory.files import wheelfiles  # only a matrix with a wheelhouse lists its files
+
             refused = wheelfiles.wheelhouse_files(wheelhouse)[1] if wheelhouse.is_dir() else None
         except bounded.InputError as e:
             problem(("pip", "wheelhouse"), str(e))

@@ -26,7 +26,6 @@ from typing import Callable
 
 from imagefactory.pipeline import freshness
 from imagefactory.files import fsutil
-from imagefactory.pipeline import regcache
 from imagefactory.render import contexts as render
 from imagefactory.pipeline import schedule
 from imagefactory.probe import smoke
@@ -35,8 +34,8 @@ from imagefactory.config import tags
 from imagefactory.probe import verdicts
 from imagefactory.config import netrc as netrc_mod
 from imagefactory.probe.checks import FAIL, Check
-from imagefactory.run.context import UI, Gpus, Network, Options, Pull, RunContext
-from imagefactory.engine import logins
+from imagefactory.run.context import (UI, Building, Gpus, Network, Probing, Publishing, Pull, Reporting, RunContext,
+                                      Settings, Testing, Workspace, need, or_defaults)
 from imagefactory.engine.api import Builder, BuildProgress, BuildRequest, ContainerEngine
 from imagefactory.errors import BuildError, Cancelled, ConfigError, EngineGone, ImageFactoryError
 from imagefactory.interrupt import GRACE_SECONDS, Interrupt
@@ -58,7 +57,7 @@ class Outcome:
 
 def resolve_gpus(mode: Gpus, engine: ContainerEngine) -> bool:
     """all / none, or auto: whether the engine has the NVIDIA runtime (the value was checked
-    when the Options were made)."""
+    when the settings were made)."""
     return mode is Gpus.all or (mode is Gpus.auto and engine.gpus_available())
 
 
@@ -91,13 +90,16 @@ def _index_failure(e: BuildError) -> bool:
 
 
 class _Cell:
-    """The per-cell work: log file, cache lookup, build, smoke test."""
+    """The per-cell work: log file, cache lookup, build, smoke test. Reads the settings groups of
+    the probe (Probing; Testing, whose defaults for push), the report (Reporting) and, in a build
+    only, Building and Publishing."""
 
-    def __init__(self, matrix: Matrix, ctx: render.Context, options: Options, ui: UI, engine: ContainerEngine,
+    def __init__(self, matrix: Matrix, ctx: render.Context, options: Settings, ui: UI, engine: ContainerEngine,
                  gpus: bool, keep_log: bool = False):
         self.matrix, self.ctx, self.options, self.ui, self.engine, self.gpus = matrix, ctx, options, ui, engine, gpus
+        self.probing, self.testing = need(options, Probing), or_defaults(options, Testing)
         cell = ctx.cell
-        log_path = options.work_dir / "logs" / f"{cell.id}.log"
+        log_path = need(options, Workspace).work_dir / "logs" / f"{cell.id}.log"
         self.report = CellReport(cell=cell.id, content_hash=ctx.content_hash,
                                  candidate=tags.candidate(cell, ctx.content_hash), log=str(log_path),
                                  base_image=cell.base_image, base_digest=cell.base_image.partition("@")[2])
@@ -111,8 +113,8 @@ class _Cell:
     def registry_cache(self) -> bool:
         """Whether to look for the cell's content tag in the target registry (regcache.py):
         --registry-cache, else whenever the run pushes."""
-        chosen = self.options.registry_cache
-        return self.options.push if chosen is None else chosen
+        chosen = need(self.options, Building).registry_cache
+        return need(self.options, Publishing).push if chosen is None else chosen
 
     def log(self, line: str, *, show: bool = True) -> None:
         self.log_file.write(line + "\n")
@@ -138,6 +140,9 @@ class _Cell:
             return True
         if self.registry_cache:
             self.ui.status(cell.id, "looking in the registry")
+            from imagefactory.engine import logins  # the registry cache's: only a run that uses it
+            from imagefactory.pipeline import regcache
+
             pulled = regcache.pull_content(self.engine, self.matrix, cell, self.ctx.content_hash,
                                            logins.registry_credentials(self.matrix), self.log)
             if pulled:
@@ -150,7 +155,7 @@ class _Cell:
             r.image_id = self.engine.build(self.request(), log=self.log, progress=self._progress)
         except BuildError as e:
             r.status, r.error, r.failed_step, r.log_tail = BUILD_FAILED, e.message, e.step or "", e.log_tail
-            netrc = self.options.netrc
+            netrc = need(self.options, Building).netrc
             refused = (netrc_mod.refused_indexes(self.matrix, cell, netrc.path if netrc else None)
                        if _index_failure(e) else [])
             if refused:
@@ -164,9 +169,10 @@ class _Cell:
 
     def request(self) -> BuildRequest:
         """What the engine is asked to build: the cell's context, for the cell's platform."""
+        building = need(self.options, Building)
         return BuildRequest(context=str(self.ctx.path), tag=self.report.candidate, platform=self.ctx.cell.platform,
-                            network="host" if self.options.network is Network.host else None,
-                            pull=self.options.pull is Pull.always,
+                            network="host" if building.network is Network.host else None,
+                            pull=self.testing.pull is Pull.always,
                             cache_from=tuple(self.cache_sources(self.engine.builder is Builder.buildkit)),
                             secrets=tuple(sorted((self.secrets() or {}).items())))
 
@@ -175,9 +181,11 @@ class _Cell:
         only; BuildKit reads a registry image's inline cache, so it also gets the cell's images
         in the target registry when the registry cache is on (regcache.py)."""
         if not buildkit:
-            return [ref for ref in self.options.cache_from if self.engine.image_id(ref)]
-        refs = list(self.options.cache_from)
+            return [ref for ref in need(self.options, Building).cache_from if self.engine.image_id(ref)]
+        refs = list(need(self.options, Building).cache_from)
         if self.registry_cache:
+            from imagefactory.pipeline import regcache  # only a run that uses the registry cache
+
             refs += regcache.cache_sources(self.ctx.cell)
         refs = list(dict.fromkeys(refs))
         if refs:
@@ -187,7 +195,7 @@ class _Cell:
     def secrets(self) -> dict[str, Path] | None:
         """The BuildKit secrets this cell's build mounts: the netrc, when it has a login for a host
         the cell installs from (netrc.py). Never logged: only the secret's id is."""
-        netrc = self.options.netrc
+        netrc = need(self.options, Building).netrc
         if netrc is None or not netrc_mod.needs(netrc, self.matrix, self.ctx.cell):
             return None
         self.log(f"secret: {netrc_mod.SECRET_ID} (a netrc login, mounted at {netrc_mod.SECRET_PATH} in the install "
@@ -216,18 +224,18 @@ class _Cell:
         r.emulated = str(emulation or "")
         if emulation:
             self.log(f"probed emulated: {emulation}; speed checks not judged")
-        vdir = self.options.verdicts_dir or verdicts.cache_dir()
+        vdir = self.testing.verdicts_dir or verdicts.cache_dir()
         vkey = verdicts.key(r.image_id or self.engine.image_id(image) or "", cell, gpus=self.gpus,
-                            shm=self.options.probe_shm, emulation=emulation, product=self.engine.product())
-        hit = None if self.options.retest else verdicts.lookup(vdir, vkey, cell)
+                            shm=self.testing.probe_shm, emulation=emulation, product=self.engine.product())
+        hit = None if self.testing.retest else verdicts.lookup(vdir, vkey, cell)
         if hit is not None:
             r.checks, r.status, r.verdicts, r.verdicts_at = hit.checks, PASSED, CACHED, hit.at
             self.log(f"verdicts cached: image {vkey.image_id[:19]} passed probe {vkey.probe_version} at {hit.at}")
             self.passing_probe = hit.probe
             return True
         self.ui.status(cell.id, "testing")
-        result = smoke.test_image(self.engine, cell, image, gpus=self.gpus, timeout=self.options.probe_timeout,
-                                  shm=self.options.probe_shm, emulation=emulation)
+        result = smoke.test_image(self.engine, cell, image, gpus=self.gpus, timeout=self.probing.probe_timeout,
+                                  shm=self.testing.probe_shm, emulation=emulation)
         r.verdicts = "probed"
         if result.passed and result.probe is not None:
             r.verdicts_at = verdicts.store(vdir, vkey, result.probe) or ""
@@ -249,7 +257,8 @@ class _Cell:
     def attest(self) -> None:
         """The attest step, once the probe passed: the image's SBOM and provenance (attest/record.py),
         from the probe that passed it; their paths go into the cell's report."""
-        self.log(record.record(self.matrix, self.ctx.cell, self.report, self.passing_probe, self.options.report),
+        self.log(record.record(self.matrix, self.ctx.cell, self.report, self.passing_probe,
+                               need(self.options, Reporting).report),
                  show=False)
 
     def close(self) -> None:
@@ -262,14 +271,16 @@ def _run(matrix: Matrix, cells: list[Cell], run: RunContext, work: Callable[[_Ce
     on a pool of workers, in the order schedule.py gives: a cell that shares leading steps
     with an earlier one waits until that one has built them."""
     options, ui, interrupt, engine_factory = run.options, run.ui, run.interrupt, run.engines()
+    where, testing = run.settings(Workspace), or_defaults(options, Testing)  # push: Testing's defaults
     first = engine_factory()
     contexts: list[render.Context] | None = None
     try:
-        contexts = render_pinned(matrix, cells, options.work_dir, first, options.pull, interrupt,
-                                 builder=first.builder, netrc_cells=netrc_cells(matrix, cells, options))
+        netrc = or_defaults(options, Building).netrc  # test, push: no netrc (they build nothing)
+        contexts = render_pinned(matrix, cells, where.work_dir, first, testing.pull, interrupt,
+                                 builder=first.builder, netrc_cells=netrc_cells(matrix, cells, netrc))
     except Cancelled:  # stopped while pinning base images or rendering: no cell started
         pass
-    gpus = resolve_gpus(options.gpus, first)  # after the bases: the engine answered `docker info` meanwhile
+    gpus = resolve_gpus(where.gpus, first)  # after the bases: the engine answered `docker info` meanwhile
     if contexts is None:
         return Outcome([CellReport(cell=c.id, status=INTERRUPTED, error="interrupted before the build started")
                         for c in cells], gpus)
@@ -316,18 +327,18 @@ def _run(matrix: Matrix, cells: list[Cell], run: RunContext, work: Callable[[_Ce
             if c is not None:
                 c.close()
         report = c.report if c is not None else _unfinished(ctx, BUILD_FAILED, gone[-1] if gone else "no engine")
-        if not ok and options.fail_fast:
+        if not ok and testing.fail_fast:
             stop.set()
         ui.finish(report)
         return report
 
-    reports = _pool(contexts, [s.index for s in slots], one, options.jobs, interrupt)
+    reports = _pool(contexts, [s.index for s in slots], one, testing.jobs, interrupt)
     return Outcome(reports, gpus, gone[0] if gone else None)
 
 
-def netrc_cells(matrix: Matrix, cells: list[Cell], options: Options) -> frozenset[str]:
+def netrc_cells(matrix: Matrix, cells: list[Cell], netrc: netrc_mod.Netrc | None) -> frozenset[str]:
     """The ids of the cells whose install steps mount the netrc secret."""
-    return frozenset(c.id for c in cells if netrc_mod.needs(options.netrc, matrix, c))
+    return frozenset(c.id for c in cells if netrc_mod.needs(netrc, matrix, c))
 
 
 def render_pinned(matrix: Matrix, cells: list[Cell], work_dir: Path, engine: ContainerEngine,

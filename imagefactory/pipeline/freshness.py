@@ -75,7 +75,7 @@ def local_digest(engine: DigestSource, ref: str) -> str | None:
 
 
 def resolve_one(engine: DigestSource, ref: str, pull: Pull) -> Base:
-    """`pull` is checked once, when the run's Options are made (run/context.py)."""
+    """`pull` is checked once, when the run's settings are made (run/context.py)."""
     if "@" in ref:  # the matrix pinned it already
         digest = _valid(ref.split("@", 1)[1])
         if digest is None:

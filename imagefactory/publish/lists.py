@@ -33,7 +33,7 @@ from imagefactory.engine import registry as registry_http
 from imagefactory.config import tags as tagging
 from imagefactory.report.cell import (INTERRUPTED, NOT_PUBLISHED, PASSED, PUBLISH_FAILED, PUBLISHED, CellReport,
                                      ListReport)
-from imagefactory.run.context import Options, RunContext
+from imagefactory.run.context import Publishing, RunContext
 from imagefactory.engine.api import ContainerEngine, Manifest, RegistryClient
 from imagefactory.errors import Cancelled, EngineError, PushError, RegistryError
 from imagefactory.interrupt import Interrupt
@@ -42,7 +42,7 @@ from imagefactory.config.model import Matrix, TagList
 AuthFor = Callable[[str], "dict[str, str] | None"]
 
 
-def list_tags(matrix: Matrix, taglist: TagList, options: Options) -> list[str]:
+def list_tags(matrix: Matrix, taglist: TagList, options: Publishing) -> list[str]:
     """The list tag, then its date / git-sha variants (lists too, as each cell's own are per-arch tags)."""
     extras = tagging.extra_tags(taglist.ref, matrix.extra_tags, today=options.today, git_sha=options.git_sha)
     return list(dict.fromkeys([taglist.ref, *extras]))
@@ -52,7 +52,7 @@ def _pushed_digest(r: CellReport | None, tag: str) -> str:
     return next((p["digest"] for p in (r.pushed if r else []) if p.get("ref") == tag), "")
 
 
-def start(matrix: Matrix, reports: list[CellReport], options: Options) -> list[ListReport]:
+def start(matrix: Matrix, reports: list[CellReport], options: Publishing) -> list[ListReport]:
     """One report per list of the matrix, its members as this run pushed them (nothing decided yet)."""
     by_cell = {r.cell: r for r in reports}
     return [ListReport(t.ref, list_tags(matrix, t, options),
@@ -100,7 +100,7 @@ def publish_lists(lists: list[ListReport], run: RunContext, auth_for: AuthFor, r
             continue
         try:
             engine = engine or run.engines()()
-            _merge(engine.registry, lr, auth_for, run.options, run.interrupt)
+            _merge(engine.registry, lr, auth_for, run.settings(Publishing), run.interrupt)
         except Cancelled:
             lr.publish = INTERRUPTED
             lr.reason = (f"interrupted after {len(lr.pushed)} of {len(lr.tags)} tag(s) of the list: not claimed "
@@ -158,7 +158,7 @@ def mismatch(tag: str, put: Manifest, served: Manifest | None, members: list[dic
     return ""
 
 
-def _merge(registry: RegistryClient, lr: ListReport, auth_for: AuthFor, options: Options, interrupt: Interrupt) -> None:
+def _merge(registry: RegistryClient, lr: ListReport, auth_for: AuthFor, options: Publishing, interrupt: Interrupt) -> None:
     auth = auth_for(lr.ref)  # the members' per-arch tags live beside the list, on its registry
     descriptors = []
     for m in lr.members:
@@ -178,7 +178,7 @@ def _merge(registry: RegistryClient, lr: ListReport, auth_for: AuthFor, options:
         lr.pushed.append({"ref": tag, "digest": put.digest})
 
 
-def _put(registry: RegistryClient, ref: str, put: Manifest, auth: dict[str, str] | None, options: Options,
+def _put(registry: RegistryClient, ref: str, put: Manifest, auth: dict[str, str] | None, options: Publishing,
          interrupt: Interrupt) -> None:
     import tenacity  # a list push's only
 

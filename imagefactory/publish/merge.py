@@ -33,7 +33,7 @@ from imagefactory.config import refs
 from imagefactory.config import tags as tagging
 from imagefactory.report.cell import (BUILD_FAILED, BUILT, CACHED, CHECK_FAILED, INTERRUPTED, NOT_BUILT, NOT_PUBLISHED,
                                      PASSED, PUBLISH_FAILED, PUBLISHED, SKIPPED, CellReport, ListReport)
-from imagefactory.run.context import RunContext
+from imagefactory.run.context import Publishing, RunContext
 from imagefactory.errors import ConfigError
 from imagefactory.config.model import Matrix
 
@@ -170,7 +170,7 @@ def members(found: Found) -> list[CellReport]:
 def merge(matrix: Matrix, found: Found, run: RunContext) -> list[ListReport]:
     """Each list of the matrix, merged (publish_lists) when `found` lets it, refused otherwise."""
     creds = logins.registry_credentials(matrix)
-    lists = publish_lists.start(matrix, members(found), run.options)
+    lists = publish_lists.start(matrix, members(found), run.settings(Publishing))
     publish_lists.publish_lists(lists, run, lambda ref: logins.auth_for(ref, creds),
                                 lambda text: logins.redact(text, creds), lambda lr: refusal(matrix, lr, found))
     return lists

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from imagefactory.publish import lists as publish_lists
 from imagefactory.config import tags as tagging
-from imagefactory.run.context import UI, Options, RunContext
+from imagefactory.run.context import UI, Publishing, Releasing, RunContext
 from imagefactory.engine.api import ContainerEngine, PushOutcome
 from imagefactory.engine.logins import Auth, auth_for, redact, registry_credentials
 from imagefactory.errors import Cancelled, ConfigError, EngineError, PushError
@@ -48,7 +48,7 @@ def git_sha() -> str | None:
     return sha if out.returncode == 0 and re.fullmatch(r"[0-9a-f]{7,64}", sha) else None
 
 
-def tags_for(matrix: Matrix, cell_id: str, content_hash: str, options: Options) -> list[str]:
+def tags_for(matrix: Matrix, cell_id: str, content_hash: str, options: Publishing) -> list[str]:
     """Every tag a passing cell gets: release tag(s), the immutable content-hash tag, extras."""
     cell = matrix.cell(cell_id)
     release = list(cell.tags)
@@ -62,11 +62,11 @@ def publish(matrix: Matrix, reports: list[CellReport], run: RunContext) -> list[
     """Tag and push every passing cell of `reports`, updating each report in place, then merge
     the lists whose every platform passed (publish/lists.py); the lists' reports. An interrupt
     stops at once: the cell being pushed is marked interrupted, later ones are not published.
-    Reads run.options' atomic, attempts, backoff, git_sha and today."""
+    Reads the run's Publishing (attempts, backoff, git_sha, today) and Releasing (atomic, sign)."""
     creds = registry_credentials(matrix)
-    options, ui, interrupt = run.options, run.ui, run.interrupt
+    options, release, ui, interrupt = run.settings(Publishing), run.settings(Releasing), run.ui, run.interrupt
     failing = [r.cell for r in reports if r.status != PASSED]
-    if options.atomic and failing:
+    if release.atomic and failing:
         why = f"not published: --atomic and {len(failing)} cell(s) failed ({', '.join(failing)})"
         for r in reports:
             r.publish = NOT_PUBLISHED
@@ -103,7 +103,7 @@ def publish(matrix: Matrix, reports: list[CellReport], run: RunContext) -> list[
     by_cell = {r.cell: r for r in reports}
     publish_lists.publish_lists(lists, run, lambda ref: auth_for(ref, creds), lambda t: redact(t, creds),
                                 lambda lr: publish_lists.blocked(lr, by_cell))
-    if options.sign and not interrupt.is_set():  # every push verified: sign what was published
+    if release.sign and not interrupt.is_set():  # every push verified: sign what was published
         from imagefactory.attest import supply
 
         supply.sign_published(matrix, reports, run, lambda ref: auth_for(ref, creds))
@@ -111,7 +111,7 @@ def publish(matrix: Matrix, reports: list[CellReport], run: RunContext) -> list[
 
 
 def _publish_cell(engine: ContainerEngine, r: CellReport, order: list[str], creds: dict[str, Auth | None],
-                  options: Options, ui: UI, interrupt: Interrupt) -> None:
+                  options: Publishing, ui: UI, interrupt: Interrupt) -> None:
     """Tag the tested image (by id: a candidate name may since name another image) and push
     each tag in `order`: the immutable hash tag first, release tags after it."""
     for ref in order:
@@ -129,7 +129,7 @@ def _publish_cell(engine: ContainerEngine, r: CellReport, order: list[str], cred
                   + ("" if outcome.layers_pushed else " (registry had every layer)"))
 
 
-def _push_with_retries(engine: ContainerEngine, ref: str, auth: dict[str, str] | None, options: Options, ui: UI,
+def _push_with_retries(engine: ContainerEngine, ref: str, auth: dict[str, str] | None, options: Publishing, ui: UI,
                        cell: str, interrupt: Interrupt) -> PushOutcome:
     import tenacity  # a push's only: a build that pushes nothing never imports it
 

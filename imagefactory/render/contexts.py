@@ -18,11 +18,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
-from imagefactory.config import cacerts, recipe
+from imagefactory.config import recipe
 from imagefactory.render import digests
 from imagefactory.files import bounded
 from imagefactory.files import terminal
-from imagefactory.files import wheelfiles
 from imagefactory.lock import lockfile
 from imagefactory.render import rendered
 from imagefactory.config import netrc as netrc_mod
@@ -192,6 +191,8 @@ def _write_files(matrix: Matrix, cell: Cell, root: Path, lock: lockfile.Lock | N
     names = _cert_names(matrix)
     _write_launch_files(cell, root, bool(names))
     if names:
+        from imagefactory.config import cacerts  # only a matrix that names CA files reads them
+
         (root / "certs").mkdir()
         for name, src in zip(names, matrix.ca_certificates):
             try:
@@ -204,6 +205,8 @@ def _write_files(matrix: Matrix, cell: Cell, root: Path, lock: lockfile.Lock | N
         text = template_text("condarc.j2", {"channels": matrix.conda.channels, "certs": names})
         (root / "condarc").write_text(text, encoding="utf-8")
     elif matrix.pip.wheelhouse is not None:
+        from imagefactory.files import wheelfiles  # only a matrix with a wheelhouse lists its files
+
         (root / "wheelhouse").mkdir()
         try:
             files, refused = wheelfiles.wheelhouse_files(matrix.pip.wheelhouse)

@@ -1,11 +1,15 @@
 """One run's settings and context: what every engine-driving command (build, test, push,
-bench) is given.
+merge, bench) is given.
 
-`Options` is the one options object: the CLI declares each shared flag once (cli.py) and
-resolves them into it; the pipeline steps (pipeline/build.py, publish/push.py, tools/bench.py) read the fields
-they need. Choice values are checked here once, as enums. `RunContext` adds what the run
-holds: the display (a typed `UI`), the run's Interrupt (SIGINT/SIGTERM, interrupt.py) and
-the engine factory (engine/select.py). Defaults are defined here only. `Builder` is engine/api.py's.
+Each command gets a settings type of its own (BuildOptions, TestOptions, PushOptions,
+MergeOptions, BenchOptions), composed of small frozen groups (Workspace, Reporting, Probing,
+Builders, Testing, Building, Publishing, Releasing, Benching) and holding only the settings that command
+takes: the CLI declares each shared flag once (cli/options.py) and resolves a command's flags into
+its type. The pipeline steps (pipeline/build.py, publish/, attest/supply.py, tools/bench.py) read
+the groups they need (RunContext.settings), so bench cannot read a push setting. Choice values are
+checked here once, as enums. `RunContext` adds what the run holds: the display (a typed `UI`), the
+run's Interrupt (SIGINT/SIGTERM, interrupt.py) and the engine factory (engine/select.py). Defaults
+are defined here only. `Builder` is engine/api.py's.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import datetime as dt
 from dataclasses import dataclass, field, fields
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol, TypeVar
 
 from imagefactory.engine.api import Builder
 from imagefactory.errors import ConfigError
@@ -51,41 +55,28 @@ class Pull(str, Enum):
 _CHOICES: dict[str, type[Enum]] = {"gpus": Gpus, "network": Network, "pull": Pull, "builder": Builder}
 
 
-@dataclass(frozen=True)
-class Options:
-    """Every setting of a run. Fields a command has no flag for keep their defaults."""
+# Every setting, in the order a run's summary line shows them (Settings.summary).
+ORDER = ("work_dir", "report", "jobs", "fail_fast", "gpus", "network", "pull", "retest", "probe_shm", "probe_timeout",
+         "cache_from", "registry_cache", "verdicts_dir", "builder", "buildx_builder", "netrc", "push", "atomic",
+         "attempts", "backoff", "git_sha", "today", "sign", "budget")
 
-    work_dir: Path = Path("build")
-    report: Path = Path("build/report.json")
-    jobs: int = 1
-    fail_fast: bool = False
-    gpus: Gpus = Gpus.auto
-    network: Network = Network.host
-    pull: Pull = Pull.missing  # how base images are resolved (freshness.py)
-    retest: bool = False  # probe even when a verdict for this image is cached (verdicts.py)
-    probe_shm: str = DEFAULT_PROBE_SHM  # /dev/shm of the probe containers: a size, host or default
-    probe_timeout: float = DEFAULT_PROBE_TIMEOUT
-    cache_from: tuple[str, ...] = ()  # images whose layers a build may reuse (e.g. the previous release)
-    registry_cache: bool | None = None  # pull a cell's pushed content tag instead of building (None: with --push)
-    verdicts_dir: Path | None = None  # None: verdicts.cache_dir()
-    # the builder: resolved to buildkit or classic by the CLI (buildkit.select) before a run starts
-    builder: Builder = Builder.classic
-    buildx_builder: str | None = None  # buildx's --builder NAME (a remote or Kubernetes builder)
-    netrc: Netrc | None = None  # the netrc mounted as a BuildKit secret, as netrc.load read it (None: nothing)
-    # publishing (push, build --push)
-    push: bool = False
-    atomic: bool = False
-    attempts: int = DEFAULT_PUSH_TRIES
-    backoff: float = DEFAULT_RETRY_DELAY
-    git_sha: str | None = None
-    today: dt.date | None = None
-    sign: str | None = None  # --sign: a cosign key file (absolute) or KMS URI, checked (signing.ready)
-    # bench
-    budget: float = DEFAULT_BENCH_BUDGET
+S = TypeVar("S", bound="Settings")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What every settings type shares: the choice check and the summary line. Alone (no fields),
+    the settings of a command that drives no engine (list, render, lock)."""
+
+    # the fields the CLI sets without a shared flag of the command (tests/unit/cli/test_options.py)
+    NO_SHARED_FLAG: ClassVar[tuple[str, ...]] = ()
 
     def __post_init__(self) -> None:
         """The one check of the choice values (the CLI hands enums already; code may hand strings)."""
+        own = {f.name for f in fields(self)}
         for name, kind in _CHOICES.items():
+            if name not in own:
+                continue
             value = getattr(self, name)
             if not isinstance(value, kind):
                 try:
@@ -95,16 +86,137 @@ class Options:
                     raise ConfigError(f"--{name} {value}: not allowed (allowed: {allowed})") from None
 
     def summary(self, names: tuple[str, ...]) -> str:
-        """The resolved settings `names` (the fields a command has flags for), on one line: what
-        a run prints when it starts."""
+        """The resolved settings `names` (the fields a command has flags for), on one line, in
+        ORDER: what a run prints when it starts."""
+        own = {f.name for f in fields(self)}
         shown = []
-        for f in fields(self):
-            if f.name in names:
-                value = getattr(self, f.name)
+        for name in ORDER:
+            if name in names and name in own:
+                value = getattr(self, name)
                 value = value.value if isinstance(value, Enum) else value
                 value = ",".join(map(str, value)) or "-" if isinstance(value, tuple) else value
-                shown.append(f"{f.name.replace('_', '-')}={value}")
+                shown.append(f"{name.replace('_', '-')}={value}")
         return " ".join(shown)
+
+
+# -- the groups: each pipeline step reads the groups it needs (need / or_defaults) -----------------
+
+@dataclass(frozen=True)
+class Workspace(Settings):
+    """Where a run works, and the GPUs its containers get (build, test, push, bench)."""
+
+    work_dir: Path = Path("build")
+    gpus: Gpus = Gpus.auto
+
+
+@dataclass(frozen=True)
+class Reporting(Settings):
+    """Where the run's report goes (build, test, push, merge)."""
+
+    report: Path = Path("build/report.json")
+
+
+@dataclass(frozen=True)
+class Probing(Settings):
+    """How long the probe of a built image may run (build, test, push)."""
+
+    probe_timeout: float = DEFAULT_PROBE_TIMEOUT
+
+
+@dataclass(frozen=True)
+class Builders(Settings):
+    """The builder the run's engine drives, and whose images test and push find (build, test, push).
+    Both resolved together from --builder and --buildx-builder by the CLI (preflight: buildkit.select)."""
+
+    builder: Builder = Builder.classic
+    buildx_builder: str | None = None  # buildx's --builder NAME (a remote or Kubernetes builder)
+
+
+@dataclass(frozen=True)
+class Testing(Settings):
+    """How the cells are run and the probe's verdicts kept (build, test; push probes with the defaults)."""
+
+    jobs: int = 1
+    fail_fast: bool = False
+    pull: Pull = Pull.missing  # how base images are resolved (freshness.py)
+    retest: bool = False  # probe even when a verdict for this image is cached (verdicts.py)
+    probe_shm: str = DEFAULT_PROBE_SHM  # /dev/shm of the probe containers: a size, host or default
+    verdicts_dir: Path | None = None  # None: verdicts.cache_dir()
+
+
+@dataclass(frozen=True)
+class Building(Settings):
+    """What only a build reads: its containers' network, its caches, the netrc (build)."""
+
+    network: Network = Network.host
+    cache_from: tuple[str, ...] = ()  # images whose layers a build may reuse (e.g. the previous release)
+    registry_cache: bool | None = None  # pull a cell's pushed content tag instead of building (None: with --push)
+    netrc: Netrc | None = None  # the netrc mounted as a BuildKit secret, as netrc.load read it (None: nothing)
+
+
+@dataclass(frozen=True)
+class Publishing(Settings):
+    """Pushing tags and lists (build --push, push, merge)."""
+
+    push: bool = False
+    attempts: int = DEFAULT_PUSH_TRIES
+    backoff: float = DEFAULT_RETRY_DELAY
+    git_sha: str | None = None
+    today: dt.date | None = None
+
+
+@dataclass(frozen=True)
+class Releasing(Settings):
+    """What a push of tested cells decides: all or nothing, and signing (build --push, push)."""
+
+    atomic: bool = False
+    sign: str | None = None  # --sign: a cosign key file (absolute) or KMS URI, checked (signing.ready)
+
+
+@dataclass(frozen=True)
+class Benching(Settings):
+    budget: float = DEFAULT_BENCH_BUDGET
+
+
+# -- one type per command: the groups it takes, nothing else ----------------------------------------
+
+@dataclass(frozen=True)
+class BuildOptions(Workspace, Reporting, Probing, Builders, Testing, Building, Publishing, Releasing):
+    NO_SHARED_FLAG = ("verdicts_dir", "git_sha", "today")  # the verdict cache; set by a push's preflight
+
+
+@dataclass(frozen=True)
+class TestOptions(Workspace, Reporting, Probing, Builders, Testing):
+    __test__ = False  # not a pytest test class
+    NO_SHARED_FLAG = ("verdicts_dir", "buildx_builder")  # the verdict cache; resolved with --builder (None)
+
+
+@dataclass(frozen=True)
+class PushOptions(Workspace, Reporting, Probing, Builders, Publishing, Releasing):
+    NO_SHARED_FLAG = ("git_sha", "today", "buildx_builder")
+
+
+@dataclass(frozen=True)
+class MergeOptions(Reporting, Publishing):
+    NO_SHARED_FLAG = ("git_sha", "today")
+
+
+@dataclass(frozen=True)
+class BenchOptions(Workspace, Benching):
+    NO_SHARED_FLAG = ("budget",)  # bench's own --budget
+
+
+def need(options: Settings, group: type[S]) -> S:
+    """`options` as the settings group a step reads; a command whose type lacks it cannot run that step."""
+    if not isinstance(options, group):
+        raise TypeError(f"{type(options).__name__} holds no {group.__name__} settings")
+    return options
+
+
+def or_defaults(options: Settings, group: type[S]) -> S:
+    """`options` as `group`, or the group's defaults for a command that has no flag for it (push's
+    probe: Testing's; merge's and bench's engine: Workspace's and Builders')."""
+    return options if isinstance(options, group) else group()
 
 
 class UI(Protocol):
@@ -145,7 +257,7 @@ class RunContext:
     """One run: its options, its display, its cancellation and where its engines come from.
     The engines `engine_factory` makes must share `interrupt` (engines.docker_factory does)."""
 
-    options: Options = field(default_factory=Options)
+    options: Settings = field(default_factory=Settings)
     ui: UI = field(default_factory=Silent)
     interrupt: Interrupt = field(default_factory=Interrupt)
     engine_factory: EngineFactory | None = None
@@ -154,3 +266,7 @@ class RunContext:
         from imagefactory.engine import select as engines
 
         return self.engine_factory or engines.docker_factory(self.interrupt)
+
+    def settings(self, group: type[S]) -> S:
+        """This run's settings as `group` (need): a step reads only what its command takes."""
+        return need(self.options, group)

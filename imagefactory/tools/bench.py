@@ -32,7 +32,7 @@ from imagefactory.probe import checks
 from imagefactory.files import fsutil
 from imagefactory.render import contexts as render
 from imagefactory.probe import smoke
-from imagefactory.run.context import DEFAULT_BENCH_BUDGET, Options, Pull, RunContext
+from imagefactory.run.context import DEFAULT_BENCH_BUDGET, BenchOptions, Pull, RunContext
 from imagefactory.engine.api import ContainerEngine
 from imagefactory.errors import Cancelled, EngineError
 from imagefactory.config.model import Cell, Matrix
@@ -213,9 +213,9 @@ def bench_image(engine: ContainerEngine, cell: Cell, image: str, *, budget: floa
 def bench(matrix: Matrix, cells: list[Cell], run: RunContext, *,
           say: Callable[[str], None] = lambda line: print(line, file=sys.stderr)) -> tuple[list[CellBench], int]:
     """Bench the image built for each cell's current content (found as `imagefactory test` does).
-    Reads run.options' work_dir, budget and gpus. Returns (results, the engine host's core
+    Reads the run's BenchOptions: work_dir, budget and gpus. Returns (results, the engine host's core
     count). Once interrupted, the cell being measured and those after it are `interrupted`."""
-    options = run.options
+    options = run.settings(BenchOptions)
     engine = run.engines()()
     gpus = build.resolve_gpus(options.gpus, engine)
     host_cores = engine.describe().cpus or 1
@@ -236,7 +236,7 @@ def bench(matrix: Matrix, cells: list[Cell], run: RunContext, *,
     return results, host_cores
 
 
-def _bench_cell(engine: ContainerEngine, matrix: Matrix, ctx: render.Context, options: Options, gpus: bool,
+def _bench_cell(engine: ContainerEngine, matrix: Matrix, ctx: render.Context, options: BenchOptions, gpus: bool,
                 host_cores: int, say: Callable[[str], None]) -> CellBench:
     refused = refuse_emulated(engine, ctx.cell)
     if refused is not None:

@@ -14,7 +14,7 @@ from imagefactory.engine import select as engines
 from imagefactory.config import platforms
 from imagefactory.publish import push as publish
 from imagefactory.config import tags
-from imagefactory.run.context import Options, RunContext, Silent
+from imagefactory.run.context import PushOptions, RunContext, Silent
 from imagefactory.interrupt import Interrupt
 from imagefactory.config.model import Cell, Matrix
 from imagefactory.report.summary import CHECK_FAILED, PASSED, CellReport
@@ -40,7 +40,7 @@ def _publish(matrix: Matrix, tiny: dict[str, str], status: dict[str, str], monke
     reports = [CellReport(c.id, status=status.get(c.platform.oci, PASSED), image_id=tiny[c.platform.oci],
                           content_hash=hashlib.sha256(f"{RUN_ID}{c.id}".encode()).hexdigest()) for c in matrix.cells]
     interrupt = Interrupt()
-    run = RunContext(Options(backoff=0), Silent(), interrupt, engines.docker_factory(interrupt))
+    run = RunContext(PushOptions(backoff=0), Silent(), interrupt, engines.docker_factory(interrupt))
     return {r.cell: r for r in reports}, publish.publish(matrix, reports, run)
 
 

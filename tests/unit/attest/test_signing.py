@@ -27,7 +27,7 @@ from imagefactory.attest import sbom
 from imagefactory.attest import signing
 from imagefactory.attest import supply
 from imagefactory.config import tags
-from imagefactory.run.context import Options
+from imagefactory.run.context import BuildOptions, PushOptions
 from imagefactory.errors import ConfigError
 from imagefactory.lock.lockfile import Lock, Pin
 from imagefactory.report.summary import PASSED, PUBLISHED, CellReport
@@ -390,7 +390,7 @@ def test_atomic_signs_nothing_when_a_cell_was_not_published(tmp_path, write_matr
     reports = [CellReport(cell=c.id, status=PASSED, publish=PUBLISHED if i == 0 else "publish-failed",
                           pushed=[{"ref": c.tags[0], "digest": "sha256:" + "1" * 64}]) for i, c in enumerate(m.cells)]
     world = World()
-    supply.sign_published(m, reports, world.context(Options(push=True, atomic=True, sign=str(keys[0]))),
+    supply.sign_published(m, reports, world.context(PushOptions(push=True, atomic=True, sign=str(keys[0]))),
                           lambda ref: logins.auth_for(ref, logins.registry_credentials(m)))
     assert not log.exists()
     assert reports[0].signing == "not-signed" and "--atomic" in reports[0].error
@@ -402,7 +402,7 @@ def test_a_cell_without_an_sbom_is_not_signed_and_fails(tmp_path, write_matrix, 
     m = matrix.load(write_matrix(TWO_PIP_CELLS))
     c = m.cells[0]
     r = CellReport(cell=c.id, status=PASSED, publish=PUBLISHED, pushed=[{"ref": c.tags[0], "digest": "sha256:" + "1" * 64}])
-    supply.sign_published(m, [r], World().context(Options(push=True, sign=str(keys[0]))),
+    supply.sign_published(m, [r], World().context(PushOptions(push=True, sign=str(keys[0]))),
                           lambda ref: logins.auth_for(ref, logins.registry_credentials(m)))
     assert not log.exists() and r.signing == "sign-failed" and r.publish == "publish-failed" and not r.ok
     assert "no SBOM" in r.error
@@ -412,7 +412,7 @@ def test_a_passing_build_writes_the_sbom_and_provenance_beside_the_report(tmp_pa
     m = matrix.load(write_matrix(TWO_PIP_CELLS))
     probes = {c.id: inventory_probe(c) for c in m.cells}
     world = World(probes=probes, registry=dict(BASE_DIGESTS))
-    opts = build.Options(work_dir=tmp_path / "w", report=tmp_path / "out" / "report.json", verdicts_dir=tmp_path / "v")
+    opts = BuildOptions(work_dir=tmp_path / "w", report=tmp_path / "out" / "report.json", verdicts_dir=tmp_path / "v")
     reports = build.build(m, list(m.cells), world.context(opts)).reports
     assert {r.status for r in reports} == {PASSED}, [r.error for r in reports]
     first = {}
@@ -442,7 +442,7 @@ def test_cosign_tags_in_the_registry_do_not_confuse_the_registry_cache_or_freshn
     monkeypatch.setenv(logins.PASSWORD_ENV, "s3cret")
     m = matrix.load(write_matrix(TWO_PIP_CELLS.replace("registry.example.com/ml/train", "127.0.0.1:5001/it/fast")))
     world = World(probes={c.id: good_probe(c, cpus=2) for c in m.cells}, registry=dict(BASE_DIGESTS))
-    opts = build.Options(work_dir=tmp_path / "w1", verdicts_dir=tmp_path / "c1", push=True)
+    opts = BuildOptions(work_dir=tmp_path / "w1", verdicts_dir=tmp_path / "c1", push=True)
     first = build.build(m, list(m.cells), world.context(opts)).reports
     publish.publish(m, first, world.context(opts))
     for ref, digest in list(world.registry.items()):  # what `cosign sign` and `attest` leave beside each digest
@@ -453,7 +453,7 @@ def test_cosign_tags_in_the_registry_do_not_confuse_the_registry_cache_or_freshn
             world.registry[f"{base.split(':')[0]}:{BASE_DIGESTS[base].replace(':', '-')}.sig"] = "sha256:" + "6" * 64
     world.images.clear()
     world.calls.clear()
-    opts2 = build.Options(work_dir=tmp_path / "w2", verdicts_dir=tmp_path / "c2", push=True)
+    opts2 = BuildOptions(work_dir=tmp_path / "w2", verdicts_dir=tmp_path / "c2", push=True)
     again = {r.cell: r for r in build.build(m, list(m.cells), world.context(opts2)).reports}
     assert world.ops("build") == []  # pulled by content tag, as without signatures
     for r in first:

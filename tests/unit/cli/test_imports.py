@@ -293,3 +293,7 @@ def test_a_build_without_push_imports_no_publish_or_signing_module(tmp_path):
     assert "imagefactory.pipeline.build" in loaded  # the build really ran through the pipeline
     later = sorted(m for m in loaded if m.split(".")[:2] in (["imagefactory", "publish"], ["imagefactory", "attest"]))
     assert set(later) == PLAIN_BUILD_ATTEST, later
+    # nor what this matrix does not use: CA files (X.509), a wheelhouse, the registry cache and its logins
+    unused = {"imagefactory.config.cacerts", "imagefactory.files.pem", "imagefactory.files.wheelfiles",
+              "imagefactory.pipeline.regcache", "imagefactory.engine.logins"}
+    assert sorted(unused & loaded) == []

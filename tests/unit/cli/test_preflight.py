@@ -21,13 +21,13 @@ def m():
 
 def test_checked_gives_the_options_of_the_settings(m, tmp_path):
     options = preflight.checked(m, list(m.cells), {"jobs": 2, "work_dir": tmp_path / "w", "probe_shm": "host",
-                                                   "cache_from": None})
-    assert options == context.Options(jobs=2, work_dir=tmp_path / "w", probe_shm="host", cache_from=())
+                                                   "cache_from": None}, context.BuildOptions)
+    assert options == context.BuildOptions(jobs=2, work_dir=tmp_path / "w", probe_shm="host", cache_from=())
 
 
 def test_atomic_needs_push(m):
     with pytest.raises(ConfigError, match="--atomic: only meaningful with --push"):
-        preflight.checked(m, list(m.cells), {"atomic": True})
+        preflight.checked(m, list(m.cells), {"atomic": True}, context.BuildOptions)
 
 
 def test_sign_needs_push(m):
@@ -39,13 +39,13 @@ def test_the_first_failure_is_the_cache_from_one(m):
     """--cache-from is checked before --probe-shm, the outputs and --atomic (the order a run reported)."""
     with pytest.raises(ConfigError) as e:
         preflight.checked(m, list(m.cells), {"cache_from": ["a b"], "probe_shm": "1g --privileged",
-                                             "work_dir": m.path, "atomic": True})
+                                             "work_dir": m.path, "atomic": True}, context.BuildOptions)
     assert "--cache-from" in str(e.value.problems)
 
 
 def test_the_outputs_may_not_be_the_matrix(m):
     with pytest.raises(ConfigError, match="--report"):
-        preflight.checked(m, list(m.cells), {"report": m.path})
+        preflight.checked(m, list(m.cells), {"report": m.path}, context.BuildOptions)
 
 
 def test_cache_from_takes_only_image_references():

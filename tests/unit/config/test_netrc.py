@@ -164,13 +164,13 @@ def test_harmless_query_parameters_pass(tmp_path, url):
 
 
 def test_the_settings_line_shows_the_netrc_path_and_nothing_of_its_content(tmp_path):
-    from imagefactory.run.context import Options
+    from imagefactory.run.context import BuildOptions
 
     path = tmp_path / "netrc"
     path.write_text(f"machine pkgs.example.com login me password {SECRET}\n")
     loaded = netrc.load(path)
     assert loaded.hosts == {"pkgs.example.com"}
-    assert Options(netrc=loaded).summary(("netrc",)) == f"netrc={path}"
+    assert BuildOptions(netrc=loaded).summary(("netrc",)) == f"netrc={path}"
 
 
 # --------------------------------------------------------------------------- comments and machine names

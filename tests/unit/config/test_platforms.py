@@ -24,6 +24,7 @@ from imagefactory.config import availability
 from imagefactory.config import matrix
 from imagefactory.render import contexts as render
 from imagefactory.config import tags
+from imagefactory.run.context import BuildOptions, PushOptions
 
 PACKAGE = REPO / "imagefactory"
 
@@ -289,9 +290,9 @@ def _build(pip_project: Path, world_builder: str, **world):
 
     m = _load(pip_project, PIP_BOTH.format(platform=BOTH))
     w = World(probes={c.id: good_probe(c) for c in m.cells}, builder=world_builder, **world)
-    opts = build.Options(work_dir=pip_project / "work", gpus="none", verdicts_dir=pip_project / "verdicts")
+    opts = BuildOptions(work_dir=pip_project / "work", gpus="none", verdicts_dir=pip_project / "verdicts")
     reports = build.build(m, list(m.cells), w.context(opts)).reports
-    publish.publish(m, reports, w.context(publish.Options(backoff=0)))
+    publish.publish(m, reports, w.context(PushOptions(backoff=0)))
     return w, {r.cell: r for r in reports}
 
 

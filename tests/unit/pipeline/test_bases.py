@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from imagefactory.pipeline import freshness
-from imagefactory.run.context import Options, Pull
+from imagefactory.run.context import Pull, TestOptions
 from imagefactory.errors import ConfigError
 
 REF = "127.0.0.1:5000/library/python:3.11-slim-bookworm"
@@ -93,5 +93,5 @@ def test_each_distinct_reference_is_resolved_once():
 
 def test_an_unknown_pull_mode_is_refused_once_when_the_options_are_made():
     with pytest.raises(ConfigError, match=r"^--pull sometimes: not allowed \(allowed: always, missing, never\)$"):
-        Options(pull="sometimes")  # type: ignore[arg-type]
-    assert Options(pull="never").pull is Pull.never  # type: ignore[arg-type]
+        TestOptions(pull="sometimes")  # type: ignore[arg-type]
+    assert TestOptions(pull="never").pull is Pull.never  # type: ignore[arg-type]

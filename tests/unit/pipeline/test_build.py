@@ -36,7 +36,7 @@ from imagefactory.report.summary import (BUILD_FAILED, CHECK_FAILED, INTERRUPTED
 from tests.conftest import REPO
 from tests.fake_engine import World
 from tests.unit.helpers import CELL_A, CELL_B, TWO_PIP_CELLS, good_probe
-from imagefactory.run.context import Options, RunContext
+from imagefactory.run.context import BuildOptions, PushOptions, RunContext
 from imagefactory.engine.api import RunResult
 from imagefactory.report.summary import CACHED, NOT_BUILT
 from tests.fake_engine import FakeEngine, Image
@@ -76,12 +76,12 @@ def ui() -> Plain:
 
 
 def run_build(m, world, tmp_path, **options):
-    opts = build_mod.Options(work_dir=tmp_path / "work", gpus="none", **options)
+    opts = BuildOptions(work_dir=tmp_path / "work", gpus="none", **options)
     return build_mod.build(m, list(m.cells), world.context(opts, ui()))
 
 
 def run_publish(m, world, reports, the_ui=None, **options):
-    opts = publish_mod.Options(backoff=0, **options)
+    opts = PushOptions(backoff=0, **options)
     publish_mod.publish(m, reports, world.context(opts, the_ui or ui()))
     return {r.cell: r for r in reports}
 
@@ -167,7 +167,7 @@ def test_an_unchanged_cell_is_cached_not_rebuilt(m, world, tmp_path):
 def test_a_re_test_keeps_the_build_log(m, world, tmp_path):
     world.builds[A] = "error"
     build = by_cell(run_build(m, world, tmp_path))
-    opts = build_mod.Options(work_dir=tmp_path / "work", gpus="none")
+    opts = BuildOptions(work_dir=tmp_path / "work", gpus="none")
     retest = by_cell(build_mod.test(m, list(m.cells), world.context(opts, ui())))
     assert retest[A].status == "not-built"
     assert re.search(r"Step 1/\d+ : FROM python:3\.11-slim-bookworm@", Path(build[A].log).read_text())
@@ -229,7 +229,7 @@ def test_unauthorized_is_not_retried_and_the_password_is_redacted(m, world, tmp_
     monkeypatch.setenv(logins.USER_ENV, "ci")
     monkeypatch.setenv(logins.PASSWORD_ENV, SECRET)
     reports = run_build(m, world, tmp_path).reports
-    immutable = publish_mod.tags_for(m, A, reports[0].content_hash, publish_mod.Options())[1]
+    immutable = publish_mod.tags_for(m, A, reports[0].content_hash, PushOptions())[1]
     world.pushes[immutable] = ["unauthorized", "ok"]
     published = run_publish(m, world, reports)
     assert world.ops("push").count(immutable) == 1
@@ -314,7 +314,7 @@ def test_an_interrupt_before_the_build_starts_marks_every_cell_and_still_says_wh
     bases, build._run)."""
     world.gpus = True
     world.interrupt.cancel()
-    opts = build_mod.Options(work_dir=tmp_path / "work", gpus="auto")
+    opts = BuildOptions(work_dir=tmp_path / "work", gpus="auto")
     outcome = build_mod.build(m, list(m.cells), world.context(opts, ui()))
     assert {r.status for r in outcome.reports} == {INTERRUPTED} and len(outcome.reports) == 2
     assert all(r.error == "interrupted before the build started" for r in outcome.reports)
@@ -636,7 +636,7 @@ def test_sigterm_while_build_is_still_rendering_exits_143_with_a_report(m, tmp_p
 
 
 def run(step, m, world, tmp_path, engine_factory=None, **options):
-    opts = Options(work_dir=tmp_path / "work", gpus="none", **options)
+    opts = BuildOptions(work_dir=tmp_path / "work", gpus="none", **options)
     return step(m, list(m.cells), RunContext(opts, Plain(io.StringIO()), world.interrupt,
                                              engine_factory or world.engine))
 
@@ -646,7 +646,7 @@ def by_cell_CM(reports) -> dict:
 
 
 def publish(m, world, reports, **options) -> dict:
-    publish_mod.publish(m, reports, world.context(Options(backoff=0, **options), Plain(io.StringIO())))
+    publish_mod.publish(m, reports, world.context(PushOptions(backoff=0, **options), Plain(io.StringIO())))
     return by_cell_CM(reports)
 
 
@@ -779,7 +779,7 @@ def setup(tmp_path, write_matrix):
 
     def run(work="w1", command=build.build, **options):
         engine.calls.clear()
-        opts = build.Options(work_dir=tmp_path / work, verdicts_dir=tmp_path / "cache", **options)
+        opts = BuildOptions(work_dir=tmp_path / work, verdicts_dir=tmp_path / "cache", **options)
         reports = command(m, list(m.cells), engine.context(opts)).reports
         return {r.cell: r for r in reports}
 
@@ -897,7 +897,7 @@ def test_cells_sharing_layers_wait_for_the_leader(setup, write_matrix, tmp_path)
     engine.probes.update({c.id: good_probe(c, cpus=2) for c in m2.cells})
     engine.hold[leader] = threading.Event()
     threading.Timer(0.3, engine.hold[leader].set).start()  # the leader dawdles before its step 2
-    opts = build.Options(work_dir=tmp_path / "j2", verdicts_dir=tmp_path / "c", jobs=2)
+    opts = BuildOptions(work_dir=tmp_path / "j2", verdicts_dir=tmp_path / "c", jobs=2)
     reports = build.build(m2, list(m2.cells), engine.context(opts)).reports
     assert [r.cell for r in reports] == [leader, follower]  # matrix order, whatever the schedule
     shared = schedule.plan_paths([tmp_path / "j2/contexts" / c for c in (leader, follower)])[1].shared_steps
@@ -911,7 +911,7 @@ def test_without_shared_layers_no_one_waits(setup, tmp_path):
     first = m.cells[0].id
     engine.hold[first] = threading.Event()
     try:
-        opts = build.Options(work_dir=tmp_path / "j2", verdicts_dir=tmp_path / "c", jobs=2)
+        opts = BuildOptions(work_dir=tmp_path / "j2", verdicts_dir=tmp_path / "c", jobs=2)
         thread = threading.Thread(target=build.build, args=(m, list(m.cells), engine.context(opts)))
         thread.start()
         for _ in range(200):  # the other cell builds to its end while the first is held

@@ -16,6 +16,7 @@ from imagefactory.pipeline import regcache
 from imagefactory.render import contexts as render
 from imagefactory.config import tags
 from imagefactory.report.summary import PASSED, summary
+from imagefactory.run.context import BuildOptions
 from tests.fake_engine import Image, World
 from tests.unit.helpers import BASE_DIGESTS, TWO_PIP_CELLS, good_probe
 from tests.unit.helpers import hardening_project
@@ -37,7 +38,7 @@ def setup(tmp_path, write_matrix, monkeypatch):
             world.images.clear()
         world.calls.clear()
         cache = tmp_path / (f"cache-{work}" if fresh else "cache")
-        opts = build.Options(work_dir=tmp_path / work, verdicts_dir=cache, **options)
+        opts = BuildOptions(work_dir=tmp_path / work, verdicts_dir=cache, **options)
         outcome = build.build(m, list(m.cells), world.context(opts))
         if opts.push:
             publish.publish(m, outcome.reports, world.context(opts))
@@ -100,7 +101,7 @@ def test_a_changed_cell_is_built(setup, write_matrix):
     changed = matrix.load(write_matrix(MATRIX.replace("threads: 2", "threads: 1"), "changed.yaml"))
     world.images.clear()
     world.calls.clear()
-    opts = build.Options(work_dir=m.path.parent / "w5", verdicts_dir=m.path.parent / "c5", registry_cache=True)
+    opts = BuildOptions(work_dir=m.path.parent / "w5", verdicts_dir=m.path.parent / "c5", registry_cache=True)
     reports = build.build(changed, list(changed.cells), world.context(opts)).reports
     assert world.count("build") == sorted(r.cell for r in reports) and world.ops("pull") == []
     assert not any(r.pulled for r in reports)
@@ -180,11 +181,11 @@ def test_the_content_tag_lookup_gets_only_its_own_registrys_credentials(tmp_path
     monkeypatch.setenv(logins.USER_ENV + "_THIRD_EXAMPLE_NET_5000", "third")
     monkeypatch.setenv(logins.PASSWORD_ENV + "_THIRD_EXAMPLE_NET_5000", "third-secret")
     world = World(probes={c.id: good_probe(c, cpus=2) for c in m.cells}, registry=dict(BASES))
-    opts = build.Options(work_dir=tmp_path / "w1", verdicts_dir=tmp_path / "cache", push=True)
+    opts = BuildOptions(work_dir=tmp_path / "w1", verdicts_dir=tmp_path / "cache", push=True)
     publish.publish(m, build.build(m, list(m.cells), world.context(opts)).reports, world.context(opts))
     world.images.clear()
     world.calls.clear()
-    opts = build.Options(work_dir=tmp_path / "w2", verdicts_dir=tmp_path / "cache2", push=True)
+    opts = BuildOptions(work_dir=tmp_path / "w2", verdicts_dir=tmp_path / "cache2", push=True)
     reports = build.build(m, list(m.cells), world.context(opts)).reports
     assert all(r.pulled.startswith(f"{third}/it/fast:") for r in reports)
     mine = {"username": "third", "password": "third-secret"}

@@ -27,6 +27,7 @@ from imagefactory.probe import verdicts
 from imagefactory.report.cell import PASSED, CellReport
 from imagefactory.engine.docker import Engine
 from imagefactory.engine.api import RunResult
+from imagefactory.run.context import BenchOptions, BuildOptions
 from tests.fake_engine import ENGINE_INFO
 from tests.unit.helpers import AMD, ARM, pip_both_project
 
@@ -227,7 +228,7 @@ def test_probe_shm_option_is_checked_once_into_the_run_options():
     assert inv.options.probe_shm == "host"
     with pytest.raises(ConfigError, match="--probe-shm"):
         cli._invocation("test", {"matrix": golden, "only": None, "probe_shm": "1g --privileged"}, {})
-    assert context.Options().probe_shm == smoke.DEFAULT_SHM == "1g"
+    assert context.TestOptions().probe_shm == smoke.DEFAULT_SHM == "1g"
 
 
 def test_the_cli_refuses_a_bad_probe_shm():
@@ -383,7 +384,7 @@ def both(tmp_path: Path):
 
 
 def _build(project: Path, m, world: World, command=build.build):
-    opts = build.Options(work_dir=project / "work", gpus="none", verdicts_dir=project / "verdicts")
+    opts = BuildOptions(work_dir=project / "work", gpus="none", verdicts_dir=project / "verdicts")
     return {r.cell: r for r in command(m, list(m.cells), world.context(opts)).reports}
 
 
@@ -445,7 +446,7 @@ def test_bench_refuses_to_judge_a_cell_it_would_run_emulated(golden, tmp_path):
     world.images["sha256:abc"] = Image("sha256:abc", {render.HASH_LABEL: content_hash},
                                        {tags.candidate(cell, content_hash)}, cell.id)
     said: list[str] = []
-    (r,), _ = bench.bench(m, [cell], world.context(bench.Options(work_dir=tmp_path)), say=said.append)
+    (r,), _ = bench.bench(m, [cell], world.context(BenchOptions(work_dir=tmp_path)), say=said.append)
     assert r.status == bench.NOT_JUDGED != bench.MEASURED and r.figures == []
     assert r.error.startswith("emulated: not judged: on this engine it would run under qemu-x86_64")
     assert "bench linux/amd64 cells on a linux/amd64 host" in r.error and said == [f"{cell.id}: {r.error}"]

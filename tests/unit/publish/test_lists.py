@@ -19,6 +19,7 @@ from imagefactory.publish import push as publish
 from imagefactory.engine import registry as registry_http
 from imagefactory.report import summary as report
 from imagefactory.errors import RegistryError
+from imagefactory.run.context import BuildOptions, PushOptions
 from tests.fake_engine import World
 from tests.unit.helpers import AMD, AMD_TAG, ARM, ARM_TAG, LIST, PIP_BOTH, good_probe, pip_both_project
 
@@ -40,9 +41,9 @@ def _run(project: Path, text: str = PIP_BOTH, only: tuple[str, ...] = (), failin
     w.altered.update(opts.pop("altered", set()))
     if "on_call" in opts:
         w.on_call = opts.pop("on_call")(w)
-    bopts = build.Options(work_dir=project / "work", gpus="none", verdicts_dir=project / "verdicts")
+    bopts = BuildOptions(work_dir=project / "work", gpus="none", verdicts_dir=project / "verdicts")
     reports = build.build(m, cells, w.context(bopts)).reports
-    lists = publish.publish(m, reports, w.context(publish.Options(backoff=0, **opts)))
+    lists = publish.publish(m, reports, w.context(PushOptions(backoff=0, **opts)))
     return w, {r.cell: r for r in reports}, lists
 
 

@@ -19,6 +19,7 @@ from imagefactory.publish import merge
 from imagefactory.publish import push as publish
 from imagefactory.report import summary as report
 from imagefactory.config import tags as tagging
+from imagefactory.run.context import BuildOptions, PushOptions
 from tests.fake_engine import World
 from tests.unit.helpers import AMD, AMD_TAG, ARM, ARM_TAG, BASE, LIST, PIP_BOTH, good_probe, pip_both_project, run_cli
 
@@ -41,9 +42,9 @@ def cell_job(project: Path, world: World, cell: str, *, failing: bool = False) -
     m = matrix.load(project / "matrix.yaml")
     if failing:
         world.probes[cell] = {"crash": True}
-    opts = build.Options(work_dir=project / f"work-{cell}", gpus="none", verdicts_dir=project / "verdicts")
+    opts = BuildOptions(work_dir=project / f"work-{cell}", gpus="none", verdicts_dir=project / "verdicts")
     reports = build.build(m, [m.cell(cell)], world.context(opts)).reports
-    lists = publish.publish(m, reports, world.context(publish.Options(backoff=0)))
+    lists = publish.publish(m, reports, world.context(PushOptions(backoff=0)))
     path, _ = report.write(reports, project / "reports" / f"report-{cell}" / f"report-{cell}.json", gpus=False,
                            lists=lists)
     return path
@@ -211,7 +212,7 @@ def test_reports_of_cells_in_no_list_are_read_and_ignored(project, world, monkey
 
 def test_the_refusal_reuses_the_member_check_of_the_in_run_merge(project):
     m = matrix.load(project / "matrix.yaml")
-    (lr,) = merge.publish_lists.start(m, [], publish.Options())
+    (lr,) = merge.publish_lists.start(m, [], PushOptions())
     assert merge.refusal(m, lr, {}).count("has no report") == 2
     assert tagging.list_of(m, m.cell(ARM)) is m.lists[0]
 

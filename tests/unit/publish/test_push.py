@@ -7,7 +7,7 @@ from dataclasses import replace
 from typing import Any
 import pytest
 from imagefactory.engine import logins
-from imagefactory.run.context import Options, RunContext
+from imagefactory.run.context import PushOptions, RunContext
 from imagefactory.config import matrix
 from imagefactory.publish import push as publish_mod
 from imagefactory.errors import ConfigError
@@ -52,7 +52,7 @@ def _publish(m, sent) -> CellReport:
     world = World()
     world.images["img1"] = Image("img1", {}, cell=CELL)
     report = CellReport(cell=CELL, status=PASSED, content_hash=HASH, image_id="img1")
-    run = RunContext(Options(backoff=0), Plain(io.StringIO()), world.interrupt,
+    run = RunContext(PushOptions(backoff=0), Plain(io.StringIO()), world.interrupt,
                      lambda: Recorder(world, sent))  # type: ignore[arg-type,return-value]
     publish_mod.publish(m, [report], run)
     return report

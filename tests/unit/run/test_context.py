@@ -16,7 +16,7 @@ from imagefactory.pipeline import build as build_mod
 from imagefactory.cli import app as cli
 from imagefactory.engine import select as engines
 from imagefactory.config import matrix as matrix_mod
-from imagefactory.run.context import Gpus, Options
+from imagefactory.run.context import Gpus, TestOptions
 from imagefactory.errors import Cancelled, ConfigError
 from imagefactory.interrupt import Interrupt
 from tests.fake_engine import World
@@ -69,9 +69,9 @@ def test_a_run_starts_by_printing_its_resolved_settings(world, monkeypatch, caps
 
 
 def test_choices_are_checked_once_into_enums():
-    assert Options(gpus="none").gpus is Gpus.none  # type: ignore[arg-type]
+    assert TestOptions(gpus="none").gpus is Gpus.none  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=r"^--gpus some: not allowed \(allowed: none, all, auto\)$"):
-        Options(gpus="some")  # type: ignore[arg-type]
+        TestOptions(gpus="some")  # type: ignore[arg-type]
 
 
 def test_bench_holds_the_work_dir_lock(world, tmp_path, monkeypatch, capsys):
@@ -117,3 +117,18 @@ def test_a_second_lock_of_the_same_matrix_stops_before_resolving(world, tmp_path
         code, _, err = run_cli(monkeypatch, capsys, "lock")
     assert code == 2 and "another imagefactory run" in err and "resolving" not in err, err
     assert not (tmp_path / "locks").exists() and (tmp_path / "matrix.yaml").read_text() == MATRIX
+
+
+def test_a_step_reads_only_the_settings_groups_its_command_takes():
+    """run.settings(group): a command's type holds only its groups, so bench's run has no push
+    settings; or_defaults gives a group's defaults where a command has no flag for it (push's probe)."""
+    from pathlib import Path
+
+    from imagefactory.run.context import (BenchOptions, Publishing, PushOptions, RunContext, Testing, Workspace,
+                                          or_defaults)
+
+    run = RunContext(BenchOptions(budget=40))
+    assert run.settings(Workspace).work_dir == Path("build") and run.settings(BenchOptions).budget == 40
+    with pytest.raises(TypeError, match="^BenchOptions holds no Publishing settings$"):
+        run.settings(Publishing)
+    assert or_defaults(PushOptions(), Testing) == Testing() and or_defaults(TestOptions(jobs=2), Testing).jobs == 2

@@ -17,6 +17,7 @@ from imagefactory.render import contexts as render
 from imagefactory.config import tags
 from imagefactory.engine.api import RunResult
 from imagefactory.errors import EngineError
+from imagefactory.run.context import BenchOptions
 from tests.conftest import REPO
 from tests.fake_engine import Image, World
 
@@ -100,7 +101,7 @@ def test_a_killed_workload_keeps_the_figures_it_printed(golden, tmp_path):
     m, cell, _ = golden
     progress = json.dumps({"figure": ok()}) + "\n" + '{"figure": {"name": "dataloader", "uni'
     engine = fake(golden, [RunResult(None, progress, "")])
-    (r,) = bench.bench(m, [cell], engine.context(bench.Options(work_dir=tmp_path)),
+    (r,) = bench.bench(m, [cell], engine.context(BenchOptions(work_dir=tmp_path)),
                        say=lambda line: None)[0]
     assert r.status == bench.FAILED and r.error.endswith("killed after 65 s (1 figure(s) kept)")
     assert [f.name for f in r.figures] == ["gemm.torch"]
@@ -145,7 +146,7 @@ def test_bench_runs_two_containers_per_image(golden, tmp_path):
     m, cell, _ = golden
     engine = fake(golden, [RunResult(0, doc(ok()), ""),
                                 RunResult(0, doc(ok("oversub.torch", base=40.0, cand=80.0)), "")])
-    results, cores = bench.bench(m, [cell], engine.context(bench.Options(work_dir=tmp_path, budget=40)),
+    results, cores = bench.bench(m, [cell], engine.context(BenchOptions(work_dir=tmp_path, budget=40)),
                                  say=lambda line: None)
     assert cores == 16
     (r,) = results
@@ -163,22 +164,22 @@ def test_bench_runs_two_containers_per_image(golden, tmp_path):
 def test_a_cell_without_an_image_or_without_json_fails_alone(golden, tmp_path):
     m, cell, _ = golden
     none = fake(golden, [], built=False)
-    (r,) = bench.bench(m, [cell], none.context(bench.Options(work_dir=tmp_path)),
+    (r,) = bench.bench(m, [cell], none.context(BenchOptions(work_dir=tmp_path)),
                        say=lambda line: None)[0]
     assert r.status == bench.NOT_BUILT and "imagefactory build" in r.error and none.run_calls == []
 
     killed = fake(golden, [RunResult(None, "", "")])
-    (r,) = bench.bench(m, [cell], killed.context(bench.Options(work_dir=tmp_path)),
+    (r,) = bench.bench(m, [cell], killed.context(BenchOptions(work_dir=tmp_path)),
                        say=lambda line: None)[0]
     assert r.status == bench.FAILED and r.error == f"default: killed after {35 + bench.GRACE:.0f} s"
 
     crashed = fake(golden, [RunResult(0, doc(ok()), ""), RunResult(137, "", "Killed\n")])
-    (r,) = bench.bench(m, [cell], crashed.context(bench.Options(work_dir=tmp_path)),
+    (r,) = bench.bench(m, [cell], crashed.context(BenchOptions(work_dir=tmp_path)),
                        say=lambda line: None)[0]
     assert r.status == bench.FAILED and r.error.startswith("--cpus 1: exit code 137, no workload JSON: Killed")
 
     refused = fake(golden, [EngineError("could not create a container of x: no python")])
-    (r,) = bench.bench(m, [cell], refused.context(bench.Options(work_dir=tmp_path)),
+    (r,) = bench.bench(m, [cell], refused.context(BenchOptions(work_dir=tmp_path)),
                        say=lambda line: None)[0]
     assert r.status == bench.FAILED and "no python" in r.error
 
