@@ -271,3 +271,18 @@ def render_refused(tmp_path: Path, text: str, monkeypatch, capsys) -> str:
     assert line.startswith(f"error: {path}:") and line.isprintable(), line
     assert not (tmp_path / "out").exists()
     return line
+
+
+# One CPU cell, the smallest matrix the input-hardening tests start from; the golden CA file; an
+# Ed25519 private key (PKCS#8), for the tests that a key never passes as a certificate.
+ONE_CELL = """\
+image: registry.example.com/ml/train
+matrix:
+  python: ["3.11"]
+  cuda: ["none"]
+  blas: [openblas]
+torch: "2.7.1"
+"""
+GOLDEN_CERT = (PACKAGE_DIR.parent / "tests" / "golden" / "certs" / "corp-ca.pem").read_text()
+KEY_BODY = "MC4CAQAwBQYDK2VwBCIEIBm5nGyGzDNZm0Ql0sm6yAZdLS0rYH/3wNudt2Wv4nsC"
+PRIVATE_KEY = f"-----BEGIN PRIVATE KEY-----\n{KEY_BODY}\n-----END PRIVATE KEY-----\n"

@@ -12,22 +12,7 @@ from imagefactory.config import matrix
 from imagefactory.render import contexts as render
 from tests.conftest import REPO
 from tests.unit.helpers import render_refused as refused
-
-
-BASE = """\
-image: registry.example.com/ml/train
-matrix:
-  python: ["3.11"]
-  cuda: ["none"]
-  blas: [openblas]
-torch: "2.7.1"
-"""
-
-
-CERT = (REPO / "tests" / "golden" / "certs" / "corp-ca.pem").read_text()
-
-
-KEY_BODY = "MC4CAQAwBQYDK2VwBCIEIBm5nGyGzDNZm0Ql0sm6yAZdLS0rYH/3wNudt2Wv4nsC"  # PKCS#8 Ed25519 key
+from tests.unit.helpers import GOLDEN_CERT as CERT, KEY_BODY, ONE_CELL as BASE
 
 
 def test_what_enters_the_image_is_the_parsed_certificate(tmp_path):
@@ -109,7 +94,6 @@ def test_a_ca_file_that_links_to_itself(tmp_path, monkeypatch, capsys):
 
 
 def test_a_ca_file_with_a_private_key_whose_begin_line_is_cut_off_is_refused(tmp_path):
-    from tests.conftest import REPO
 
     cert = (REPO / "tests" / "golden" / "certs" / "corp-ca.pem").read_text()
     body = "MC4CAQAwBQYDK2VwBCIEIBm5nGyGzDNZm0Ql0sm6yAZdLS0rYH/3wNudt2Wv4nsC"

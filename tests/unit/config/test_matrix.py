@@ -19,6 +19,7 @@ from imagefactory.files import terminal
 from imagefactory.files import yamlfile
 from imagefactory.render import contexts as render
 from tests.unit.helpers import HARDENING_PIP as PIP_III, hardening_project, list_refused as refused, one_error, write_matrix_text as write
+from tests.unit.helpers import GOLDEN_CERT as CERT, ONE_CELL as BASE_HOSTILE, PRIVATE_KEY as KEY
 
 BASE = """
 image: registry.example.com/ml/train
@@ -423,16 +424,6 @@ REPO = Path(__file__).resolve().parents[3]
 GOLDEN = REPO / "tests" / "golden"
 
 
-BASE_HOSTILE = """\
-image: registry.example.com/ml/train
-matrix:
-  python: ["3.11"]
-  cuda: ["none"]
-  blas: [openblas]
-torch: "2.7.1"
-"""
-
-
 TWO_CELLS = BASE_HOSTILE.replace("blas: [openblas]", "blas: [openblas, mkl]")
 
 
@@ -440,12 +431,6 @@ PIP = BASE_HOSTILE.replace("blas: [openblas]", "blas: [openblas]\n  installer: [
 
 
 DIGEST = "sha256:" + "ab" * 32
-
-
-CERT = (GOLDEN / "certs" / "corp-ca.pem").read_text()
-
-
-KEY = "-----BEGIN PRIVATE KEY-----\nMC4CAQAwBQYDK2VwBCIEIBm5nGyGzDNZm0Ql0sm6yAZdLS0rYH/3wNudt2Wv4nsC\n-----END PRIVATE KEY-----\n"
 
 
 def _billion_laughs() -> str:

@@ -6,24 +6,8 @@ import base64
 import pytest
 from imagefactory.files import bounded
 from imagefactory.files import pem
-from tests.conftest import REPO
 from tests.unit.helpers import render_refused as refused
-
-
-BASE = """\
-image: registry.example.com/ml/train
-matrix:
-  python: ["3.11"]
-  cuda: ["none"]
-  blas: [openblas]
-torch: "2.7.1"
-"""
-
-
-CERT = (REPO / "tests" / "golden" / "certs" / "corp-ca.pem").read_text()
-
-
-KEY_BODY = "MC4CAQAwBQYDK2VwBCIEIBm5nGyGzDNZm0Ql0sm6yAZdLS0rYH/3wNudt2Wv4nsC"  # PKCS#8 Ed25519 key
+from tests.unit.helpers import GOLDEN_CERT as CERT, KEY_BODY, ONE_CELL as BASE
 
 
 def test_a_megabyte_of_unterminated_begin_lines_is_refused_as_cut_short(tmp_path, monkeypatch, capsys):

@@ -3,16 +3,7 @@
 from __future__ import annotations
 
 from tests.unit.helpers import render_refused as refused
-
-
-BASE = """\
-image: registry.example.com/ml/train
-matrix:
-  python: ["3.11"]
-  cuda: ["none"]
-  blas: [openblas]
-torch: "2.7.1"
-"""
+from tests.unit.helpers import ONE_CELL as BASE
 
 
 PIP = BASE.replace("blas: [openblas]", "blas: [openblas]\n  installer: [pip]")

@@ -22,6 +22,7 @@ from tests.unit.helpers import run_cli
 import re
 import shlex
 from imagefactory.config import recipe
+from tests.unit.helpers import GOLDEN_CERT as CERT, ONE_CELL as BASE, PRIVATE_KEY as KEY
 
 GOLDEN = REPO / "tests" / "golden"
 UPDATE = os.environ.get("IMAGEFACTORY_UPDATE_GOLDEN") == "1"
@@ -343,16 +344,6 @@ def test_a_unicode_label_renders_as_utf8_whatever_the_locale(tmp_path):
 REPO = Path(__file__).resolve().parents[3]
 
 
-BASE = """\
-image: registry.example.com/ml/train
-matrix:
-  python: ["3.11"]
-  cuda: ["none"]
-  blas: [openblas]
-torch: "2.7.1"
-"""
-
-
 TWO_CELLS = BASE.replace("blas: [openblas]", "blas: [openblas, mkl]")
 
 
@@ -360,12 +351,6 @@ PIP = BASE.replace("blas: [openblas]", "blas: [openblas]\n  installer: [pip]")
 
 
 DIGEST = "sha256:" + "ab" * 32
-
-
-CERT = (GOLDEN / "certs" / "corp-ca.pem").read_text()
-
-
-KEY = "-----BEGIN PRIVATE KEY-----\nMC4CAQAwBQYDK2VwBCIEIBm5nGyGzDNZm0Ql0sm6yAZdLS0rYH/3wNudt2Wv4nsC\n-----END PRIVATE KEY-----\n"
 
 
 def test_condarc_channels_keep_their_type(tmp_path, write_matrix):
