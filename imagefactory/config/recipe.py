@@ -33,6 +33,14 @@ CERT_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 CGROUP_ROOT = "/sys/fs/cgroup"
 LAUNCH_HOOK = "imagefactory_launch.py"  # resources/launch.py, installed in the environment's site-packages
 LAUNCH_PTH = "imagefactory-launch.pth"  # ... and the line that makes `site` import it in every interpreter
+LAYER_SPLITTER = "imagefactory_layers.py"  # resources/layers.py, run in the environment's build stage
+# The pip environment's layers, in image order (resources/layers.py LAYERS, which makes them).
+VENV_LAYERS = ("1-venv", "2-cuda", "3-torch", "4-blas", "5-packages")
+# The conda environment's (resources/layers.py CONDA_LAYERS): the BLAS before torch, which needs it.
+CONDA_LAYERS = ("1-python", "2-cuda", "3-blas", "4-torch", "5-packages")
+# Every time a reproducible layer holds (partials/settle.j2, resources/layers.py) and BuildKit's
+# image times: 1980-01-01, a constant (the same bytes on any day) that zip and tar both represent.
+SOURCE_DATE_EPOCH = 315532800
 
 # MKL's threading layer must match the OpenMP runtime the process loads (pytorch/pytorch#37377,
 # numpy/numpy#24683; Intel's optimization-zone numpy README):

@@ -86,7 +86,9 @@ _NOTHING_FOUND = ("No matching distribution found", "from versions: none", "401"
 
 
 def _index_failure(e: BuildError) -> bool:
-    return any(w in line for line in e.log_tail[-15:] + [e.message] for w in _NOTHING_FOUND)
+    # the whole tail: after pip's last line, BuildKit quotes the failed RUN (many lines since the
+    # install and the layer split are one step)
+    return any(w in line for line in e.log_tail + [e.message] for w in _NOTHING_FOUND)
 
 
 class _Cell:

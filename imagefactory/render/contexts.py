@@ -125,6 +125,9 @@ def dockerfile_text(matrix: Matrix, cell: Cell, content_hash: str | None, certs:
         "prefix": ENV_PREFIX[cell.installer],
         "site_packages": site_packages(cell),
         "compile_skip": newer_python_modules(cell.python),  # compileall -x (partials/bytecode.j2)
+        "source_date_epoch": recipe.SOURCE_DATE_EPOCH,  # partials/settle.j2, venv_layers.j2
+        "venv_layers": recipe.VENV_LAYERS,
+        "env_layers": recipe.CONDA_LAYERS,
     }
     if cell.installer == "conda":
         values.update(_conda_values(matrix, cell, locked))
@@ -155,6 +158,11 @@ def launch_conf_text(cell: Cell, certs: bool = False) -> str:
 
 def launch_hook_source() -> str:
     return (Path(__file__).resolve().parents[1] / "resources" / "launch.py").read_text(encoding="utf-8")
+
+
+def layer_splitter_source() -> str:
+    """resources/layers.py: the environment's build stage runs it to split the environment into layers."""
+    return (Path(__file__).resolve().parents[1] / "resources" / "layers.py").read_text(encoding="utf-8")
 
 
 def _write_launch_files(cell: Cell, root: Path, certs: bool) -> None:
@@ -201,10 +209,12 @@ def _write_files(matrix: Matrix, cell: Cell, root: Path, lock: lockfile.Lock | N
                 raise ConfigError(terminal.printable(f"ca_certificates: {e}")) from None
     if lock is not None:
         (root / lockfile.CONTEXT_NAME).write_text(lock.text, encoding="utf-8")  # so it is part of the content hash
+    (root / recipe.LAYER_SPLITTER).write_text(layer_splitter_source(), encoding="utf-8")
     if cell.installer == "conda":
         text = template_text("condarc.j2", {"channels": matrix.conda.channels, "certs": names})
         (root / "condarc").write_text(text, encoding="utf-8")
-    elif matrix.pip.wheelhouse is not None:
+        return
+    if matrix.pip.wheelhouse is not None:
         from imagefactory.files import wheelfiles  # only a matrix with a wheelhouse lists its files
 
         (root / "wheelhouse").mkdir()

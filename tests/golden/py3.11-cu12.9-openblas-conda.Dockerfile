@@ -2,19 +2,31 @@
 # hadolint global ignore=DL3008
 # DL3008 (pin apt package versions): the base image tag pins the distribution release;
 # pinning Debian point versions breaks every build at the next security update.
-FROM mirror.example.com/hub/library/debian:bookworm-slim
+# Stage 1: the installer and its conda, the start of both the environment's stage and the image.
+FROM mirror.example.com/hub/library/debian:bookworm-slim AS conda
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
-# OS packages the installer needs (shared by every conda cell on this base).
-RUN apt-get update \
+# OS packages the installer needs (shared by every conda cell on this base); apt's and dpkg's logs
+# go, and what the step writes gets SOURCE_DATE_EPOCH as its time (partials/settle.j2).
+RUN touch /tmp/imagefactory-stamp \
+ && apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates curl bzip2 \
  && apt-get clean \
- && rm -rf /var/lib/apt/lists/*
+ && rm -rf /var/lib/apt/lists/* /var/log/apt/* /var/log/dpkg.log /var/log/alternatives.log /var/cache/ldconfig/aux-cache \
+ && find / -xdev \( -path /proc -o -path /sys -o -path /dev -o -path /tmp/imagefactory-stamp \) -prune \
+      -o -newer /tmp/imagefactory-stamp -print0 | xargs -0r touch -h -d @315532800 \
+ && rm /tmp/imagefactory-stamp \
+ && touch -h -d @315532800 /tmp /etc
 
 # Extra CA certificates (a TLS-intercepting proxy, a private mirror): trusted by apt, pip and conda.
 COPY certs/ /usr/local/share/ca-certificates/imagefactory/
-RUN update-ca-certificates
+RUN touch /tmp/imagefactory-stamp \
+ && update-ca-certificates \
+ && find / -xdev \( -path /proc -o -path /sys -o -path /dev -o -path /tmp/imagefactory-stamp \) -prune \
+      -o -newer /tmp/imagefactory-stamp -print0 | xargs -0r touch -h -d @315532800 \
+ && rm /tmp/imagefactory-stamp \
+ && touch -h -d @315532800 /tmp /etc
 ENV SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \
     REQUESTS_CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt \
     PIP_CERT=/etc/ssl/certs/ca-certificates.crt
@@ -26,40 +38,30 @@ RUN curl -fsSL --retry 5 -o /tmp/conda-installer.sh https://github.com/conda-for
       printf 'checksum mismatch for %s: expected %s, got %s\n' https://github.com/conda-forge/miniforge/releases/download/25.3.1-0/Miniforge3-25.3.1-0-Linux-x86_64.sh 376b160ed8130820db0ab0f3826ac1fc85923647f75c1b8231166e3d559ab768 "$actual" >&2; \
       exit 1; \
     fi \
+ && touch /tmp/imagefactory-stamp \
  && bash /tmp/conda-installer.sh -b -p /opt/conda \
  && rm -f /tmp/conda-installer.sh \
- && /opt/conda/bin/conda clean -afy
+ && /opt/conda/bin/conda clean -afy \
+ && sed -i -E 's/^==> [0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2} <==$/==> 1980-01-01 00:00:00 <==/' /opt/conda/conda-meta/history \
+ && find / -xdev \( -path /proc -o -path /sys -o -path /dev -o -path /tmp/imagefactory-stamp \) -prune \
+      -o -newer /tmp/imagefactory-stamp -print0 | xargs -0r touch -h -d @315532800 \
+ && rm /tmp/imagefactory-stamp \
+ && touch -h -d @315532800 /tmp /etc
 COPY condarc /opt/conda/.condarc
 
-# torch.compile: Inductor compiles C++ at run time and Triton builds a C launcher against the
-# Python headers; neither PyPI torch nor conda-forge's triton brings a compiler (`compiler: false`
-# leaves this layer out).
-# Size: like Debian's official slim images, dpkg installs no docs, man pages or translations
-# (path-exclude rules in /etc/dpkg/dpkg.cfg.d/, kept so later installs stay slim; copyright
-# files are kept). The same RUN removes the static libpython (Inductor and Triton compile against
-# Python.h and link no libpython) and GCC's lto-dump (a debugging tool), and cleans apt's cache:
-# a debootstrapped base has no docker-clean apt config, so the .debs would stay in the layer.
-# The Python headers come with the environment's python (conda-forge ships them).
-RUN printf '%s\n' 'path-exclude=/usr/share/doc/*' 'path-include=/usr/share/doc/*/copyright' \
-      'path-exclude=/usr/share/man/*' 'path-exclude=/usr/share/groff/*' 'path-exclude=/usr/share/info/*' \
-      'path-exclude=/usr/share/lintian/overrides/*' 'path-exclude=/usr/share/locale/*' \
-      'path-include=/usr/share/locale/locale.alias' > /etc/dpkg/dpkg.cfg.d/imagefactory-slim \
- && apt-get update \
- && apt-get install -y --no-install-recommends g++ libc6-dev \
- && rm -f /usr/lib/python3*/config-3*/libpython3*.a /usr/lib/*-linux-gnu/libpython3*.a /usr/bin/*lto-dump* \
- && apt-get clean \
- && rm -rf /var/lib/apt/lists/*
-
-# The default user is not root; the environment stays root-owned so a job cannot change it.
-RUN useradd --create-home --uid 4242 --shell /bin/bash ml
-
-# The training environment: python, the openblas BLAS and torch in one layer, pinned so a
-# later `conda install` cannot switch the BLAS. Bytecode is kept and completed here: the default
-# user cannot write to /opt/env, so every process would otherwise compile it again at import
-# (modules named for a newer Python, py3NN_*.py, are skipped as in partials/bytecode.j2; any other
-# file this Python cannot parse is printed and does not fail the step: the python.bytecode check
-# covers imports).
+# Stage 2: the training environment: python, the openblas BLAS and torch, pinned so a later
+# `conda install` cannot switch the BLAS. Bytecode is completed here, hash-based and unchecked
+# (the default user cannot write to /opt/env, so every process would otherwise compile it again at
+# import; an unchecked pyc holds no source time: the same bytes on any day; modules named for a
+# newer Python, py3NN_*.py, are skipped as in partials/bytecode.j2; any other file this Python
+# cannot parse is printed and does not fail the step: the python.bytecode check covers imports).
+# conda's history dates the install: that date becomes SOURCE_DATE_EPOCH's. Then
+# imagefactory_layers.py (resources/layers.py) moves every file into /imagefactory-layers/<layer>/
+# by the packages' conda-meta records, and sets every time to SOURCE_DATE_EPOCH.
+FROM conda AS env
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ENV PATH=/opt/env/bin:/opt/conda/bin:$PATH
+COPY imagefactory_layers.py /tmp/imagefactory-layers.py
 RUN CONDA_OVERRIDE_CUDA=12.9 /opt/conda/bin/conda create -y -p /opt/env \
       python=3.11 \
       'pytorch=2.13.0=cuda129*' \
@@ -72,24 +74,84 @@ RUN CONDA_OVERRIDE_CUDA=12.9 /opt/conda/bin/conda create -y -p /opt/env \
  && printf '%s\n' 'libblas=*=*openblas' nomkl >> /opt/env/conda-meta/pinned \
  && /opt/conda/bin/conda clean -afy \
  && find /opt/env \( -name '*.a' -o -name '*.js.map' \) -delete \
- && { /opt/env/bin/python -m compileall -q -j 0 -x '/py3(?:1[2-9]|[2-9][0-9])_[A-Za-z0-9_]+[.]py$' /opt/env/lib/python3.11 || true; }
+ && sed -i -E 's/^==> [0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2} <==$/==> 1980-01-01 00:00:00 <==/' /opt/env/conda-meta/history \
+ && { /opt/env/bin/python -m compileall -q -f -j 0 --invalidation-mode unchecked-hash -x '/py3(?:1[2-9]|[2-9][0-9])_[A-Za-z0-9_]+[.]py$' /opt/env/lib/python3.11 || true; } \
+ && /opt/env/bin/python -I -S -B /tmp/imagefactory-layers.py split /opt/env /imagefactory-layers 315532800
 
-# Launch settings that do not depend on the ENTRYPOINT: a .pth line makes every interpreter of the
-# environment import imagefactory_launch at start (the image's ENV, conda activation, threads: auto,
-# writable cache places), and `python` resolves where a runtime replaces PATH with the host's.
-COPY imagefactory_launch.py imagefactory-launch.pth /opt/env/lib/python3.11/site-packages/
-COPY python-launcher /usr/local/bin/python
+# The files the image gets from this context, laid out at their places in the image with
+# SOURCE_DATE_EPOCH as every time (the file's and every folder's): the final stage copies them as
+# a tree, so their layers' bytes do not depend on the day of the build (a COPY of a single file
+# dates the folders it makes or changes with the build).
+FROM mirror.example.com/hub/library/debian:bookworm-slim AS launch
+COPY certs/ /imagefactory-certs/usr/local/share/ca-certificates/imagefactory/
+COPY imagefactory_launch.py imagefactory-launch.pth /imagefactory-rootfs/opt/env/lib/python3.11/site-packages/
+COPY python-launcher /imagefactory-rootfs/usr/local/bin/python
+COPY launch.conf /imagefactory-rootfs/opt/env/etc/imagefactory/launch.conf
+COPY launch-env.sh /imagefactory-rootfs/etc/profile.d/imagefactory.sh
+COPY launch-env.sh /imagefactory-rootfs/.singularity.d/env/91-imagefactory.sh
+COPY entrypoint.sh /imagefactory-rootfs/usr/local/bin/imagefactory-entrypoint
+COPY --from=env /imagefactory-layers/plan.json /imagefactory-rootfs/opt/env/etc/imagefactory/layers.json
+RUN mkdir -p /imagefactory-certs \
+ && find /imagefactory-rootfs /imagefactory-certs -exec touch -h -d @315532800 {} +
+
+# Final stage: the installer's stage, the toolchain, the user, then the environment, one layer per
+# group of packages from what changes least to what changes most (resources/layers.py: python,
+# CUDA, the BLAS, torch, the rest), each holding its files and folders, every time fixed.
+FROM conda
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+
+# torch.compile: Inductor compiles C++ at run time and Triton builds a C launcher against the
+# Python headers; neither PyPI torch nor conda-forge's triton brings a compiler (`compiler: false`
+# leaves this layer out).
+# Size: like Debian's official slim images, dpkg installs no docs, man pages or translations
+# (path-exclude rules in /etc/dpkg/dpkg.cfg.d/, kept so later installs stay slim; copyright
+# files are kept). The same RUN removes the static libpython (Inductor and Triton compile against
+# Python.h and link no libpython) and GCC's lto-dump (a debugging tool), and cleans apt's cache:
+# a debootstrapped base has no docker-clean apt config, so the .debs would stay in the layer. apt's
+# and dpkg's logs and ldconfig's aux-cache (dates, inode numbers) go too, and what the step writes
+# gets SOURCE_DATE_EPOCH as its time (partials/settle.j2): the layer's bytes are the packages'.
+# The Python headers come with the environment's python (conda-forge ships them).
+RUN touch /tmp/imagefactory-stamp \
+ && printf '%s\n' 'path-exclude=/usr/share/doc/*' 'path-include=/usr/share/doc/*/copyright' \
+      'path-exclude=/usr/share/man/*' 'path-exclude=/usr/share/groff/*' 'path-exclude=/usr/share/info/*' \
+      'path-exclude=/usr/share/lintian/overrides/*' 'path-exclude=/usr/share/locale/*' \
+      'path-include=/usr/share/locale/locale.alias' > /etc/dpkg/dpkg.cfg.d/imagefactory-slim \
+ && apt-get update \
+ && apt-get install -y --no-install-recommends g++ libc6-dev \
+ && rm -f /usr/lib/python3*/config-3*/libpython3*.a /usr/lib/*-linux-gnu/libpython3*.a /usr/bin/*lto-dump* \
+ && apt-get clean \
+ && rm -rf /var/lib/apt/lists/* /var/log/apt/* /var/log/dpkg.log /var/log/alternatives.log /var/cache/ldconfig/aux-cache \
+ && find / -xdev \( -path /proc -o -path /sys -o -path /dev -o -path /tmp/imagefactory-stamp \) -prune \
+      -o -newer /tmp/imagefactory-stamp -print0 | xargs -0r touch -h -d @315532800 \
+ && rm /tmp/imagefactory-stamp \
+ && touch -h -d @315532800 /tmp /etc
+
+# The default user is not root; the environment stays root-owned so a job cannot change it.
+# useradd dates the password's last change SOURCE_DATE_EPOCH, not the day of the build.
+RUN touch /tmp/imagefactory-stamp \
+ && SOURCE_DATE_EPOCH=315532800 useradd --create-home --uid 4242 --shell /bin/bash ml \
+ && find / -xdev \( -path /proc -o -path /sys -o -path /dev -o -path /tmp/imagefactory-stamp \) -prune \
+      -o -newer /tmp/imagefactory-stamp -print0 | xargs -0r touch -h -d @315532800 \
+ && rm /tmp/imagefactory-stamp \
+ && touch -h -d @315532800 /tmp /etc
+
+COPY --from=env /imagefactory-layers/1-python/ /
+COPY --from=env /imagefactory-layers/2-cuda/ /
+COPY --from=env /imagefactory-layers/3-blas/ /
+COPY --from=env /imagefactory-layers/4-torch/ /
+COPY --from=env /imagefactory-layers/5-packages/ /
+ENV PATH=/opt/env/bin:/opt/conda/bin:$PATH
+# The launch files, one layer (the launch stage above): a .pth line makes every interpreter of the
+# environment import imagefactory_launch at start (the image's ENV, conda activation, threads:
+# auto, writable cache places); `python` resolves where a runtime replaces PATH with the host's;
+# the hook reads launch.conf; login shells and Apptainer source the same script the ENTRYPOINT
+# runs for `docker run IMAGE CMD`.
+COPY --from=launch /imagefactory-rootfs/ /
 # What the environment's activate.d scripts export, captured for the launch hook.
 RUN /opt/env/bin/python -m imagefactory_launch capture >&2 \
  && /opt/env/bin/python -m compileall -q /opt/env/lib/python3.11/site-packages/imagefactory_launch.py
 
 # Runtime settings last, so cells that differ only here share every heavy layer.
-# The cell's launch settings, for every way in: the imagefactory_launch hook reads launch.conf;
-# login shells and Apptainer source the same script the ENTRYPOINT runs for `docker run IMAGE CMD`.
-COPY launch.conf /opt/env/etc/imagefactory/launch.conf
-COPY launch-env.sh /etc/profile.d/imagefactory.sh
-COPY launch-env.sh /.singularity.d/env/91-imagefactory.sh
-COPY entrypoint.sh /usr/local/bin/imagefactory-entrypoint
 ENTRYPOINT ["/usr/local/bin/imagefactory-entrypoint"]
 ENV HF_HOME="/data/hf" \
     MKL_NUM_THREADS="8" \
@@ -102,7 +164,7 @@ LABEL com.example.team="ml-platform" \
       io.imagefactory.blas="openblas" \
       io.imagefactory.cell="py3.11-cu12.9-openblas-conda" \
       io.imagefactory.compiler="true" \
-      io.imagefactory.content-hash="04da8c2f5dcf397ea1880fa8ff64ae77656349e3d0637141ddadb519dc68fe81" \
+      io.imagefactory.content-hash="c1d2e6e536fc731d0b579e07593416e0dce1241024de9b1eebcbb9d14effe457" \
       io.imagefactory.cuda="12.9" \
       io.imagefactory.installer="conda" \
       io.imagefactory.python="3.11" \

@@ -9,26 +9,55 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
 # Extra CA certificates (a TLS-intercepting proxy, a private mirror): trusted by apt, pip and conda.
 COPY certs/ /usr/local/share/ca-certificates/imagefactory/
-RUN update-ca-certificates
+RUN touch /tmp/imagefactory-stamp \
+ && update-ca-certificates \
+ && find / -xdev \( -path /proc -o -path /sys -o -path /dev -o -path /tmp/imagefactory-stamp \) -prune \
+      -o -newer /tmp/imagefactory-stamp -print0 | xargs -0r touch -h -d @315532800 \
+ && rm /tmp/imagefactory-stamp \
+ && touch -h -d @315532800 /tmp /etc
 ENV SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \
     REQUESTS_CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt \
     PIP_CERT=/etc/ssl/certs/ca-certificates.crt
 
 COPY wheelhouse/ /tmp/wheelhouse/
+COPY imagefactory_layers.py /tmp/imagefactory-layers.py
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
-# torch first, in a step of its own: cells that differ only in their other packages (BLAS, NumPy,
-# `packages`) share this layer, and a change to those packages does not install torch again.
+# torch first, in a step of its own: the classic builder keeps no package cache, and a change to
+# the other packages (BLAS, NumPy, `packages`) then does not download torch again. The step moves
+# the files of the CUDA and torch layers out itself (their dist-info stays for the next step's
+# pip): moved by a later step, they would be copied into its layer, and the stage would hold them
+# twice.
 RUN python3.11 -m venv /opt/venv \
- && /opt/venv/bin/pip install --no-cache-dir --index-url https://pypi-mirror.example.com/simple --find-links /tmp/wheelhouse torch==2.13.0
-# torch's wheel carries PyTorch's own C++ test programs and their data (torch/test/, and in
-# torch/bin/ test_api, test_jit, *Test, protoc, *.pt[l] ...): about 135 MB that run only inside
-# PyTorch's build tree. They go after the last install, so they never reach the final image (it
-# copies /opt/venv as this stage leaves it); torch_shm_manager (DataLoader's shared memory) stays.
-RUN /opt/venv/bin/pip install --no-cache-dir --index-url https://pypi-mirror.example.com/simple --find-links /tmp/wheelhouse numpy 'threadpoolctl>=3.1' 'scipy>=1.11' \
+ && /opt/venv/bin/pip install --no-cache-dir --no-compile --index-url https://pypi-mirror.example.com/simple --find-links /tmp/wheelhouse torch==2.13.0 \
  && torch=/opt/venv/lib/python3.11/site-packages/torch \
  && rm -rf "$torch/test" "$torch"/bin/test_* "$torch"/bin/*Test "$torch"/bin/*_test "$torch"/bin/protoc \
-      "$torch"/bin/protoc-* "$torch"/bin/*.pt "$torch"/bin/*.ptl "$torch/bin/upgrader_models"
+      "$torch"/bin/protoc-* "$torch"/bin/*.pt "$torch"/bin/*.ptl "$torch/bin/upgrader_models" \
+ && { /opt/venv/bin/python -m compileall -q -f -j 0 --invalidation-mode unchecked-hash -x '/py3(?:1[2-9]|[2-9][0-9])_[A-Za-z0-9_]+[.]py$' /opt/venv || true; } \
+ && python3.11 -I -S /tmp/imagefactory-layers.py early /opt/venv /imagefactory-layers 315532800
+
+RUN /opt/venv/bin/pip install --no-cache-dir --no-compile --index-url https://pypi-mirror.example.com/simple --find-links /tmp/wheelhouse numpy 'threadpoolctl>=3.1' 'scipy>=1.11' \
+ && torch=/opt/venv/lib/python3.11/site-packages/torch \
+ && rm -rf "$torch/test" "$torch"/bin/test_* "$torch"/bin/*Test "$torch"/bin/*_test "$torch"/bin/protoc \
+      "$torch"/bin/protoc-* "$torch"/bin/*.pt "$torch"/bin/*.ptl "$torch/bin/upgrader_models" \
+ && { /opt/venv/bin/python -m compileall -q -f -j 0 --invalidation-mode unchecked-hash -x '/py3(?:1[2-9]|[2-9][0-9])_[A-Za-z0-9_]+[.]py$' /opt/venv || true; } \
+ && python3.11 -I -S /tmp/imagefactory-layers.py split /opt/venv /imagefactory-layers 315532800
+
+# The files the image gets from this context, laid out at their places in the image with
+# SOURCE_DATE_EPOCH as every time (the file's and every folder's): the final stage copies them as
+# a tree, so their layers' bytes do not depend on the day of the build (a COPY of a single file
+# dates the folders it makes or changes with the build).
+FROM mirror.example.com/hub/library/python:3.11-slim-bookworm AS launch
+COPY certs/ /imagefactory-certs/usr/local/share/ca-certificates/imagefactory/
+COPY imagefactory_launch.py imagefactory-launch.pth /imagefactory-rootfs/opt/venv/lib/python3.11/site-packages/
+COPY python-launcher /imagefactory-rootfs/usr/local/bin/python
+COPY launch.conf /imagefactory-rootfs/opt/venv/etc/imagefactory/launch.conf
+COPY launch-env.sh /imagefactory-rootfs/etc/profile.d/imagefactory.sh
+COPY launch-env.sh /imagefactory-rootfs/.singularity.d/env/91-imagefactory.sh
+COPY entrypoint.sh /imagefactory-rootfs/usr/local/bin/imagefactory-entrypoint
+COPY --from=venv /imagefactory-layers/plan.json /imagefactory-rootfs/opt/venv/etc/imagefactory/layers.json
+RUN mkdir -p /imagefactory-certs \
+ && find /imagefactory-rootfs /imagefactory-certs -exec touch -h -d @315532800 {} +
 
 # Final stage: the same base, the environment copied in.
 FROM mirror.example.com/hub/library/python:3.11-slim-bookworm
@@ -36,8 +65,13 @@ FROM mirror.example.com/hub/library/python:3.11-slim-bookworm
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
 # Extra CA certificates (a TLS-intercepting proxy, a private mirror): trusted by apt, pip and conda.
-COPY certs/ /usr/local/share/ca-certificates/imagefactory/
-RUN update-ca-certificates
+COPY --from=launch /imagefactory-certs/ /
+RUN touch /tmp/imagefactory-stamp \
+ && update-ca-certificates \
+ && find / -xdev \( -path /proc -o -path /sys -o -path /dev -o -path /tmp/imagefactory-stamp \) -prune \
+      -o -newer /tmp/imagefactory-stamp -print0 | xargs -0r touch -h -d @315532800 \
+ && rm /tmp/imagefactory-stamp \
+ && touch -h -d @315532800 /tmp /etc
 ENV SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \
     REQUESTS_CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt \
     PIP_CERT=/etc/ssl/certs/ca-certificates.crt
@@ -49,9 +83,12 @@ ENV SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \
 # (path-exclude rules in /etc/dpkg/dpkg.cfg.d/, kept so later installs stay slim; copyright
 # files are kept). The same RUN removes the static libpython (Inductor and Triton compile against
 # Python.h and link no libpython) and GCC's lto-dump (a debugging tool), and cleans apt's cache:
-# a debootstrapped base has no docker-clean apt config, so the .debs would stay in the layer.
+# a debootstrapped base has no docker-clean apt config, so the .debs would stay in the layer. apt's
+# and dpkg's logs and ldconfig's aux-cache (dates, inode numbers) go too, and what the step writes
+# gets SOURCE_DATE_EPOCH as its time (partials/settle.j2): the layer's bytes are the packages'.
 # The base image's Python has its headers already (python:*) or gets them here (Debian's python3).
-RUN printf '%s\n' 'path-exclude=/usr/share/doc/*' 'path-include=/usr/share/doc/*/copyright' \
+RUN touch /tmp/imagefactory-stamp \
+ && printf '%s\n' 'path-exclude=/usr/share/doc/*' 'path-include=/usr/share/doc/*/copyright' \
       'path-exclude=/usr/share/man/*' 'path-exclude=/usr/share/groff/*' 'path-exclude=/usr/share/info/*' \
       'path-exclude=/usr/share/lintian/overrides/*' 'path-exclude=/usr/share/locale/*' \
       'path-include=/usr/share/locale/locale.alias' > /etc/dpkg/dpkg.cfg.d/imagefactory-slim \
@@ -62,40 +99,58 @@ RUN printf '%s\n' 'path-exclude=/usr/share/doc/*' 'path-include=/usr/share/doc/*
  && apt-get install -y --no-install-recommends g++ libc6-dev ${dev:+"$dev"} \
  && rm -f /usr/lib/python3*/config-3*/libpython3*.a /usr/lib/*-linux-gnu/libpython3*.a /usr/bin/*lto-dump* \
  && apt-get clean \
- && rm -rf /var/lib/apt/lists/*
+ && rm -rf /var/lib/apt/lists/* /var/log/apt/* /var/log/dpkg.log /var/log/alternatives.log /var/cache/ldconfig/aux-cache \
+ && find / -xdev \( -path /proc -o -path /sys -o -path /dev -o -path /tmp/imagefactory-stamp \) -prune \
+      -o -newer /tmp/imagefactory-stamp -print0 | xargs -0r touch -h -d @315532800 \
+ && rm /tmp/imagefactory-stamp \
+ && touch -h -d @315532800 /tmp /etc
 
 # The default user is not root; the environment stays root-owned so a job cannot change it.
-RUN useradd --create-home --uid 4242 --shell /bin/bash ml
+# useradd dates the password's last change SOURCE_DATE_EPOCH, not the day of the build.
+RUN touch /tmp/imagefactory-stamp \
+ && SOURCE_DATE_EPOCH=315532800 useradd --create-home --uid 4242 --shell /bin/bash ml \
+ && find / -xdev \( -path /proc -o -path /sys -o -path /dev -o -path /tmp/imagefactory-stamp \) -prune \
+      -o -newer /tmp/imagefactory-stamp -print0 | xargs -0r touch -h -d @315532800 \
+ && rm /tmp/imagefactory-stamp \
+ && touch -h -d @315532800 /tmp /etc
 
-COPY --from=venv /opt/venv /opt/venv
+# The environment, one layer per group of packages, from what changes least to what changes most
+# (the plan above). Each layer holds its files and their folders, every time fixed, and nothing
+# else, so it has the same bytes in every cell and release that installs the same packages for
+# it. (No `COPY --link`: the 20.10 engine's BuildKit v0.8 does not parse it.)
+COPY --from=venv /imagefactory-layers/1-venv/ /
+COPY --from=venv /imagefactory-layers/2-cuda/ /
+COPY --from=venv /imagefactory-layers/3-torch/ /
+COPY --from=venv /imagefactory-layers/4-blas/ /
+COPY --from=venv /imagefactory-layers/5-packages/ /
 ENV PATH=/opt/venv/bin:$PATH \
     VIRTUAL_ENV=/opt/venv
-# Launch settings that do not depend on the ENTRYPOINT: a .pth line makes every interpreter of the
-# environment import imagefactory_launch at start (the image's ENV, conda activation, threads: auto,
-# writable cache places), and `python` resolves where a runtime replaces PATH with the host's.
-COPY imagefactory_launch.py imagefactory-launch.pth /opt/venv/lib/python3.11/site-packages/
-COPY python-launcher /usr/local/bin/python
+# The launch files, one layer (the launch stage above): a .pth line makes every interpreter of the
+# environment import imagefactory_launch at start (the image's ENV, conda activation, threads:
+# auto, writable cache places); `python` resolves where a runtime replaces PATH with the host's;
+# the hook reads launch.conf; login shells and Apptainer source the same script the ENTRYPOINT
+# runs for `docker run IMAGE CMD`.
+COPY --from=launch /imagefactory-rootfs/ /
 # Conda activation captured for the launch hook (a venv has no activate.d: an empty capture, which
 # an image derived from this one that adds such a script runs again).
-# Bytecode for the whole environment and the standard library, compiled now: the default user
-# cannot write here, so without it every process (each DataLoader worker, each DDP rank) would
-# compile the stdlib, NumPy and torch again at import. Modules named for a newer Python (py3NN_*.py,
-# such as torch's py312_intrinsics.py) are skipped (-x): this Python can never import them, and
-# compiling them would print a SyntaxError in every build log. Any other file that does not compile
-# is still printed, and compileall's exit 1 does not fail the step: such a file cannot be imported
-# either, and the probe's python.bytecode check proves that every module a job imports has
-# current bytecode.
-RUN /opt/venv/bin/python -m imagefactory_launch capture >&2 \
- && { /opt/venv/bin/python -m compileall -q -j 0 -x '/py3(?:1[2-9]|[2-9][0-9])_[A-Za-z0-9_]+[.]py$' /opt/venv "$(/opt/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')" \
-      || true; }
+# Bytecode for the launch hook and the standard library, compiled now (the environment's came
+# with its layers): the default user cannot write here, so without it every process (each
+# DataLoader worker, each DDP rank) would compile the stdlib again at import. Modules named for a
+# newer Python (py3NN_*.py) are skipped (-x): this Python can never import them, and compiling them
+# would print a SyntaxError in every build log. Any other file that does not compile is still
+# printed, and compileall's exit 1 does not fail the step: such a file cannot be imported either,
+# and the probe's python.bytecode check proves that every module a job imports has current
+# bytecode. What this step writes gets SOURCE_DATE_EPOCH as its time (partials/settle.j2).
+RUN touch /tmp/imagefactory-stamp \
+ && /opt/venv/bin/python -m imagefactory_launch capture >&2 \
+ && { /opt/venv/bin/python -m compileall -q -j 0 --invalidation-mode unchecked-hash -x '/py3(?:1[2-9]|[2-9][0-9])_[A-Za-z0-9_]+[.]py$' /opt/venv/lib/python3.11/site-packages/imagefactory_launch.py "$(/opt/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')" \
+      || true; } \
+ && find / -xdev \( -path /proc -o -path /sys -o -path /dev -o -path /tmp/imagefactory-stamp \) -prune \
+      -o -newer /tmp/imagefactory-stamp -print0 | xargs -0r touch -h -d @315532800 \
+ && rm /tmp/imagefactory-stamp \
+ && touch -h -d @315532800 /tmp /etc
 
 # Runtime settings last, so cells that differ only here share every heavy layer.
-# The cell's launch settings, for every way in: the imagefactory_launch hook reads launch.conf;
-# login shells and Apptainer source the same script the ENTRYPOINT runs for `docker run IMAGE CMD`.
-COPY launch.conf /opt/venv/etc/imagefactory/launch.conf
-COPY launch-env.sh /etc/profile.d/imagefactory.sh
-COPY launch-env.sh /.singularity.d/env/91-imagefactory.sh
-COPY entrypoint.sh /usr/local/bin/imagefactory-entrypoint
 ENTRYPOINT ["/usr/local/bin/imagefactory-entrypoint"]
 ENV HF_HOME="/data/hf" \
     MKL_NUM_THREADS="8" \
@@ -108,7 +163,7 @@ LABEL com.example.team="ml-platform" \
       io.imagefactory.blas="openblas" \
       io.imagefactory.cell="py3.11-cu13.0-openblas-pip" \
       io.imagefactory.compiler="true" \
-      io.imagefactory.content-hash="0026d8f111ed51a8587c8af9038e197ed8adddf0d97b85318a49f37797335e37" \
+      io.imagefactory.content-hash="3541093d14b82a55263b612f16debfb063ddcd15cc3faa64a49dc3964de0cadf" \
       io.imagefactory.cuda="13.0" \
       io.imagefactory.installer="pip" \
       io.imagefactory.python="3.11" \

@@ -4,6 +4,7 @@ import from here, never from conftest.py or from each other."""
 
 from __future__ import annotations
 
+import atexit
 import base64
 import glob
 import hashlib
@@ -15,6 +16,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -49,6 +51,16 @@ HOST_CAS = sorted(glob.glob("/usr/local/share/ca-certificates/*.crt"))
 RUN_ID = uuid.uuid4().hex[:8]
 RUN_STARTED = time.time()  # build-cache records made after this are this run's (prune_build_cache)
 RUN_LABEL = "io.imagefactory-test.run"
+
+# No test reads the machine's Docker config (~/.docker: its registry logins, its buildx builder,
+# its context): the run gets an empty one of its own, so nothing done on the machine before the
+# run (a `docker login` after the quickstart) decides a result, and the product finds exactly the
+# logins a test gives it. A test that needs a login makes a config of its own (the `logged_in`
+# fixture). Removed when the run ends.
+DOCKER_CONFIG = Path(tempfile.mkdtemp(prefix=f"imagefactory-test-docker-config-{RUN_ID}-"))
+(DOCKER_CONFIG / "config.json").write_text("{}\n")
+os.environ["DOCKER_CONFIG"] = str(DOCKER_CONFIG)
+atexit.register(shutil.rmtree, DOCKER_CONFIG, True)
 
 
 def unavailable(reason: str):
@@ -835,3 +847,32 @@ def buildkit_args(root: Path, matrix: Path, *extra: str) -> list[str]:
     """`imagefactory build --builder buildkit` of `matrix`, with its report and work dir under `root`."""
     return ["build", "--builder", "buildkit", "--plain", "--gpus", "none", "--matrix", str(matrix),
             "--report", str(root / "report.json"), "--work-dir", str(root / "work"), *extra]
+
+
+# --------------------------------------------------------------------------- the conda test channel
+
+NO_CONDA_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"  # the host's tools, and no conda anywhere on it
+
+def channel_matrix_text(info, server, *, image: str, labels: dict[str, str], blas: str = "[mkl, openblas]",
+                        sha256: str | None = None, channels: list[str] | None = None) -> str:
+    """A conda CPU matrix on the test channel (tests/conda_channel, served by `server`): its
+    installer, its torch, `compiler: false`, the host's CA files where it has any."""
+    text = textwrap.dedent(f"""\
+        image: {image}
+        matrix:
+          python: ["3.11"]
+          cuda: ["none"]
+          blas: {blas}
+          installer: [conda]
+        torch: "{info.torch}"
+        threads: 2
+        compiler: false
+        base_registry: {BASE_REGISTRY}
+        conda:
+          version: "0.1.0-0"
+          sha256: {sha256 or info.installer_sha256}
+          installer_url: {info.installer_url(server.url)}
+          channels: {json.dumps(channels or [info.channel_url(server.url)])}
+        labels: {json.dumps(labels)}
+    """)
+    return text + (f"ca_certificates: {json.dumps(HOST_CAS)}\n" if HOST_CAS else "")

@@ -63,7 +63,9 @@ def test_failing_build_shows_step_error_and_log_tail_and_others_go_on(cpu_build)
     assert f"`{Build.BAD}`: build-failed" in summary
 
 
-TORCH_STEP = r"^Step (\d+)/\d+ : RUN python3\.11 -m venv /opt/venv .*torch==2\.13\.0\+cpu[ \t]*$"
+# torch's step: the venv, torch, then its CUDA and torch layers moved out (`early`, docs/layers.md)
+TORCH_STEP = (r"^Step (\d+)/\d+ : RUN python3\.11 -m venv /opt/venv .*torch==2\.13\.0\+cpu "
+              r".*/tmp/imagefactory-layers\.py early /opt/venv /imagefactory-layers \d+[ \t]*$")
 
 
 def _torch_step(log: str) -> tuple[str, str]:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -27,13 +26,12 @@ import pytest
 from tests.conda_channel import build as channel_build
 from tests.conda_channel.server import ChannelServer
 from tests.integration.helpers import (
-    BASE_REGISTRY, HOST_CAS, TEST_REGISTRY, ModuleImages, buildx_or_skip, report_of, run_cli)
+    TEST_REGISTRY, ModuleImages, buildx_or_skip, channel_matrix_text, NO_CONDA_PATH, report_of, run_cli)
 
 pytestmark = pytest.mark.docker
 
 MKL, OPENBLAS = "py3.11-cpu-mkl-conda", "py3.11-cpu-openblas-conda"
 ALL_PASS = {"docker": "pass", "bare": "pass", "hpc": "pass"}
-NO_CONDA_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"  # the host's tools, and no conda anywhere on it
 OWN = ModuleImages(__name__, build_cache=True)  # every conda image and BuildKit record is this module's alone
 
 
@@ -53,26 +51,7 @@ class Project:
         self.root, self.matrix = root, root / "matrix.yaml"
         channels = [info.channel_url(server.url, broken=True)] if broken else []
         channels.append(info.channel_url(server.url))
-        text = textwrap.dedent(f"""\
-            image: {image}
-            matrix:
-              python: ["3.11"]
-              cuda: ["none"]
-              blas: [mkl, openblas]
-              installer: [conda]
-            torch: "{info.torch}"
-            threads: 2
-            compiler: false
-            base_registry: {BASE_REGISTRY}
-            conda:
-              version: "0.1.0-0"
-              sha256: {sha256 or info.installer_sha256}
-              installer_url: {info.installer_url(server.url)}
-              channels: {json.dumps(channels)}
-            labels: {json.dumps(OWN.labels)}
-        """)
-        if HOST_CAS:
-            text += f"ca_certificates: {json.dumps(HOST_CAS)}\n"
+        text = channel_matrix_text(info, server, image=image, labels=OWN.labels, sha256=sha256, channels=channels)
         self.matrix.write_text(text + extra)
 
     @classmethod

@@ -36,6 +36,6 @@ def test_a_digest_pinned_base_image_builds_and_passes(tmp_path, engine, base_reg
     assert cells[cell.id]["status"] == "passed", cells[cell.id]
 
     dockerfile = (work / "contexts" / cell.id / "Dockerfile").read_text()
-    assert [line.split()[1] for line in dockerfile.splitlines() if line.startswith("FROM ")] == [pinned, pinned]
+    assert [line.split()[1] for line in dockerfile.splitlines() if line.startswith("FROM ")] == [pinned] * 3  # venv, launch, final
     labels = engine.client.images.get(cells[cell.id]["candidate"]).labels
     assert labels["org.opencontainers.image.base.name"] == pinned

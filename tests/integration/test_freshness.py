@@ -100,7 +100,7 @@ def test_base_digest_decides_rebuilds_and_passes_are_not_probed_twice(fresh):
     assert (first["status"], first["cached"], first["verdicts"]) == ("passed", False, "probed"), first
     assert first["base_digest"] == digest_a and first["base_image"] == f"{ref}@{digest_a}"
     dockerfile = (root / "work/contexts" / first["cell"] / "Dockerfile").read_text()
-    assert re.findall(r"^FROM (\S+)", dockerfile, re.M) == [f"{ref}@{digest_a}"] * 2
+    assert re.findall(r"^FROM (\S+)", dockerfile, re.M) == [f"{ref}@{digest_a}"] * 3  # venv, launch, final
 
     # Unchanged, from a fresh checkout (another work dir): not rebuilt, not probed.
     again, out = run("build", work="fresh-checkout")
@@ -122,7 +122,7 @@ def test_base_digest_decides_rebuilds_and_passes_are_not_probed_twice(fresh):
     assert moved["base_digest"] == digest_b and moved["content_hash"] != first["content_hash"]
     assert moved["image_id"] != first["image_id"]
     dockerfile = (root / "work/contexts" / moved["cell"] / "Dockerfile").read_text()
-    assert re.findall(r"^FROM (\S+)", dockerfile, re.M) == [f"{ref}@{digest_b}"] * 2
+    assert re.findall(r"^FROM (\S+)", dockerfile, re.M) == [f"{ref}@{digest_b}"] * 3  # venv, launch, final
     assert "Step 1/" in out  # built (its steps from the layer cache: the image is the same)
 
     # --pull never: the local copy's digest, no registry; still cached. The local name is first

@@ -48,7 +48,13 @@ def _installed(engine, image: str, python: str = "python") -> dict[str, str]:
 
 
 def _installed_in_venv_stage(engine, image: str) -> dict[str, str]:
-    return _installed(engine, image, "/opt/venv/bin/python")
+    """What the venv stage `image` installed: its layer plan (resources/layers.py moved the
+    environment into /imagefactory-layers/<layer>/, and plan.json lists each layer's
+    distributions as name==version, the names PEP 503's, as the probe lists them)."""
+    out = engine.client.containers.run(image, ["cat", "/imagefactory-layers/plan.json"], network_mode="none",
+                                       remove=True, stderr=False)
+    plan = json.loads(out.decode())
+    return dict(pin.split("==", 1) for pins in plan.values() for pin in pins)
 
 
 class Locked:

@@ -214,7 +214,9 @@ def package_modules() -> dict[str, Path]:
 # -- setting of the hardening reviews' tests, now filed under the modules they test (netrc, terminal, ----
 # -- fsutil, environment, logins, tags, the CLI...) ----------------------------------------------------
 
-HARDENING_PIP = """\
+# One pip CPU cell, torch 2.13.0: the tests of matrix keys (sizes, budgets) start from it, and the
+# hardening tests from it with a private index.
+ONE_PIP_CELL = """\
 image: registry.example.com/ml/train
 matrix:
   python: ["3.11"]
@@ -222,9 +224,8 @@ matrix:
   blas: [openblas]
   installer: [pip]
 torch: "2.13.0"
-pip:
-  index_url: https://pkgs.example.com/simple
 """
+HARDENING_PIP = ONE_PIP_CELL + "pip:\n  index_url: https://pkgs.example.com/simple\n"
 
 
 def hardening_project(tmp_path, monkeypatch, text: str = HARDENING_PIP) -> Path:

@@ -83,7 +83,7 @@ def test_hadolint_passes_the_locked_renders(fixture_contexts):
 
 def test_a_locked_cell_installs_from_its_lock_and_nothing_else(fixture_contexts):
     pip = fixture_contexts[PIP].dockerfile.read_text()
-    assert "pip install --no-cache-dir --require-hashes --no-deps --only-binary :all:" in pip
+    assert "pip install --no-cache-dir --no-compile --require-hashes --no-deps --only-binary :all:" in pip
     assert "-r /tmp/imagefactory-lock.txt" in pip and "COPY lock.txt /tmp/imagefactory-lock.txt" in pip
     assert "torch==" not in pip and "threadpoolctl" not in pip  # no unpinned requirement left
     conda = fixture_contexts[CONDA].dockerfile.read_text()

@@ -843,7 +843,7 @@ def test_base_digest_is_pinned_reported_and_hashed(setup, tmp_path):
     digest = BASES["python:3.11-slim-bookworm"]
     assert (r.base_digest, r.base_image) == (digest, f"python:3.11-slim-bookworm@{digest}")
     dockerfile = (tmp_path / "w1/contexts/py3.11-cpu-openblas-pip/Dockerfile").read_text()
-    assert re.findall(r"^FROM (\S+)", dockerfile, re.M) == [r.base_image] * 2
+    assert re.findall(r"^FROM (\S+)", dockerfile, re.M) == [r.base_image] * 3  # venv, launch, final
     assert f'org.opencontainers.image.base.digest="{digest}"' in dockerfile
 
 
@@ -922,3 +922,15 @@ def test_without_shared_layers_no_one_waits(setup, tmp_path):
     finally:
         engine.hold[first].set()
         thread.join()
+
+
+def test_an_index_failure_is_found_anywhere_in_the_log_tail():
+    """pip's "No matching distribution" line can be 20 lines before the end: BuildKit quotes the
+    whole failed RUN after it (the install and the layer split are one step)."""
+    from imagefactory.errors import BuildError
+    from imagefactory.pipeline.build import _index_failure
+
+    quoted = [f"  {n} | >>>  && something" for n in range(33, 52)] + ["ERROR: failed to solve: process ..."]
+    tail = ["Collecting numpy", "ERROR: No matching distribution found for imagefactory-netrc-probe", *quoted]
+    assert _index_failure(BuildError("failed to solve", log_tail=tail[-30:]))
+    assert not _index_failure(BuildError("failed to solve", log_tail=["Collecting numpy", *quoted]))

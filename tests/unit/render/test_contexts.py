@@ -66,12 +66,12 @@ def test_context_holds_every_file_the_dockerfile_copies(golden_contexts):
     launch = ["entrypoint.sh", "imagefactory-launch.pth", "imagefactory_launch.py", "launch-env.sh", "launch.conf",
               "python-launcher"]
     assert sorted(p.relative_to(pip).as_posix() for p in pip.rglob("*") if p.is_file()) == sorted([
-        "Dockerfile", "certs/ca-00.crt", *launch,
+        "Dockerfile", "certs/ca-00.crt", *launch, "imagefactory_layers.py",
         "wheelhouse/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl",
     ])
     conda = golden_contexts["py3.11-cpu-mkl-conda"].path
     assert sorted(p.name for p in conda.rglob("*") if p.is_file()) == sorted(
-        ["ca-00.crt", "Dockerfile", "condarc", *launch])
+        ["ca-00.crt", "Dockerfile", "condarc", *launch, "imagefactory_layers.py"])
     for ctx in (pip, conda):  # every file the context holds is COPY'd (or is the Dockerfile, a cert, a wheel)
         text = (ctx / "Dockerfile").read_text()
         for name in launch:
@@ -101,7 +101,7 @@ def test_key_settings_in_rendered_text(golden_contexts):
     assert "CONDA_OVERRIDE_CUDA=12.9" in cuda and "cuda-version=12.9" in cuda and "nomkl" in cuda
     assert 'NVIDIA_VISIBLE_DEVICES="all"' in cuda and "MKL_THREADING_LAYER" not in cuda
     pip = golden_contexts["py3.11-cu13.0-openblas-pip"].dockerfile.read_text()
-    assert "torch==2.13.0\n" in pip and "+cu" not in pip  # PyPI's default CUDA build
+    assert re.search(r" torch==2\.13\.0 \\\n", pip) and "+cu" not in pip  # PyPI's default CUDA build
     assert "FROM mirror.example.com/hub/library/python:3.11-slim-bookworm AS venv" in pip
     assert "USER 4242" in pip
 
@@ -279,36 +279,59 @@ def test_toolchain_layer_is_slim(golden_contexts, cell_id):
 
 @pytest.mark.parametrize("cell_id", ["py3.11-cpu-openblas-pip", "py3.11-cu13.0-openblas-pip"])
 def test_torch_test_programs_are_removed_in_the_venv_stage(golden_contexts, cell_id):
-    """torch's C++ test programs go in the venv stage's last install RUN (stage 0), so they never
-    reach the final image, which copies /opt/venv as that stage leaves it; torch_shm_manager stays."""
+    """torch's C++ test programs go in the venv stage (stage 0), in each install RUN after pip and
+    before the environment is moved into its layers, so they never reach the final image, which
+    copies those layers; torch_shm_manager stays. (The classic route has two: torch's, then the
+    rest's, which catches a torch that pip replaced.)"""
     runs = _runs(golden_contexts[cell_id].dockerfile.read_text())
-    (run,) = [r for r in runs if "rm -rf \"$torch/test\"" in r]
-    assert run.startswith("0: ") and "pip install" in run
-    assert run.index("pip install") < run.index("rm -rf \"$torch/test\"")
-    assert run == [r for r in runs if r.startswith("0: ") and "pip install" in r][-1]
-    assert "torch=/opt/venv/lib/python3.11/site-packages/torch" in run
-    for pattern in ('"$torch"/bin/test_*', '"$torch"/bin/*Test', '"$torch"/bin/protoc'):
-        assert pattern in run
-    assert "torch_shm_manager" not in run
+    trims = [r for r in runs if "rm -rf \"$torch/test\"" in r]
+    assert trims and trims == [r for r in runs if "imagefactory-layers.py" in r]
+    assert "torch==2.13.0" in trims[0] and trims[-1].rstrip().endswith("imagefactory-layers.py split /opt/venv /imagefactory-layers 315532800")
+    for run in trims:
+        assert run.startswith("0: ") and "pip install" in run
+        assert run.index("pip install") < run.index("rm -rf \"$torch/test\"") < run.index("imagefactory-layers.py")
+        assert "torch=/opt/venv/lib/python3.11/site-packages/torch" in run
+        for pattern in ('"$torch"/bin/test_*', '"$torch"/bin/*Test', '"$torch"/bin/protoc'):
+            assert pattern in run
+        assert "torch_shm_manager" not in run
+    assert trims[-1] == [r for r in runs if r.startswith("0: ") and "pip install" in r][-1]
 
 
-@pytest.mark.parametrize("builder", [Builder.classic, Builder.buildkit], ids=["classic", "buildkit"])
-def test_cells_that_differ_in_blas_and_packages_share_the_torch_step(tmp_path, builder):
-    """torch is installed by a RUN of its own, the same text for an MKL and an OpenBLAS cell with
-    other packages: the builder takes that layer from its cache for the second cell."""
+def _blas_siblings(tmp_path, builder):
     path = tmp_path / "matrix.yaml"
     path.write_text("image: registry.example.com/ml/train\nmatrix:\n  python: [\"3.11\"]\n  cuda: [\"none\"]\n"
                     "  blas: [mkl, openblas]\n  installer: [pip]\n  include:\n    - {blas: mkl, packages: [einops]}\n"
                     "torch: \"2.13.0\"\npip: {torch_index_url: \"https://download.pytorch.org/whl/cpu\", "
                     "numpy_index_url: \"https://mkl.example.com/simple\"}\n")
     m = matrix.load(path)
-    texts = [render.dockerfile_text(m, cell, None, [], locked=False, builder=builder) for cell in m.cells]
-    # from the first FROM to the end of the line that installs torch: the same text in both cells
-    upto = [t[t.index("\nFROM "):t.index("\n", t.index("torch==2.13.0"))] for t in texts]
+    return [render.dockerfile_text(m, cell, None, [], locked=False, builder=builder) for cell in m.cells]
+
+
+def test_cells_that_differ_in_blas_and_packages_share_the_torch_step(tmp_path):
+    """Classic builder (no package cache): torch is installed by a RUN of its own, the same text
+    for an MKL and an OpenBLAS cell with other packages: the builder takes that layer from its
+    cache for the second cell. The step moves the CUDA and torch layers' files out itself
+    (`early`), so the next step does not copy them into its layer."""
+    texts = _blas_siblings(tmp_path, Builder.classic)
+    # from the first FROM to the end of the step that installs torch: the same text in both cells
+    upto = [t[t.index("\nFROM "):t.index("\n", t.index("imagefactory-layers.py early"))] for t in texts]
     assert upto[0] == upto[1]
     (torch_step,) = [r for r in _runs(upto[0] + "\n") if "torch==2.13.0" in r]
     assert torch_step.startswith("0: ") and "numpy" not in torch_step and "einops" not in torch_step
+    assert torch_step.index("torch==2.13.0") < torch_step.index("imagefactory-layers.py early")
     assert texts[0] != texts[1] and any("einops" in r for r in _runs(texts[0]))
+
+
+def test_buildkit_installs_and_splits_in_one_step(tmp_path):
+    """BuildKit: torch (first, with its own index) and the rest in the RUN that makes the layers,
+    so no file is moved out of an earlier step's layer (which would copy it: the stage would
+    hold torch twice); torch's download is shared through the cache mount, and siblings share
+    the torch layer the split makes (tests/unit/resources/test_layers.py)."""
+    for text in _blas_siblings(tmp_path, Builder.buildkit):
+        (run,) = [r for r in _runs(text) if "torch==2.13.0" in r]
+        assert run.startswith("0: ") and "--mount=type=cache" in run
+        assert run.index("torch==2.13.0") < run.index("numpy") < run.index("imagefactory-layers.py split")
+        assert len([r for r in _runs(text) if r.startswith("0: ") and "pip install" in r]) == 1
 
 
 def test_locked_pip_render_removes_torch_test_programs_too(tmp_path):
@@ -525,11 +548,20 @@ def dockerfiles(tmp_path_factory) -> dict[str, str]:
 
 def compileall_options(dockerfile: str) -> list[str]:
     """The options of the Dockerfile's compileall over the whole environment, as the shell
-    hands them to compileall (the words between `-m compileall` and the first folder)."""
-    (line,) = [x for x in dockerfile.splitlines() if re.search(r"python -m compileall .* -j 0 ", x)]
-    words = shlex.split(line.split("-m compileall", 1)[1].split(" /opt/", 1)[0])
-    assert words[:3] == ["-q", "-j", "0"], line
+    hands them to compileall (the words between `-m compileall` and the first folder); the
+    classic pip route's two install steps (torch's, then the rest) compile with the same ones."""
+    lines = [x for x in dockerfile.splitlines() if re.search(r"python -m compileall .* -j 0 ", x)
+             and re.search(r" /opt/(venv \|\||env/lib/python)", x)]  # pip: the venv stage's; conda: the env's
+    assert 1 <= len(lines) <= 2 and len(set(lines)) == 1, lines
+    words = shlex.split(lines[0].split("-m compileall", 1)[1].split(" /opt/", 1)[0])
+    assert words[0] == "-q" and words[words.index("-j"):][:2] == ["-j", "0"], lines[0]
     return words
+
+
+# Both routes compile their environment for good (-f: pip's own pycs, and those a conda package
+# brings, too) with hash-based, unchecked bytecode (no source time in a pyc: reproducible layers,
+# partials/venv_layers.j2, conda.Dockerfile.j2).
+PIP_MODE = ["-f", "-j", "0", "--invalidation-mode", "unchecked-hash"]
 
 
 def run(options: list[str], tree: Path) -> tuple[int, str]:
@@ -557,7 +589,7 @@ def compiled(path: Path) -> bool:
 @pytest.mark.parametrize("installer", ["pip", "conda"])
 def test_the_rendered_compileall_skips_a_newer_pythons_module_silently(dockerfiles, installer, tmp_path):
     options = compileall_options(dockerfiles[installer])
-    assert options == ["-q", "-j", "0", "-x", recipe.newer_python_modules(HOST)]
+    assert options == ["-q", *PIP_MODE, "-x", recipe.newer_python_modules(HOST)]
     root = tree(tmp_path, broken=False)
     rc, out = run(options, root)
     assert (rc, out) == (0, "")  # no SyntaxError, no traceback: nothing at all
@@ -565,7 +597,7 @@ def test_the_rendered_compileall_skips_a_newer_pythons_module_silently(dockerfil
     assert not compiled(pkg / NEWER)
     assert all(compiled(p) for p in pkg.glob("*.py") if p.name != NEWER)
     # the file is skipped for its name, not because it compiles: without -x it is reported
-    rc, out = run(options[:3], root)
+    rc, out = run(options[:options.index("-x")], root)
     assert rc == 1 and NEWER in out and "SyntaxError" in out
 
 
@@ -598,6 +630,6 @@ def test_the_golden_cells_skip_torchs_py312_module():
     golden = Path(__file__).resolve().parents[2] / "golden"
     for dockerfile in sorted(golden.glob("*.Dockerfile")):
         (options,) = [compileall_options(dockerfile.read_text())]
-        assert options[3:] == ["-x", recipe.newer_python_modules("3.11")], dockerfile.name
+        assert options[options.index("-x"):] == ["-x", recipe.newer_python_modules("3.11")], dockerfile.name
     assert re.search(recipe.newer_python_modules("3.11"),
                      "/opt/venv/lib/python3.11/site-packages/torch/testing/_internal/py312_intrinsics.py")

@@ -1,0 +1,258 @@
+"""Layers by rate of change, for real (issue 34): the pip cell built with BuildKit on the current
+engine, then again on a cold second engine (a dockerd of its own: its own data root, no build
+cache, its own containerd namespace), compared layer by layer; a sibling cell (other threads)
+and the next release (one package added) pushed beside it, and what a node holding the first
+would fetch for each measured from the registry's manifests. The conda route the same way: one
+locked cell against the test channel (tests/conda_channel), built on both engines.
+
+The cold engine's build is the one cold build here (about two minutes of torch's install); the
+main engine's three take their venv stage's first step from the session's BuildKit cache.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from imagefactory.config import recipe
+from imagefactory.engine import registry
+from tests.conda_channel import build as channel_build
+from tests.conda_channel.server import ChannelServer
+from tests.integration.helpers import (RUN_ID, TEST_PASSWORD, TEST_REGISTRY, TEST_USER, ModuleImages,
+                                       buildkit_args, buildx_or_skip, channel_matrix_text, containerd_store, NO_CONDA_PATH,
+                                       matrix_text, run_cli, unavailable)
+
+OWN = ModuleImages(__name__)
+pytestmark = pytest.mark.docker
+
+CELL = "py3.11-cpu-openblas-pip"
+CURRENT_BIN = Path("/opt/imagefactory/engine-current/bin")
+CONTAINERD_SOCK = Path("/run/imagefactory-engine/containerd/containerd.sock")
+PUSH_ENV = {"IMAGEFACTORY_REGISTRY_USER": TEST_USER, "IMAGEFACTORY_REGISTRY_PASSWORD": TEST_PASSWORD}
+ONE_MB = 1 << 20
+
+
+@contextlib.contextmanager
+def cold_engine():
+    """A throwaway dockerd beside the current one (the same binaries and containerd, a namespace
+    and data root of its own): no image, no build cache. Yields its DOCKER_HOST; removed after."""
+    if not (CURRENT_BIN / "dockerd").exists() or not CONTAINERD_SOCK.exists():
+        unavailable("the current engine (Debian 13's dockerd and its containerd) is not running")
+    name = f"ifl{RUN_ID}"
+    root = Path(tempfile.mkdtemp(prefix="imagefactory-cold-", dir="/var/lib"))
+    run = Path(f"/run/{name}")  # short: a unix socket path has a length limit
+    run.mkdir()
+    (run / "daemon.json").write_text('{"features": {"containerd-snapshotter": true}}\n')
+    host = f"unix://{run}/docker.sock"
+    env = dict(os.environ, PATH=f"{CURRENT_BIN}:{os.environ['PATH']}")
+    log = open(run / "log", "wb")
+    proc = subprocess.Popen([str(CURRENT_BIN / "dockerd"), "--config-file", str(run / "daemon.json"),
+                             "--containerd", str(CONTAINERD_SOCK), "-H", host, "--data-root", str(root),
+                             "--exec-root", str(run / "exec"), "--pidfile", str(run / "dockerd.pid"),
+                             "--containerd-namespace", name, "--containerd-plugins-namespace", f"{name}-plugins",
+                             "--bridge=none", "--iptables=false", "--ip-forward=false", "--ip-masq=false"],
+                            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                            start_new_session=True)
+    try:
+        for _ in range(120):
+            if subprocess.run(["docker", "-H", host, "version"], capture_output=True).returncode == 0:
+                break
+            time.sleep(0.5)
+        else:
+            pytest.fail(f"the cold engine did not answer: {(run / 'log').read_text()[-2000:]}")
+        yield host
+    finally:
+        # its images and build cache live in the shared containerd: pruned through it, or they stay
+        subprocess.run(["docker", "-H", host, "system", "prune", "-af"], capture_output=True, timeout=300)
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+        subprocess.run(["umount", str(run / "exec" / "netns" / "default")], capture_output=True)
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(run, ignore_errors=True)
+
+
+def _layers(image_id: str, host: str | None = None) -> list[tuple[str, int, str]]:
+    """(diff id, size in bytes, step) of each layer of `image_id`, oldest first (sizes from the history)."""
+    cli = ["docker"] + (["-H", host] if host else [])
+    diff_ids = json.loads(subprocess.run(cli + ["image", "inspect", image_id, "--format", "{{json .RootFS.Layers}}"],
+                                         capture_output=True, text=True, check=True).stdout)
+    rows = subprocess.run(cli + ["history", "--no-trunc", "--format", "{{json .}}", image_id],
+                          capture_output=True, text=True, check=True).stdout.splitlines()
+    steps = [json.loads(r) for r in reversed(rows)]
+    sized = [s for s in steps if not s["CreatedBy"].startswith(("ENV", "LABEL", "USER", "CMD", "ENTRYPOINT",
+                                                                 "SHELL", "ARG"))]
+    return [(d, _bytes(s["Size"]), s["CreatedBy"][:90]) for d, s in zip(diff_ids, sized[-len(diff_ids):])]
+
+
+def _bytes(size: str) -> int:
+    units = {"B": 1, "kB": 1e3, "MB": 1e6, "GB": 1e9}
+    for unit in ("kB", "MB", "GB", "B"):
+        if size.endswith(unit):
+            return int(float(size[:-len(unit)]) * units[unit])
+    return 0
+
+
+def _manifest(ref: str) -> tuple[str, list[tuple[str, int]]]:
+    """The amd64 image manifest's digest of the pushed `ref`, and (digest, compressed size) of
+    each of its layers, from the registry."""
+    auth = {"username": TEST_USER, "password": TEST_PASSWORD}
+    manifest = registry.get_manifest(ref, auth)
+    assert manifest is not None, ref
+    doc = json.loads(manifest.body)
+    if "manifests" in doc:  # an index (with BuildKit's attestation beside the image): the amd64 image
+        digest = next(m["digest"] for m in doc["manifests"] if m.get("platform", {}).get("architecture") == "amd64")
+        return _manifest(f"{ref.rsplit(':', 1)[0]}@{digest}")
+    return manifest.digest, [(layer["digest"], layer["size"]) for layer in doc["layers"]]
+
+
+INLINE_CACHE = "moby.buildkit.cache.v0"
+
+
+def _config(ref: str) -> dict:
+    """The image config of the pushed `ref` (amd64), from the registry."""
+    auth = {"username": TEST_USER, "password": TEST_PASSWORD}
+    digest, _ = _manifest(ref)
+    doc = json.loads(registry.get_manifest(f"{ref.rsplit(':', 1)[0]}@{digest}", auth).body)
+    host, _, repo = ref.rsplit(":", 1)[0].partition("/")
+    request = urllib.request.Request(f"http://{host}/v2/{repo}/blobs/{doc['config']['digest']}")
+    token = base64.b64encode(f"{TEST_USER}:{TEST_PASSWORD}".encode()).decode()
+    request.add_header("Authorization", f"Basic {token}")
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.loads(response.read(4 << 20))
+
+
+def fetched(image: list[tuple[str, int]], held: list[tuple[str, int]]) -> float:
+    """The share of `image`'s compressed bytes a node holding `held` must still fetch."""
+    have = {digest for digest, _ in held}
+    total = sum(size for _, size in image)
+    return sum(size for digest, size in image if digest not in have) / total
+
+
+
+
+class Built:
+    def __init__(self, root: Path, text: str, *extra: str, host: str | None = None, env: dict | None = None):
+        root.mkdir(parents=True, exist_ok=True)
+        self.root = OWN.work_dir(root)
+        (root / "matrix.yaml").write_text(text)
+        env = dict(PUSH_ENV, **(env or {}), **({"DOCKER_HOST": host} if host else {}))
+        self.result = run_cli(*buildkit_args(root, root / "matrix.yaml", *extra), env=env, timeout=1500)
+        report = json.loads((root / "report.json").read_text()) if (root / "report.json").exists() else None
+        assert report and self.result.returncode == 0, self.result.stdout[-3000:] + self.result.stderr[-3000:]
+        cell = report["cells"][0]
+        assert cell["status"] in ("passed", "published"), cell
+        self.image_id, self.cell = cell["image_id"], cell
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory, base_registry, test_registry, wheelhouse):
+    buildx_or_skip()
+    if not containerd_store():
+        unavailable("the default engine is not Debian 13's with the containerd image store")
+    root = tmp_path_factory.mktemp("layers")
+    image = f"{TEST_REGISTRY}/it-{RUN_ID}/layers"
+
+    def text(threads: int = 2, packages: str = "") -> str:
+        return matrix_text(image=image, wheelhouse=wheelhouse, labels=OWN.labels,
+                           extra=f"packages: [{packages}]\n").replace("threads: 2", f"threads: {threads}")
+
+    first = Built(root / "first", text(), "--push")
+    sibling = Built(root / "sibling", text(threads=3), "--push")
+    release = Built(root / "release", text(packages="six"), "--push")
+    with cold_engine() as host:  # pushed to a repository of its own (the title label names only "layers")
+        cold_image = f"{TEST_REGISTRY}/it-{RUN_ID}-cold/layers"
+        cold = Built(root / "cold", text().replace(f"image: {image}", f"image: {cold_image}"), "--push", host=host)
+        cold_layers = _layers(cold.image_id, host)
+    return first, sibling, release, cold, cold_layers, image
+
+
+def test_a_cold_build_on_another_engine_gives_the_same_image(builds):
+    first, _, _, cold, cold_layers, _ = builds
+    main_layers = _layers(first.image_id)
+    differ = [(m[2], m[1]) for m, c in zip(main_layers, cold_layers) if m[0] != c[0]]
+    assert len(main_layers) == len(cold_layers) and not differ, differ  # every layer the same
+    # and the image as pushed: the same layer blobs (compressed bytes), and the same config but for
+    # BuildKit's inline-cache record (its cache graph and build times, which --registry-cache
+    # reads back): docs/layers.md
+    main_ref, cold_ref = first.cell["pushed"][0]["ref"], cold.cell["pushed"][0]["ref"]
+    assert _manifest(main_ref)[1] == _manifest(cold_ref)[1]
+    main_config, cold_config = _config(main_ref), _config(cold_ref)
+    assert INLINE_CACHE in main_config
+    assert {k: v for k, v in main_config.items() if k != INLINE_CACHE} == \
+        {k: v for k, v in cold_config.items() if k != INLINE_CACHE}
+
+
+def test_the_environment_is_split_by_rate_of_change(builds):
+    first = builds[0]
+    steps = [step for _, _, step in _layers(first.image_id)]
+    copies = [s for s in steps if "/imagefactory-layers/" in s and "plan.json" not in s]
+    assert [s.split("/imagefactory-layers/")[1].split("/")[0] for s in copies] == list(recipe.VENV_LAYERS)
+    torch_layer = next(size for _, size, step in _layers(first.image_id) if "3-torch" in step)
+    assert torch_layer > 200 * ONE_MB  # torch is in its own layer, not in the packages'
+
+
+def test_a_sibling_and_the_next_release_move_few_bytes(builds):
+    first, sibling, release, _, _, image = builds
+    refs = {name: b.cell["pushed"][0]["ref"] for name, b in (("first", first), ("sibling", sibling),
+                                                              ("release", release))}
+    assert all(ref.startswith(image + ":") for ref in refs.values()), refs
+    first_m = _manifest(refs["first"])[1]
+    sibling_share = fetched(_manifest(refs["sibling"])[1], first_m)
+    release_share = fetched(_manifest(refs["release"])[1], first_m)
+    assert sibling_share <= 0.20, sibling_share  # issue 34's goals
+    assert release_share <= 0.05, release_share
+    assert release_share > 0  # the added package is in a layer of its own making
+
+
+@pytest.fixture(scope="module")
+def conda_builds(tmp_path_factory, base_registry):
+    """The locked conda cell built on the current engine and on a cold one (the channel served
+    here, the same lock for both)."""
+    buildx_or_skip()
+    if not containerd_store():
+        unavailable("the default engine is not Debian 13's with the containerd image store")
+    root = tmp_path_factory.mktemp("conda-layers")
+    info = channel_build.build()
+    with ChannelServer(info.root) as server:
+        text = channel_matrix_text(info, server, image=f"{TEST_REGISTRY}/it-{RUN_ID}/conda-layers",
+                                   labels=OWN.labels, blas="[openblas]")
+        (root / "matrix.yaml").write_text(text)
+        locked = run_cli("lock", "--matrix", str(root / "matrix.yaml"), env={"PATH": NO_CONDA_PATH}, timeout=600)
+        assert locked.returncode == 0, locked.stdout[-2000:] + locked.stderr[-2000:]
+        for name in ("first", "cold"):
+            (root / name).mkdir()
+            shutil.copytree(root / "locks", root / name / "locks")
+        first = Built(root / "first", text, env={"PATH": NO_CONDA_PATH})
+        with cold_engine() as host:
+            cold = Built(root / "cold", text, host=host, env={"PATH": NO_CONDA_PATH})
+            cold_layers = _layers(cold.image_id, host)
+    return first, cold_layers
+
+
+def test_the_conda_environment_is_split_and_a_cold_build_gives_the_same_layers(conda_builds):
+    first, cold_layers = conda_builds
+    main_layers = _layers(first.image_id)
+    steps = [step for _, _, step in main_layers]
+    copies = [s for s in steps if "/imagefactory-layers/" in s and "plan.json" not in s]
+    assert [s.split("/imagefactory-layers/")[1].split("/")[0] for s in copies] == list(recipe.CONDA_LAYERS)
+    sizes = {step.split("/imagefactory-layers/")[1].split("/")[0]: size for _, size, step in main_layers
+             if step in copies}
+    assert sizes["4-torch"] > 100 * ONE_MB and sizes["3-blas"] > ONE_MB  # torch and the BLAS apart
+    assert len(main_layers) == len(cold_layers)
+    differ = [(m[2], m[1]) for m, c in zip(main_layers, cold_layers) if m[0] != c[0] and m[1] > ONE_MB]
+    assert not differ, differ  # issue 34: at the least every layer over 1 MB the same
