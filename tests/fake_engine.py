@@ -21,6 +21,7 @@ from imagefactory.run.context import UI, BuildOptions, RunContext, Settings, Sil
 from imagefactory.config import platforms
 from imagefactory.engine.api import (Builder, BuildProgress, BuildRequest, ContainerEngine, EngineInfo, Manifest,
                                      PushOutcome, RegistryClient, RunResult, is_transient, refuse_foreign)
+from imagefactory.engine.layers import Layer, Measured
 from imagefactory.errors import BuildError, Cancelled, EngineError, EngineGone, PushError, RegistryError
 from imagefactory.interrupt import Interrupt
 from imagefactory.pipeline.schedule import instructions
@@ -65,6 +66,8 @@ class World:
     altered: set[str] = field(default_factory=set)
     label_lookup_fails: bool = False
     images: dict[str, Image] = field(default_factory=dict)
+    # image id -> its layers as a push sends them (layer_sizes; the registry's manifests of it)
+    layers: dict[str, Measured] = field(default_factory=dict)
     registry: dict[str, str] = field(default_factory=dict)  # ref -> digest served (base images too)
     blobs: dict[str, Image] = field(default_factory=dict)  # digest -> the image a pull of it gives (pushes add)
     pull_fails: bool = False  # every pull fails (the registry refuses)
@@ -173,6 +176,15 @@ class FakeEngine:
     def image_platform(self, ref: str) -> str | None:
         image = self.world.image_by_ref(ref)
         return image.platform if image else None
+
+    def layer_sizes(self, ref: str) -> Measured:
+        """`world.layers` of the image `ref` names (one 1000-byte layer when unset)."""
+        self.world.record("layer_sizes", ref)
+        self.interrupt.check()
+        image = self.world.image_by_ref(ref)
+        if image is None:
+            raise EngineError(f"cannot measure {ref}: no such image")
+        return self.world.layers.get(image.id, Measured((Layer(1000, "sha256:" + "d" * 64, "sha256:" + "d" * 64),)))
 
     def tag(self, image: str, ref: str) -> None:
         self.world.record("tag", (image, ref))
@@ -284,9 +296,11 @@ class FakeEngine:
 
     # -- push ----------------------------------------------------------------------------
     def push(self, ref: str, *, auth_config: dict[str, str] | None = None,
-             progress: Callable[[dict], None] = lambda e: None) -> PushOutcome:
+             progress: Callable[[dict], None] = lambda e: None, compression: str = "gzip") -> PushOutcome:
         self.interrupt.check()
         self.world.record("push", ref)
+        if compression != "gzip":
+            self.world.record("push_compression", (ref, compression))
         tries = self.world.pushes.get(ref, [])
         behaviour = tries.pop(0) if tries else "ok"
         if behaviour == "hang":
@@ -361,11 +375,15 @@ class FakeRegistry:
             return Manifest(put.media_type, "sha256:" + hashlib.sha256(body).hexdigest(), body)
         if put is not None:
             return put
-        digest = self.world.served_digest(ref, auth_config)
-        if digest is None:
+        digest = ref.partition("@")[2] or self.world.served_digest(ref, auth_config)
+        if not digest or (ref.partition("@")[2] and digest not in self.world.blobs):
             return None
+        blob = self.world.blobs.get(digest)
+        measured = self.world.layers.get(blob.id) if blob is not None else None
+        layers = [{"mediaType": "application/vnd.docker.image.rootfs.diff.tar.gzip", "digest": layer.digest,
+                   "size": layer.size} for layer in (measured.layers if measured else ())]
         return Manifest("application/vnd.docker.distribution.manifest.v2+json", digest,
-                        json.dumps({"schemaVersion": 2, "for": digest}).encode())
+                        json.dumps({"schemaVersion": 2, "for": digest, "layers": layers}).encode())
 
     def put_manifest(self, ref: str, manifest: Manifest, *, auth_config: dict[str, str] | None = None) -> str:
         self.interrupt.check()

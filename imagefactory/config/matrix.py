@@ -31,6 +31,7 @@ from imagefactory.files import yamlfile
 from imagefactory.files.store import Store
 from imagefactory.config import platforms
 from imagefactory.config import refs
+from imagefactory.config import sizes
 from imagefactory.config import tags as tagging
 from imagefactory.errors import ConfigError
 from imagefactory.files.yamlfile import Located as _Located
@@ -40,7 +41,7 @@ from imagefactory.config.model import Cell, CondaSettings, InstallerPin, Matrix,
 if TYPE_CHECKING:
     import jsonschema
 
-CELL_KEYS = ("torch", "numpy", "threads", "compiler", "base_image", "packages", "env")
+CELL_KEYS = ("torch", "numpy", "threads", "compiler", "base_image", "packages", "env", "size_budget")
 DEFAULT_THREADS = 4
 # Variables the templates bake from the cell; the smoke tests judge them, so `env` cannot override them.
 MANAGED_ENV = {"OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_THREADING_LAYER",
@@ -319,9 +320,39 @@ def _build(path: Path, data: dict[str, Any], loc: _Located, problems: list[Probl
         return None
     cells, sources = _cells(combos, data, pip, conda, problem)
     tagged = _tags(data, cells, sources, problem)
+    compression = _compression(data, problem)
     if problems:
         return None
-    return Matrix(path=path, image=data["image"], pip=pip, conda=conda, ca_certificates=tuple(certs), **tagged)
+    return Matrix(path=path, image=data["image"], pip=pip, conda=conda, ca_certificates=tuple(certs),
+                  **tagged, **compression)
+
+
+def _compression(data: dict[str, Any], problem) -> dict[str, Any]:
+    """The Matrix fields of `compression` and `tags.compression`: each registry named there is
+    image's or one under tags.registries (a setting for a registry nothing is pushed to is a typo)."""
+    tags_cfg = data.get("tags", {})
+    allowed = tagging.registries(data["image"], tuple(tags_cfg.get("registries", [])))
+    per = {refs.normal_registry(r): how for r, how in tags_cfg.get("compression", {}).items()}
+    for registry, given in zip(per, tags_cfg.get("compression", {})):
+        if registry not in allowed:
+            problem(("tags", "compression", given),
+                    f"{given!r} is not a registry this matrix pushes to (allowed: {', '.join(allowed)})")
+    return {"compression": data.get("compression", "gzip"), "registry_compression": tuple(sorted(per.items()))}
+
+
+def _budget(combo: dict[str, Any], data: dict[str, Any], where: tuple[Any, ...], problem) -> int | None:
+    """The cell's size budget in bytes (its include entry's, else the file's); None without one."""
+    if "size_budget" in combo:
+        value, keypath = combo["size_budget"], where + ("size_budget",)
+    elif "size_budget" in data:
+        value, keypath = data["size_budget"], ("size_budget",)
+    else:
+        return None
+    try:
+        return sizes.parse(value)
+    except ValueError as e:
+        problem(keypath, str(e))
+        return None
 
 
 def _settings(data: dict[str, Any], base_dir: Path, problem) -> tuple[PipSettings, CondaSettings, list[Path]]:
@@ -357,8 +388,9 @@ def _cells(combos: list[dict[str, Any]], data: dict[str, Any], pip: PipSettings,
     sources: list[tuple[Any, ...]] = []
     seen: set[str] = set()
     for combo in combos:
-        cell = _cell(combo, data, bases.resolve(combo, base_images, data.get("base_registry")))
         where = _cell_source(combo, axes_spec)
+        cell = replace(_cell(combo, data, bases.resolve(combo, base_images, data.get("base_registry"))),
+                       size_budget=_budget(combo, data, where, problem))
         if cell.id in seen:
             problem(where, f"cell {cell.id} is defined twice")
             continue

@@ -41,6 +41,9 @@ class Cell:
     # what the image is built for (platforms.py); a cell of any other than the default has its
     # architecture in its id, before the variant: py3.11-cpu-openblas-pip-arm64
     platform: Platform = platforms.DEFAULT
+    # the most compressed bytes its image may have (size_budget, config/sizes.py); None: no budget,
+    # and nothing measured before a push
+    size_budget: int | None = None
 
     @property
     def id(self) -> str:
@@ -118,6 +121,13 @@ class Matrix:
     # release tags that name several platforms' images (tags.plan): the cells push their per-arch
     # tags (cell.tags), then publish/lists.py merges each list whose every platform passed
     lists: tuple[TagList, ...] = ()
+    compression: str = "gzip"  # how pushed layers are compressed: gzip | zstd (OCI media types)
+    # (registry, gzip | zstd) where tags.compression sets one of its own
+    registry_compression: tuple[tuple[str, str], ...] = ()
+
+    def compression_for(self, registry: str) -> str:
+        """How layers pushed to `registry` are compressed: its own setting, else the matrix's."""
+        return dict(self.registry_compression).get(registry, self.compression)
 
     def cell(self, cell_id: str) -> Cell:
         for c in self.cells:

@@ -25,6 +25,7 @@ from typing import Any, Callable, Protocol
 from imagefactory.config import platforms
 from imagefactory.errors import ForeignPlatform
 from imagefactory.config.platforms import Platform
+from imagefactory.engine.layers import Measured
 
 
 class Builder(str, Enum):
@@ -145,6 +146,11 @@ class ContainerEngine(Protocol):
         """The local image's os/architecture from its config ("linux/arm64"); None if there is none."""
         ...
 
+    def layer_sizes(self, ref: str) -> Measured:
+        """The compressed layers a push of the local image `ref` would send, base first, each with
+        the Dockerfile step that made it (engine/layers.py: exact blobs or gzip estimates)."""
+        ...
+
     def tag(self, image: str, ref: str) -> None: ...
 
     def untag(self, ref: str) -> None:
@@ -179,7 +185,9 @@ class ContainerEngine(Protocol):
         ...
 
     def push(self, ref: str, *, auth_config: dict[str, str] | None = None,
-             progress: Callable[[dict], None] = ...) -> PushOutcome: ...
+             progress: Callable[[dict], None] = ..., compression: str = "gzip") -> PushOutcome:
+        """Push the local tag `ref`; `compression` zstd: its layers recompressed, OCI media types."""
+        ...
 
     def pull(self, ref: str, *, auth_config: dict[str, str] | None = None) -> str:
         """Pull `ref` (name:tag@sha256:...) from its registry; the local image id. EngineError

@@ -35,6 +35,8 @@ from collections import deque
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Callable
 
+from imagefactory.config import recipe
+from imagefactory.config import refs
 from imagefactory.engine import identity
 from imagefactory.files import terminal
 from imagefactory.engine.api import PODMAN, Builder, BuildProgress, BuildRequest
@@ -137,6 +139,9 @@ def command(cli: str, request: BuildRequest, metadata: Path, *, builder: str | N
     # inline cache metadata in every image (regcache.py): a later build on another machine can take
     # its cache from this image once it is pushed (registry cache export needs another driver)
     args += ["--build-arg", "BUILDKIT_INLINE_CACHE=1"]
+    # the image's and its history's times (BuildKit >= 0.11): a constant, so two builds of one
+    # context on any day give one config (the layers' own times are fixed inside the build)
+    args += ["--build-arg", f"SOURCE_DATE_EPOCH={recipe.SOURCE_DATE_EPOCH}"]
     for ref in request.cache_from:
         args += ["--cache-from", ref]
     for name, src in sorted(request.secrets):
@@ -286,12 +291,13 @@ def _stop(proc: subprocess.Popen) -> None:
     threading.Thread(target=later, name="imagefactory-buildx-stop", daemon=True).start()
 
 
-def run_build(args: list[str], parser: RawJsonProgress, interrupt: Interrupt) -> int:
+def run_build(args: list[str], parser: RawJsonProgress, interrupt: Interrupt,
+              env: dict[str, str] | None = None) -> int:
     """Run buildx in its own process group, feed its output to `parser`, return its exit status.
-    Cancelled once `interrupt` is set (the process group stopped)."""
+    Cancelled once `interrupt` is set (the process group stopped). `env`: instead of _buildx_env()."""
     interrupt.check()
     proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True, env=_buildx_env())
+                            start_new_session=True, env=env or _buildx_env())
     try:
         with interrupt.on_cancel(lambda: _stop(proc)):
             out: IO[bytes] | None = proc.stdout
@@ -319,6 +325,70 @@ def _buildx_env() -> dict[str, str]:
     return env
 
 
+def recompress_command(cli: str, ref: str, compression: str, metadata: Path, context: Path) -> list[str]:
+    """The buildx command that pushes the local image `ref` as `ref` with its layers recompressed
+    (`FROM ref` and nothing else: BuildKit resolves it in the containerd image store, no pull)."""
+    output = (f"type=image,name={ref},push=true,compression={compression},oci-mediatypes=true,"
+              f"force-compression=true")
+    return [cli, "buildx", "build", "--progress=rawjson", "--metadata-file", str(metadata), "--provenance=false",
+            "--output", output, str(context)]
+
+
+def _docker_config(folder: Path, registry: str, auth: dict[str, str] | None) -> dict[str, str]:
+    """buildx's environment for one push: with `auth`, a Docker config of its own in `folder` holding
+    only that login (the user's buildx plugins and builders linked in); without, the user's."""
+    env = _buildx_env()
+    if not auth:
+        return env
+    mine = Path(os.environ.get("DOCKER_CONFIG") or Path.home() / ".docker")
+    folder.mkdir(mode=0o700)
+    for name in ("cli-plugins", "buildx"):
+        if (mine / name).is_dir():
+            (folder / name).symlink_to(mine / name)
+    token = base64.b64encode(f"{auth['username']}:{auth['password']}".encode()).decode()
+    (folder / "config.json").write_text(json.dumps({"auths": {registry: {"auth": token}}}))
+    (folder / "config.json").chmod(0o600)
+    return {**env, "DOCKER_CONFIG": str(folder)}
+
+
+def push_recompressed(ref: str, registry: str, compression: str, auth: dict[str, str] | None,
+                      interrupt: Interrupt) -> str:
+    """Push the local image `ref` with `compression` layers under OCI media types (`docker buildx build
+    --output type=image,push=true,compression=...,force-compression=true`); the manifest digest pushed.
+    Needs the containerd image store (the caller checks). PushError when buildx fails."""
+    from imagefactory.engine.api import is_transient
+    from imagefactory.errors import PushError
+
+    cli = docker_cli()
+    if cli is None:
+        raise PushError(f"push of {ref} with {compression}: no `docker` CLI on PATH: " + INSTALL_HINT, transient=False)
+    parser = RawJsonProgress(lambda line: None, lambda p: None)
+    with tempfile.TemporaryDirectory(prefix="imagefactory-recompress-") as tmp:
+        (Path(tmp) / "Dockerfile").write_text(f"FROM {ref}\n")
+        metadata = Path(tmp) / "metadata.json"
+        env = _docker_config(Path(tmp) / "docker-config", registry, auth)
+        try:
+            code = run_build(recompress_command(cli, ref, compression, metadata, Path(tmp)), parser, interrupt, env)
+        except OSError as e:
+            raise PushError(f"push of {ref}: could not run docker buildx: {e.strerror}", transient=True) from None
+        if code != 0:
+            message = parser.error or f"docker buildx build exited {code}"
+            raise PushError(f"push of {ref} with {compression} failed: {message}", transient=is_transient(message))
+        digest = _pushed_digest(metadata)
+    if digest is None:
+        raise PushError(f"push of {ref} with {compression} ended without a digest", transient=True)
+    return digest
+
+
+def _pushed_digest(path: Path) -> str | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    digest = data.get("containerimage.digest") if isinstance(data, dict) else None
+    return digest if isinstance(digest, str) and identity.DIGEST_RE.fullmatch(digest) else None
+
+
 class BuildxBuilder:
     """BuildKit as the builder a Docker SDK engine is given (engine.docker.ImageBuilder): `build`
     runs `docker buildx build` (`buildx_builder`: its --builder NAME); the engine does the rest."""
@@ -336,6 +406,10 @@ class BuildxBuilder:
             where = terminal.printable(os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock"))
             raise ConfigError(f"builder buildkit: the engine at {where} is podman, whose Docker API serves no BuildKit "
                               f"(docker buildx cannot build through it); build with --builder classic")
+
+    def push_recompressed(self, engine: Engine, ref: str, compression: str, auth: dict[str, str] | None) -> str:
+        """Push the local image `ref` with `compression` layers (push_recompressed); its digest."""
+        return push_recompressed(ref, refs.registry(ref) or refs.DOCKER_HUB, compression, auth, engine.interrupt)
 
     def build(self, engine: Engine, request: BuildRequest, *, log: Callable[[str], None] = lambda line: None,
               progress: Callable[[BuildProgress], None] = lambda p: None) -> str:

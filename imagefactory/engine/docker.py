@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+import tarfile
 import threading
 from collections import deque
 from collections.abc import Iterator
@@ -29,6 +30,7 @@ import requests.exceptions
 import urllib3.exceptions
 
 from imagefactory.engine import identity
+from imagefactory.engine import layers
 from imagefactory.engine.registry import HttpRegistry
 from imagefactory.config import platforms
 from imagefactory.config import refs
@@ -225,6 +227,22 @@ class Engine:
             self._failed(f"could not inspect {ref}", e)
         return f"{attrs.get('Os') or '?'}/{attrs.get('Architecture') or '?'}"
 
+    def layer_sizes(self, ref: str) -> layers.Measured:
+        """The compressed layers a push of `ref` sends (engine/layers.py): exact on the containerd
+        store (its blobs), gzip estimates on the graph-driver store (kept by diff id)."""
+        try:
+            attrs = self.client.images.get(ref).attrs
+            diff_ids = [str(d) for d in (attrs.get("RootFS") or {}).get("Layers") or []]
+            estimates = identity.store(self._info()) != identity.CONTAINERD
+            with self._streaming():
+                return layers.measured(diff_ids, lambda: self.api.get_image(ref), estimates=estimates)
+        except docker.errors.ImageNotFound:
+            raise EngineError(f"cannot measure {ref}: no such image") from None
+        except (ValueError, tarfile.TarError) as e:
+            raise EngineError(f"cannot measure {ref}: its save stream is not one image ({str(e)[:120]})") from None
+        except _SDK_ERRORS as e:
+            self._failed(f"could not measure the layers of {ref}", e)
+
     def _info(self) -> dict[str, Any]:
         """`docker info`, asked once for all the engines that share it: the answer to the
         background question the first engine asked (_ask_info); if that failed, asked again
@@ -365,9 +383,12 @@ class Engine:
 
     # -- push -------------------------------------------------------------------------------
     def push(self, ref: str, *, auth_config: dict[str, str] | None = None,
-             progress: Callable[[dict], None] = lambda e: None) -> PushOutcome:
+             progress: Callable[[dict], None] = lambda e: None, compression: str = "gzip") -> PushOutcome:
         """Push one tag. The SDK does not raise on failure: errors arrive as stream events.
-        An interrupt closes the stream (the engine then abandons the upload)."""
+        An interrupt closes the stream (the engine then abandons the upload). Another `compression`
+        than gzip (zstd) goes through buildx (buildkit.push_recompressed): the containerd store only."""
+        if compression != "gzip":
+            return self._push_recompressed(ref, compression, auth_config)
         repo, tag = split_tag(ref)
         digest = None
         layers_pushed: set[str] = set()
@@ -412,6 +433,17 @@ class Engine:
         if digest is None:
             raise PushError(f"push of {ref} ended without a digest", transient=True)
         return PushOutcome(ref, digest, sorted(layers_pushed), sorted(layers_existing - {""}))
+
+    def _push_recompressed(self, ref: str, compression: str, auth_config: dict[str, str] | None) -> PushOutcome:
+        """Through the builder (BuildxBuilder.push_recompressed): the classic builder has no way to."""
+        recompress = getattr(self._builder, "push_recompressed", None)
+        if recompress is None:
+            raise PushError(f"push of {ref}: {compression} layers are written by BuildKit; the classic builder "
+                            f"cannot (use --builder buildkit)", transient=False)
+        if identity.store(self._info()) != identity.CONTAINERD:
+            raise PushError(f"push of {ref}: {compression} layers need an engine on the containerd image store "
+                            f"(this one keeps uncompressed layers: Docker 20.10's graph driver)", transient=False)
+        return PushOutcome(ref, recompress(self, ref, compression, auth_config), [], [])
 
     def pull(self, ref: str, *, auth_config: dict[str, str] | None = None) -> str:
         """Pull `ref` (name:tag@sha256:...); the local image id. Like a push, a pull reports its

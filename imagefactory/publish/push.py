@@ -16,12 +16,17 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from imagefactory.publish import budget as size_budget
 from imagefactory.publish import lists as publish_lists
+from imagefactory.publish import sizes
+from imagefactory.config import refs
 from imagefactory.config import tags as tagging
 from imagefactory.run.context import UI, Publishing, Releasing, RunContext
-from imagefactory.engine.api import ContainerEngine, PushOutcome
+from imagefactory.engine import identity
+from imagefactory.engine.api import Builder, ContainerEngine, EngineFactory, PushOutcome
 from imagefactory.engine.logins import Auth, auth_for, redact, registry_credentials
 from imagefactory.errors import Cancelled, ConfigError, EngineError, PushError
 from imagefactory.interrupt import Interrupt
@@ -67,17 +72,17 @@ def publish(matrix: Matrix, reports: list[CellReport], run: RunContext) -> list[
     options, release, ui, interrupt = run.settings(Publishing), run.settings(Releasing), run.ui, run.interrupt
     failing = [r.cell for r in reports if r.status != PASSED]
     if release.atomic and failing:
-        why = f"not published: --atomic and {len(failing)} cell(s) failed ({', '.join(failing)})"
-        for r in reports:
-            r.publish = NOT_PUBLISHED
-            if r.status == PASSED:
-                r.error = why
-        lists = publish_lists.start(matrix, reports, options)
-        publish_lists.refuse_all(lists, why)
-        return lists
+        return _refuse_all(matrix, reports, options,
+                           f"not published: --atomic and {len(failing)} cell(s) failed ({', '.join(failing)})")
     make_engine = run.engines()
-    engine: ContainerEngine | None = None  # made when the first cell is published
+    engine, refused = _budgets_first(matrix, reports, make_engine, run, creds)
+    if release.atomic and refused:
+        return _refuse_all(matrix, reports, options, f"not published: --atomic and {len(refused)} cell(s) "
+                                                     f"not within their size_budget ({', '.join(sorted(refused))})")
+    pulled: dict[str, tuple[str, sizes.Pulled]] = {}  # cell -> (platform, the image as pushed)
     for r in reports:
+        if r.cell in refused:
+            continue
         if r.status != PASSED or interrupt.is_set():
             r.publish = NOT_PUBLISHED
             if r.status == PASSED:
@@ -85,11 +90,14 @@ def publish(matrix: Matrix, reports: list[CellReport], run: RunContext) -> list[
             continue
         r.tags = tags_for(matrix, r.cell, r.content_hash, options)
         try:
-            engine = engine or make_engine()
+            engine = engine or _can_compress(matrix, make_engine())
             immutable = tagging.hash_tag(matrix.hash_tag_template, matrix.image, matrix.cell(r.cell),
                                          r.content_hash)
             order = [immutable] + [t for t in r.tags if t != immutable]
-            _publish_cell(engine, r, order, creds, options, ui, interrupt)
+            target = _Target(creds, matrix, matrix.cell(r.cell).platform.oci)
+            image = _publish_cell(engine, r, order, target, options, ui, interrupt)
+            if image is not None:
+                pulled[r.cell] = (matrix.cell(r.cell).platform.oci, image)
         except Cancelled:
             r.publish, r.error = INTERRUPTED, "publish interrupted"
             continue
@@ -99,6 +107,10 @@ def publish(matrix: Matrix, reports: list[CellReport], run: RunContext) -> list[
             ui.status(r.cell, f"publish failed: {r.error}")
             continue
         r.publish = PUBLISHED
+    fetch = sizes.siblings(pulled)  # what a node holding each sibling must fetch
+    for r in reports:
+        if r.cell in fetch and r.sizes:
+            r.sizes["fetch_after"] = fetch[r.cell]
     lists = publish_lists.start(matrix, reports, options)  # after the per-arch pushes: their digests
     by_cell = {r.cell: r for r in reports}
     publish_lists.publish_lists(lists, run, lambda ref: auth_for(ref, creds), lambda t: redact(t, creds),
@@ -110,15 +122,102 @@ def publish(matrix: Matrix, reports: list[CellReport], run: RunContext) -> list[
     return lists
 
 
-def _publish_cell(engine: ContainerEngine, r: CellReport, order: list[str], creds: dict[str, Auth | None],
-                  options: Publishing, ui: UI, interrupt: Interrupt) -> None:
+@dataclass(frozen=True)
+class _Target:
+    """Where one cell's tags go: each registry's credentials, the matrix (each registry's
+    compression), the cell's platform (an index read back is resolved to it)."""
+
+    creds: dict[str, Auth | None]
+    matrix: Matrix
+    platform: str
+
+    def compression(self, ref: str) -> str:
+        return self.matrix.compression_for(refs.registry(ref) or refs.DOCKER_HUB)
+
+
+def _can_compress(matrix: Matrix, engine: ContainerEngine) -> ContainerEngine:
+    """`engine`, once it can push what the matrix asks: zstd needs BuildKit (buildx) and the containerd
+    image store; ConfigError (exit 2) naming the fix otherwise, before anything is pushed."""
+    zstd = [r for r in tagging.allowed_registries(matrix) if matrix.compression_for(r) == "zstd"]
+    if not zstd:
+        return engine
+    if engine.builder != Builder.buildkit:
+        raise ConfigError(f"compression zstd (for {', '.join(zstd)}): layers are recompressed by BuildKit; "
+                          f"run with --builder buildkit (the classic builder cannot write zstd)")
+    if engine.describe().store != identity.CONTAINERD:
+        raise ConfigError(f"compression zstd (for {', '.join(zstd)}): this engine keeps its images in a graph-driver "
+                          f"store (Docker 20.10 and overlay2), whose pushes are gzip only; use an engine with the "
+                          f"containerd image store (Docker 23+ with containerd-snapshotter), or compression gzip")
+    return engine
+
+
+def _refuse_all(matrix: Matrix, reports: list[CellReport], options: Publishing, why: str) -> list[ListReport]:
+    """--atomic: nothing is published; each passing cell says `why` unless it has its own reason."""
+    for r in reports:
+        r.publish = NOT_PUBLISHED
+        if r.status == PASSED and not r.error:
+            r.error = why
+    lists = publish_lists.start(matrix, reports, options)
+    publish_lists.refuse_all(lists, why)
+    return lists
+
+
+def _budgets_first(matrix: Matrix, reports: list[CellReport], make_engine: EngineFactory, run: RunContext,
+                   creds: dict[str, Auth | None]) -> tuple[ContainerEngine | None, set[str]]:
+    """Every passing cell with a size budget measured before anything is pushed (so --atomic can
+    still refuse all): the engine, if one was made, and the cells that may not be pushed."""
+    budgeted = [r for r in reports if r.status == PASSED and matrix.cell(r.cell).size_budget is not None]
+    if not budgeted or run.interrupt.is_set():
+        return None, set()
+    engine = _can_compress(matrix, make_engine())
+    return engine, _judge_budgets(matrix, budgeted, engine, run.ui, creds)
+
+
+def _judge_budgets(matrix: Matrix, budgeted: list[CellReport], engine: ContainerEngine, ui: UI,
+                   creds: dict[str, Auth | None]) -> set[str]:
+    """The cells that may not be pushed: over budget (not-published), not measurable
+    (publish-failed), or not measured because the run was interrupted."""
+    refused = set()
+    for r in budgeted:
+        try:
+            over = _over_budget(engine, r, matrix.cell(r.cell).size_budget or 0, ui)
+        except Cancelled:
+            r.publish, r.error, over = INTERRUPTED, "publish interrupted (measuring its size)", True
+        except EngineError as e:
+            r.publish, r.error = PUBLISH_FAILED, redact(f"size_budget: {e.message}", creds)
+            ui.status(r.cell, f"publish failed: {r.error}")
+            over = True
+        if over:
+            refused.add(r.cell)
+    return refused
+
+
+def _over_budget(engine: ContainerEngine, r: CellReport, budget: int, ui: UI) -> bool:
+    """Measure the image before any push (publish/budget.py): True, the cell marked not published
+    and why, when it is over its budget."""
+    measured = engine.layer_sizes(r.image_id or r.candidate)
+    r.sizes = {"budget": size_budget.verdict(measured, budget)}
+    why = size_budget.refusal(measured, budget)
+    if why:
+        r.publish, r.error = NOT_PUBLISHED, why
+        ui.status(r.cell, why)
+    return why is not None
+
+
+def _publish_cell(engine: ContainerEngine, r: CellReport, order: list[str], target: _Target,
+                  options: Publishing, ui: UI, interrupt: Interrupt) -> sizes.Pulled | None:
     """Tag the tested image (by id: a candidate name may since name another image) and push
-    each tag in `order`: the immutable hash tag first, release tags after it."""
+    each tag in `order`: the immutable hash tag first, release tags after it. The release tag's
+    image before the push and the pushed one are read from the registry (publish/sizes.py): the
+    pushed image as its registry serves it, or None when it will not say."""
+    creds = target.creds
+    release = order[1] if len(order) > 1 else order[0]
+    previous = sizes.read_quietly(engine.registry, release, target.platform, auth_for(release, creds))
     for ref in order:
         auth = auth_for(ref, creds)  # before the tag is applied: a refused ref is never tagged
         engine.tag(r.image_id or r.candidate, ref)
         try:
-            outcome = _push_with_retries(engine, ref, auth, options, ui, r.cell, interrupt)
+            outcome = _push_with_retries(engine, ref, auth, options, ui, r.cell, interrupt, target.compression(ref))
         except Cancelled:
             engine.untag(ref)  # a release tag that was not pushed must not stay applied
             raise
@@ -127,10 +226,25 @@ def _publish_cell(engine: ContainerEngine, r: CellReport, order: list[str], cred
                          "layers_existing": outcome.layers_existing})
         ui.status(r.cell, f"pushed {ref} {outcome.digest}"
                   + ("" if outcome.layers_pushed else " (registry had every layer)"))
+    return _measure_pushed(engine, r, target.platform, creds, previous)
+
+
+def _measure_pushed(engine: ContainerEngine, r: CellReport, platform: str, creds: dict[str, Auth | None],
+                    previous: sizes.Pulled | None) -> sizes.Pulled | None:
+    """The first pushed tag's image read back by digest, its figures put in the report."""
+    first = r.pushed[0]
+    parsed = refs.parse(first["ref"])
+    if parsed is None:
+        return None
+    image = sizes.read_quietly(engine.registry, f"{parsed.repository}@{first['digest']}", platform,
+                               auth_for(first["ref"], creds))
+    if image is not None:
+        r.sizes = {**sizes.with_previous(sizes.record(image), image, previous), **r.sizes}
+    return image
 
 
 def _push_with_retries(engine: ContainerEngine, ref: str, auth: dict[str, str] | None, options: Publishing, ui: UI,
-                       cell: str, interrupt: Interrupt) -> PushOutcome:
+                       cell: str, interrupt: Interrupt, compression: str = "gzip") -> PushOutcome:
     import tenacity  # a push's only: a build that pushes nothing never imports it
 
     def announce(state: tenacity.RetryCallState) -> None:
@@ -154,7 +268,7 @@ def _push_with_retries(engine: ContainerEngine, ref: str, auth: dict[str, str] |
         sleep=interrupt.wait,  # an interrupt ends the wait between tries (raises Cancelled)
         reraise=True,
     )
-    outcome = retrying(engine.push, ref, auth_config=auth, progress=on_event)
+    outcome = retrying(engine.push, ref, auth_config=auth, progress=on_event, compression=compression)
     served = engine.registry_digest(ref, auth_config=auth)
     if served != outcome.digest:
         raise PushError(f"the registry serves {served or 'nothing'} for {ref}, not the pushed "

@@ -24,14 +24,14 @@ from imagefactory.config import refs
 from imagefactory.render import rendered
 from imagefactory.probe.checks import Check
 from imagefactory.errors import ConfigError
-from imagefactory.report.cell import CellReport
+from imagefactory.report.cell import CellReport, size_facts
 
 MAX_REPORT = 64 * 1024 * 1024  # bytes of report.json (or bench.json) read at most
 _TEMPLATES = Path(__file__).parents[1] / "templates"
 _CELL_ID = re.compile(r"py(?P<python>\d+\.\d+)-(?P<accel>cpu|cu\d+\.\d+)-(?P<rest>.+)")
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 # What is inside, as the probe saw it: (label, the check whose actual value says it).
-# (report.json records no cuDNN version and no image size yet, so the page cannot show them.)
+# (report.json records no cuDNN version yet, so the page cannot show it; sizes: cell.size_facts.)
 _INSIDE = (("Python", "python.version"), ("torch", "torch.version"), ("CUDA", "torch.cuda_build"),
            ("BLAS loaded by NumPy", "numpy.blas"), ("OpenMP runtime", "openmp.single_runtime"),
            ("MKL threading layer", "mkl.threading_layer"), ("threads", "env.OMP_NUM_THREADS"),
@@ -198,7 +198,7 @@ def _inside(r: CellReport) -> list[tuple[str, str]]:
     facts = [(label, seen[name]) for label, name in _INSIDE if name in seen]
     more = (("probed", f"emulated: {r.emulated}" if r.emulated else ""), ("base image", r.base_image),
             ("built with", r.builder))
-    return facts + [(label, value) for label, value in more if value]
+    return facts + [(label, value) for label, value in more if value] + size_facts(r.sizes)
 
 
 def _launch_ref(r: CellReport) -> tuple[str, str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from imagefactory.config.sizes import human
 from imagefactory.probe.checks import Check, launches
 
 # Cell states, in pipeline order.
@@ -45,6 +46,10 @@ class CellReport:
     # how the probe ran when not natively: "qemu-aarch64 (QEMU_CPU=neoverse-n1) on linux/amd64"
     # (platforms.Emulated); "" natively or untested
     emulated: str = ""
+    # what the image costs a pull (publish/sizes.py, publish/budget.py): "compressed", "layers",
+    # "largest_layer" (bytes, from the registry's manifest), "fetch_after" {sibling cell: bytes},
+    # "previous" {"digest", "fetch"}, "budget" {"limit", "measured", "how", "over", "largest"}; {} when not pushed
+    sizes: dict = field(default_factory=dict)
 
     @property
     def launches(self) -> dict[str, str]:
@@ -74,3 +79,35 @@ class ListReport:
     def ok(self) -> bool:
         """Not a failure of its own: a list its members kept from publishing fails through them."""
         return self.publish not in (PUBLISH_FAILED, INTERRUPTED)
+
+
+def _bytes(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _share(n: int, total: int | None) -> str:
+    return human(n) + (f" ({100 * n / total:.1f}%)" if total else "")
+
+
+def size_facts(sizes: dict) -> list[tuple[str, str]]:
+    """(label, text) of what an image costs a pull, from CellReport.sizes (report.md and the
+    catalogue); anything of the wrong type (an odd report.json) is left out, never shown raw."""
+    facts: list[tuple[str, str]] = []
+    total, count, top = (_bytes(sizes.get(k)) for k in ("compressed", "layers", "largest_layer"))
+    if total is not None and count is not None and top is not None:
+        how = str(sizes.get("compression", ""))[:20]
+        facts.append(("pull size", f"{human(total)} compressed{f' ({how})' if how else ''} in {count} layers, "
+                                   f"largest {human(top)}"))
+    after = sizes.get("fetch_after")
+    for other, n in (after.items() if isinstance(after, dict) else ()):
+        if _bytes(n) is not None:
+            facts.append((f"a node holding {str(other)[:100]} fetches", _share(n, total)))
+    previous = sizes.get("previous")
+    if isinstance(previous, dict) and _bytes(previous.get("fetch")) is not None:
+        facts.append(("a node holding the release it replaced fetches", _share(previous["fetch"], total)))
+    budget = sizes.get("budget")
+    if isinstance(budget, dict) and _bytes(budget.get("limit")) is not None and _bytes(budget.get("measured")) is not None:
+        state = "over" if budget.get("over") is True else "within"
+        facts.append(("size budget", f"{human(budget['limit'])}: {human(budget['measured'])} before the push "
+                                     f"({'exact' if budget.get('how') == 'exact' else 'estimated'}), {state}"))
+    return facts

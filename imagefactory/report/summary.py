@@ -16,7 +16,7 @@ from imagefactory.probe.checks import Check
 # re-exported here, where every step of the pipeline has always found them.
 from imagefactory.report.cell import (  # noqa: E402,F401
     BUILD_FAILED, BUILT, CACHED, CHECK_FAILED, INTERRUPTED, NOT_BUILT, NOT_PUBLISHED, PASSED, PUBLISH_FAILED,
-    PUBLISHED, SKIPPED, CellReport, ListReport)
+    PUBLISHED, SKIPPED, CellReport, ListReport, size_facts)
 
 
 def write(reports: list[CellReport], path: Path, *, gpus: bool,
@@ -159,7 +159,8 @@ def _section(r: CellReport) -> list[str]:
     for p in r.pushed:
         lines.append(f"- pushed {_code(p['ref'])} → {_code(p['digest'])}"
                      + ("" if p.get("layers_pushed") else " (registry had every layer)"))
-    return lines
+    facts = size_facts(r.sizes)
+    return lines + ([""] if facts and lines[-1] else []) + [f"- {_cell(label)}: {_cell(text)}" for label, text in facts]
 
 
 def _lists(lists: Sequence[ListReport]) -> list[str]:

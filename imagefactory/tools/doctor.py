@@ -427,6 +427,18 @@ class Report:
     machine: str = ""  # this host's `uname -m` (MACHINE_RE, else "(unreadable)")
     platform: str | None = None  # its platform ("linux/amd64"); None: not one imagefactory builds
     docker_host: str = field(default_factory=lambda: os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock"))
+    zstd_registries: list[str] = field(default_factory=list)  # the matrix's registries that get zstd layers
+
+    @property
+    def compression(self) -> str | None:
+        """What the matrix's zstd registries mean for this node (None: the matrix pushes gzip only)."""
+        if not self.zstd_registries:
+            return None
+        where = ", ".join(self.zstd_registries)
+        if self.engine.zstd_pulls:
+            return f"compression: {where} get zstd layers; this engine pulls them"
+        return (f"compression: {where} get zstd layers, which this engine CANNOT pull (Docker {ZSTD_SINCE}+ or the "
+                f"containerd store can): pull this node's images from a registry the matrix pushes gzip to")
 
     @property
     def gpu(self) -> bool:
@@ -445,7 +457,7 @@ class Report:
                 "driver": asdict(self.driver), "gpu": self.gpu, "matrix": self.matrix,
                 "cells": [asdict(v) for v in self.cells], "recommended": self.recommended,
                 "launch": None if self.launch is None else {**asdict(self.launch), "line": self.launch.line},
-                "verification": self.verification}
+                "verification": self.verification, "zstd_registries": self.zstd_registries}
 
 
 def diagnose(matrix: Matrix | None, *, engine_factory: EngineFactory | None = None,
@@ -462,7 +474,13 @@ def diagnose(matrix: Matrix | None, *, engine_factory: EngineFactory | None = No
     return Report(engine=engine, driver=driver, matrix=str(matrix.path) if matrix else None,
                   cells=verdicts, recommended=recommend(cells, verdicts) if cells else None,
                   launch=launch_flags(engine, driver) if engine.reachable else None,
-                  machine=machine, platform=host.oci if host else None)
+                  machine=machine, platform=host.oci if host else None, zstd_registries=_zstd(matrix))
+
+
+def _zstd(matrix: Matrix | None) -> list[str]:
+    from imagefactory.config import tags as tagging
+
+    return [r for r in tagging.allowed_registries(matrix) if matrix.compression_for(r) == "zstd"] if matrix else []
 
 
 def text(report: Report) -> str:
@@ -490,7 +508,9 @@ def text(report: Report) -> str:
     if report.matrix is None:
         lines.append("matrix:   none given and no matrix.yaml here: host facts only")
         return "\n".join(lines) + "\n"
-    lines += [f"matrix:   {report.matrix} ({len(report.cells)} cell(s))", ""]
+    lines += [f"matrix:   {report.matrix} ({len(report.cells)} cell(s))"]
+    lines += [report.compression] if report.compression else []
+    lines += [""]
     width = max([len(v.cell) for v in report.cells] + [4])
     for v in report.cells:
         lines.append(f"{v.cell:<{width}}  {VERDICT_TEXT[v.verdict]:<16}  {v.tag}")

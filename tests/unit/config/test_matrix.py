@@ -19,7 +19,7 @@ from imagefactory.files import terminal
 from imagefactory.files import yamlfile
 from imagefactory.render import contexts as render
 from tests.unit.helpers import HARDENING_PIP as PIP_III, hardening_project, list_refused as refused, one_error, write_matrix_text as write
-from tests.unit.helpers import GOLDEN_CERT as CERT, ONE_CELL as BASE_HOSTILE, PRIVATE_KEY as KEY
+from tests.unit.helpers import GOLDEN_CERT as CERT, ONE_CELL as BASE_HOSTILE, ONE_PIP_CELL, PRIVATE_KEY as KEY
 
 BASE = """
 image: registry.example.com/ml/train
@@ -277,15 +277,7 @@ def test_an_include_without_a_variant_adds_a_cell_of_no_variant(write_matrix):
 # -- moved from test_hardening_matrix.py ----------------------------------------
 
 
-BASE_HM = """
-image: registry.example.com/ml/train
-matrix:
-  python: ["3.11"]
-  cuda: ["none"]
-  blas: [openblas]
-  installer: [pip]
-torch: "2.13.0"
-"""
+BASE_HM = "\n" + ONE_PIP_CELL
 
 
 CELL = "py3.11-cpu-openblas-pip"

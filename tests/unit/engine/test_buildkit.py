@@ -550,3 +550,24 @@ def test_no_buildx_answer_is_read_from_the_cache_folder(project_III, monkeypatch
     cache.write_text('{"key": "k", "answer": "v0.13.1"}' + " " * (8 << 20))
     asked.clear()
     assert buildkit.buildx_version()[0] == (0, 13, 1) and asked
+
+
+def test_a_recompressing_push_is_from_the_image_itself_with_oci_media_types(tmp_path):
+    args = buildkit.recompress_command("docker", "r.example.com/x:t", "zstd", tmp_path / "m.json", tmp_path)
+    out = args[args.index("--output") + 1]
+    assert out == ("type=image,name=r.example.com/x:t,push=true,compression=zstd,oci-mediatypes=true,"
+                   "force-compression=true")
+    assert "--provenance=false" in args and args[-1] == str(tmp_path)
+
+
+def test_a_recompressing_push_gets_a_docker_config_holding_only_its_own_login(tmp_path, monkeypatch):
+    mine = tmp_path / "mine"
+    (mine / "cli-plugins").mkdir(parents=True)
+    (mine / "config.json").write_text('{"auths": {"other.example.net": {"auth": "c2VjcmV0"}}}')
+    monkeypatch.setenv("DOCKER_CONFIG", str(mine))
+    env = buildkit._docker_config(tmp_path / "own", "r.example.com", {"username": "u", "password": "p"})
+    own = Path(env["DOCKER_CONFIG"])
+    doc = json.loads((own / "config.json").read_text())
+    assert doc == {"auths": {"r.example.com": {"auth": base64.b64encode(b"u:p").decode()}}}
+    assert stat.S_IMODE((own / "config.json").stat().st_mode) == 0o600 and (own / "cli-plugins").is_symlink()
+    assert buildkit._docker_config(tmp_path / "none", "r.example.com", None).get("DOCKER_CONFIG") == str(mine)

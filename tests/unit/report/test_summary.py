@@ -106,7 +106,7 @@ def test_write_gives_json_and_markdown_and_keeps_the_json_as_it_was(reports, tmp
     # so is emulated (empty for a native probe): a reader of the old document finds every key it
     # knew, with the same value.
     fixture = json.loads((FIXTURE / "report.json").read_text())
-    added = {"sbom": "", "provenance": "", "signing": "", "signatures": [], "emulated": ""}
+    added = {"sbom": "", "provenance": "", "signing": "", "signatures": [], "emulated": "", "sizes": {}}
     assert [{k: v for k, v in c.items() if k not in added} for c in doc["cells"]] == fixture["cells"]
     assert all({k: c[k] for k in added} == added for c in doc["cells"])
 

@@ -416,3 +416,20 @@ def test_doctor_prints_docker_host_escaped(project, monkeypatch, capsys):
     monkeypatch.setattr(doctor, "diagnose", lambda m: report)
     code, out, err = run_cli(["doctor"], monkeypatch, capsys)
     assert "\x1b" not in out and "tcp://h\\x1b[2J:2375" in out
+
+
+def test_doctor_says_whether_this_node_can_pull_the_zstd_the_matrix_pushes(write_matrix):
+    from imagefactory.config import matrix
+
+    m = matrix.load(write_matrix('image: registry.example.com/ml/train\nmatrix: {python: ["3.11"], cuda: ["none"], '
+                                 'blas: [openblas], installer: [pip]}\ntorch: "2.13.0"\ncompression: zstd\n'))
+    old = World(info=EngineInfo("20.10.24", "1.41", ("runc",), (), store="graph-driver")).engine
+    report = doctor.diagnose(m, engine_factory=old, driver_query=lambda: Driver(error="none"))
+    assert report.zstd_registries == ["registry.example.com"] and report.to_json()["zstd_registries"]
+    assert "zstd layers, which this engine CANNOT pull" in doctor.text(report)
+    new = World(info=EngineInfo("26.1.5", "1.45", ("runc",), (), store="containerd")).engine
+    assert "this engine pulls them" in doctor.text(doctor.diagnose(m, engine_factory=new,
+                                                                  driver_query=lambda: Driver(error="none")))
+    gzip_only = doctor.diagnose(matrix.load(write_matrix(m.path.read_text().replace("compression: zstd\n", ""))),
+                                engine_factory=old, driver_query=lambda: Driver(error="none"))
+    assert gzip_only.compression is None and "zstd" not in doctor.text(gzip_only).split("matrix:")[1]

@@ -1,0 +1,115 @@
+"""engine/layers.py: an image's layers from a `docker save` stream, exact where the stream holds the
+compressed blobs (the containerd store), gzip estimates where it holds layer.tar (graph driver),
+estimates kept by diff id so the next measure of the same layers saves nothing."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import os
+import tarfile
+
+import pytest
+
+from imagefactory.engine import layers
+
+
+def _tar(members: dict[str, bytes]) -> list[bytes]:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    raw = buf.getvalue()
+    return [raw[i:i + 7000] for i in range(0, len(raw), 7000)]  # chunks, as the SDK streams them
+
+
+def sha(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+HISTORY = [{"created_by": "FROM base"}, {"created_by": "ENV A=1", "empty_layer": True},
+           {"created_by": "COPY /opt/venv /opt/venv # buildkit"}]
+BASE, VENV = os.urandom(50_000), b"torch " * 40_000  # one that gzip cannot shrink, one it can
+
+
+def _containerd() -> list[bytes]:
+    blobs = [gzip.compress(BASE), gzip.compress(VENV)]
+    config = json.dumps({"rootfs": {"diff_ids": [sha(BASE), sha(VENV)]}, "history": HISTORY}).encode()
+    manifest = [{"Config": f"blobs/sha256/{sha(config)[7:]}", "Layers": [f"blobs/sha256/{sha(b)[7:]}" for b in blobs]}]
+    members = {f"blobs/sha256/{sha(b)[7:]}": b for b in blobs + [config]}
+    return _tar({**members, "index.json": b"{}", "manifest.json": json.dumps(manifest).encode()})
+
+
+def _graph_driver() -> list[bytes]:
+    config = json.dumps({"rootfs": {"diff_ids": [sha(BASE), sha(VENV)]}, "history": HISTORY}).encode()
+    manifest = [{"Config": "c0ffee.json", "Layers": ["bbb/layer.tar", "aaa/layer.tar"]}]
+    return _tar({"aaa/layer.tar": VENV, "aaa/json": b"{}", "bbb/layer.tar": BASE, "c0ffee.json": config,
+                 "manifest.json": json.dumps(manifest).encode()})
+
+
+def test_the_containerd_store_gives_the_blobs_sizes_exactly_with_their_steps():
+    got = layers.measure(_containerd())
+    assert got.exact and [x.size for x in got.layers] == [len(gzip.compress(BASE)), len(gzip.compress(VENV))]
+    assert [x.diff_id for x in got.layers] == [sha(BASE), sha(VENV)]
+    assert [x.digest for x in got.layers] == [sha(gzip.compress(BASE)), sha(gzip.compress(VENV))]
+    assert [x.step for x in got.layers] == ["FROM base", "COPY /opt/venv /opt/venv # buildkit"]  # ENV: no layer
+
+
+def test_the_graph_driver_store_is_estimated_by_gzip_in_manifest_order():
+    got = layers.measure(_graph_driver())
+    assert not got.exact and all(x.estimated and not x.digest for x in got.layers)
+    assert [x.diff_id for x in got.layers] == [sha(BASE), sha(VENV)]  # manifest order, not the tar's
+    expected = [len(gzip.compress(data, compresslevel=6, mtime=0)) for data in (BASE, VENV)]
+    assert [x.size for x in got.layers] == expected and expected[1] < len(VENV) // 20
+    assert got.total == sum(expected)
+
+
+def test_estimates_are_kept_by_diff_id_and_the_next_measure_saves_nothing():
+    calls = []
+
+    def save():
+        calls.append(1)
+        return _graph_driver()
+
+    first = layers.measured([sha(BASE), sha(VENV)], save, estimates=True)
+    again = layers.measured([sha(BASE), sha(VENV)], save, estimates=True)
+    assert calls == [1] and [x.size for x in again.layers] == [x.size for x in first.layers]
+    assert again.layers[1].step == "COPY /opt/venv /opt/venv # buildkit" and not again.exact
+    layers.measured([sha(BASE), sha(b"new")], save, estimates=True)  # one layer never measured: saved again
+    assert calls == [1, 1]
+
+
+def test_blob_sizes_are_never_taken_from_the_cache():
+    calls = []
+
+    def save():
+        calls.append(1)
+        return _containerd()
+
+    layers.measured([sha(BASE), sha(VENV)], save, estimates=False)
+    layers.measured([sha(BASE), sha(VENV)], save, estimates=False)
+    assert calls == [1, 1]
+
+
+@pytest.mark.parametrize("members", [{"x": b"1"}, {"manifest.json": b"[]"},
+                                     {"manifest.json": json.dumps([{"Layers": ["gone/layer.tar"]}]).encode()}])
+def test_a_stream_that_is_not_one_image_is_refused(members):
+    with pytest.raises(ValueError):
+        layers.measure(_tar(members))
+
+
+def test_a_history_without_empty_layer_marks_is_read_by_its_nop_steps_or_not_at_all():
+    """The classic builder on the containerd store marks no entry empty_layer: its metadata-only
+    steps are `#(nop)` ones other than COPY/ADD. A history that still does not fit names no step."""
+    sh = "/bin/bash -o pipefail -c "
+    history = [{"created_by": ""}, {"created_by": sh + "#(nop)  SHELL [/bin/bash]"},
+               {"created_by": sh + "#(nop) COPY dir:bf4 in /opt/venv"}, {"created_by": sh + "useradd x"},
+               {"created_by": sh + "#(nop)  ENV A=1"}, {"created_by": sh + "#(nop) ADD file:1 in /"}]
+    assert layers.steps({"history": history}, 4) == ["", sh + "#(nop) COPY dir:bf4 in /opt/venv", sh + "useradd x",
+                                                     sh + "#(nop) ADD file:1 in /"]
+    assert layers.steps({"history": history}, 3) == []  # does not fit: no step rather than a wrong one
+    assert layers.steps({"history": "x"}, 1) == []

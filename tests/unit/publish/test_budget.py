@@ -1,0 +1,138 @@
+"""publish/budget.py and the budget in publish: a cell over its size_budget is not pushed, and says
+which layers are largest and what made them; within it, or without one, nothing changes."""
+
+from __future__ import annotations
+
+import io
+
+from imagefactory.config import matrix
+from imagefactory.engine.api import EngineInfo
+from imagefactory.engine.layers import Layer, Measured
+from imagefactory.pipeline.progress import Plain
+from imagefactory.publish import budget
+from imagefactory.publish import push as publish_mod
+from imagefactory.report.summary import NOT_PUBLISHED, PASSED, PUBLISHED, CellReport
+from imagefactory.run.context import PushOptions, RunContext
+from tests.fake_engine import Image, World
+from tests.unit.helpers import ONE_PIP_CELL
+
+MATRIX = "\n" + ONE_PIP_CELL.replace("  installer: [pip]\n", """  installer: [pip]
+  variant: [small, big]
+  include:
+    - {variant: big, size_budget: 2kB}
+""") + "size_budget: 1000\n"
+
+IMAGE = Measured((Layer(600, "sha256:" + "1" * 64, "sha256:" + "11" * 32, step="FROM base"),
+                  Layer(900, "sha256:" + "2" * 64, "sha256:" + "22" * 32, step="COPY /opt/venv /opt/venv # buildkit"),
+                  Layer(30, "sha256:" + "3" * 64, "sha256:" + "33" * 32, step="COPY launch.conf /etc/launch.conf # buildkit"),
+                  Layer(10, "sha256:" + "4" * 64, "sha256:" + "44" * 32, step="")))
+
+
+def test_within_budget_is_no_refusal_and_the_verdict_says_how_it_was_measured():
+    assert budget.refusal(IMAGE, 1540) is None  # the budget itself is allowed
+    verdict = budget.verdict(IMAGE, 1540)
+    assert (verdict["measured"], verdict["over"], verdict["how"]) == (1540, False, "exact")
+    estimated = Measured((Layer(5, "sha256:" + "5" * 64, estimated=True),))
+    assert budget.verdict(estimated, 1)["how"] == "estimated"
+
+
+def test_over_budget_names_the_largest_layers_their_sizes_and_steps_largest_first():
+    why = budget.refusal(IMAGE, 1539)
+    assert why is not None and "\n" not in why
+    assert why.startswith("not published: 1.54 kB compressed is over its size_budget of 1.54 kB by 1 B")
+    assert why.index("900 B (COPY /opt/venv /opt/venv)") < why.index("600 B (FROM base)") < why.index("30 B")
+    assert "10 B" not in why  # three layers named, not every one
+    assert "# buildkit" not in why
+    assert "estimated" in budget.refusal(Measured((Layer(5, "", estimated=True),)), 1)
+
+
+def _run(write_matrix, layers: Measured, *, atomic: bool = False, **world_args) -> tuple[World, list[CellReport], str]:
+    m = matrix.load(write_matrix(MATRIX))
+    world = World(**world_args)
+    reports = []
+    for n, cell in enumerate(m.cells):
+        world.images[f"img{n}"] = Image(f"img{n}", {}, cell=cell.id)
+        world.layers[f"img{n}"] = layers
+        reports.append(CellReport(cell=cell.id, status=PASSED, content_hash=f"{n:02x}" * 32, image_id=f"img{n}"))
+    out = io.StringIO()
+    options = PushOptions(backoff=0, atomic=atomic)
+    publish_mod.publish(m, reports, RunContext(options, Plain(out), world.interrupt, world.engine))
+    return world, reports, out.getvalue()
+
+
+def test_a_cell_over_its_budget_is_not_pushed_and_one_within_its_own_is(write_matrix):
+    world, (small, big), out = _run(write_matrix, IMAGE)
+    assert small.publish == NOT_PUBLISHED and not small.ok  # 1540 > 1000: the file's budget
+    assert "over its size_budget of 1 kB" in small.error and "COPY /opt/venv" in small.error
+    assert small.sizes["budget"]["over"] is True and small.sizes["budget"]["largest"][0]["size"] == 900
+    assert not [ref for ref in world.ops("push") if small.cell in ref or "sha-00" in ref]
+    assert small.error in out
+    assert big.publish == PUBLISHED  # 1540 <= 2000: its include entry's budget
+    assert big.sizes["budget"] == {**budget.verdict(IMAGE, 2000)} and big.sizes["compressed"] == 1540
+    assert world.ops("layer_sizes") == ["img0", "img1"]  # measured before pushing, by image id
+
+
+def test_the_budget_matrix_keys_reach_the_cells(write_matrix):
+    m = matrix.load(write_matrix(MATRIX))
+    assert [c.size_budget for c in m.cells] == [1000, 2000]
+    assert matrix.load(write_matrix(MATRIX.replace("size_budget: 1000\n", ""))).cells[0].size_budget is None
+
+
+def test_zstd_is_refused_before_any_push_where_it_cannot_be_made(write_matrix):
+    import pytest
+    from imagefactory.errors import ConfigError
+
+    text = MATRIX.replace("size_budget: 1000\n", "compression: zstd\n")
+    with pytest.raises(ConfigError, match="--builder buildkit"):
+        _run(lambda t: write_matrix(text), IMAGE)
+    legacy = EngineInfo("20.10.24", "1.41", ("runc",), (), store="graph-driver")
+    with pytest.raises(ConfigError, match="graph-driver store"):
+        _run(lambda t: write_matrix(text), IMAGE, builder="buildkit", info=legacy)
+
+
+def test_zstd_goes_to_its_registry_only_through_the_engines_recompressing_push(write_matrix):
+    text = MATRIX.replace("size_budget: 1000\n", "tags: {registries: [other.example.net], compression: "
+                                                 "{registry.example.com: zstd}}\n")
+    text = text.replace("- {variant: big, size_budget: 2kB}", "- {variant: big}")
+    containerd = EngineInfo("26.1.5", "1.45", ("runc",), (), store="containerd")
+    world, reports, _ = _run(lambda t: write_matrix(text), IMAGE, builder="buildkit", info=containerd)
+    assert all(r.publish == PUBLISHED for r in reports)
+    zstd = world.ops("push_compression")
+    assert zstd and {how for _, how in zstd} == {"zstd"} and len(zstd) == len(world.ops("push"))
+
+
+def test_with_atomic_a_cell_over_budget_keeps_every_cell_from_being_pushed(write_matrix):
+    world, (small, big), _ = _run(write_matrix, IMAGE, atomic=True)
+    assert world.ops("push") == [] and small.publish == big.publish == NOT_PUBLISHED
+    assert "over its size_budget" in small.error  # its own reason, not the run's
+    assert "--atomic and 1 cell(s) not within their size_budget" in big.error
+
+
+def test_an_image_that_cannot_be_measured_is_not_pushed_and_fails(write_matrix):
+    from imagefactory.report.summary import PUBLISH_FAILED
+
+    m = matrix.load(write_matrix(MATRIX))
+    world = World()
+    report = CellReport(cell=m.cells[0].id, status=PASSED, content_hash="00" * 32, image_id="gone")
+    publish_mod.publish(m, [report], RunContext(PushOptions(backoff=0), Plain(io.StringIO()), world.interrupt,
+                                                world.engine))
+    assert report.publish == PUBLISH_FAILED and report.error.startswith("size_budget: cannot measure gone")
+    assert world.ops("push") == []
+
+
+def test_an_interrupt_while_measuring_marks_the_cells_interrupted_and_pushes_nothing(write_matrix):
+    from imagefactory.report.summary import INTERRUPTED
+
+    def stop(op, arg):
+        if op == "layer_sizes":
+            world.interrupt.cancel()
+
+    m = matrix.load(write_matrix(MATRIX))
+    world = World(on_call=stop)
+    reports = []
+    for n, cell in enumerate(m.cells):
+        world.images[f"img{n}"] = Image(f"img{n}", {}, cell=cell.id)
+        reports.append(CellReport(cell=cell.id, status=PASSED, content_hash=f"{n:02x}" * 32, image_id=f"img{n}"))
+    publish_mod.publish(m, reports, RunContext(PushOptions(backoff=0), Plain(io.StringIO()), world.interrupt,
+                                               world.engine))
+    assert [r.publish for r in reports] == [INTERRUPTED, INTERRUPTED] and world.ops("push") == []
