@@ -1,0 +1,235 @@
+"""What a GPU node pays to get an image: pulls from the local registry into a cold engine,
+side by side in one run (issue 34).
+
+    python bench/pull.py --ref REG/REPO:TAG [--sibling REF] [--release REF] [--pairs 3]
+                         [--user U --password P]
+
+REF is a cell as `imagefactory build --push` made it (layers by rate of change, gzip). The bench
+makes two variants of it on the default engine (BuildKit, pushed beside it):
+- `single`: the same files with everything above the base in one layer (`FROM base` +
+  `COPY --from=REF / /`), the shape of an image before issue 34 (one environment layer);
+- `zstd`: REF's layers recompressed with zstd (`compression=zstd,force-compression=true`, OCI
+  media types).
+Then, in a private engine of its own (its own containerd and data root: nothing shared with the
+machine's engines, emptied between runs), it times, as interleaved pairs:
+- cold pull and unpack of REF vs `single`, and then the first `import torch` in each;
+- zstd vs gzip (cold pull of `zstd` vs REF);
+- with REF held: pull of SIBLING and of RELEASE (the next release), vs REF's cold pull;
+and prints the bytes each would move (from the registry's manifests). One Markdown table;
+nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+
+from factory import Row, pairs, say, timed  # noqa: E402
+
+MADE: list[str] = []  # what the bench put on the default engine: removed at its end
+CURRENT_BIN = Path("/opt/imagefactory/engine-current/bin")
+ACCEPT = ", ".join(["application/vnd.oci.image.index.v1+json", "application/vnd.oci.image.manifest.v1+json",
+                    "application/vnd.docker.distribution.manifest.v2+json",
+                    "application/vnd.docker.distribution.manifest.list.v2+json"])
+
+
+class Registry:
+    def __init__(self, user: str | None, password: str | None):
+        self.auth = (user, password) if user and password else None
+
+    def manifest(self, ref: str) -> list[tuple[str, int]]:
+        """(digest, compressed size) of each layer of `ref`'s amd64 image."""
+        name, _, tag = ref.rpartition("@") if "@" in ref else ref.rpartition(":")
+        host, _, repo = name.partition("/")
+        req = urllib.request.Request(f"http://{host}/v2/{repo}/manifests/{tag}", headers={"Accept": ACCEPT})
+        if self.auth:
+            token = base64.b64encode(f"{self.auth[0]}:{self.auth[1]}".encode()).decode()
+            req.add_header("Authorization", f"Basic {token}")
+        with urllib.request.urlopen(req, timeout=30) as r:
+            doc = json.loads(r.read(4 << 20))
+        if "manifests" in doc:
+            digest = next(m["digest"] for m in doc["manifests"] if m.get("platform", {}).get("architecture") == "amd64")
+            return self.manifest(f"{name}@{digest}")
+        return [(layer["digest"], layer["size"]) for layer in doc["layers"]]
+
+
+def login_config(folder: Path, registry: str, user: str | None, password: str | None) -> dict[str, str]:
+    """A Docker config of the bench's own in `folder` (the registry's login, if any): the machine's
+    ~/.docker is neither read nor written. The environment that points the CLI at it."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    auths = {registry: {"auth": base64.b64encode(f"{user}:{password}".encode()).decode()}} if user and password else {}
+    (folder / "config.json").write_text(json.dumps({"auths": auths}))
+    (folder / "config.json").chmod(0o600)
+    return {"DOCKER_CONFIG": str(folder)}
+
+
+def fetched(image: list[tuple[str, int]], held: list[tuple[str, int]]) -> int:
+    have = {d for d, _ in held}
+    return sum(size for d, size in image if d not in have)
+
+
+class PrivateEngine:
+    """A containerd and a dockerd of the bench's own (own roots, sockets): every pull is cold."""
+
+    def __init__(self, root: Path, env: dict[str, str]):
+        self.root, self.run = root, Path(tempfile.mkdtemp(prefix="ifpull-", dir="/run"))
+        self.host = f"unix://{self.run}/docker.sock"
+        self.procs: list[subprocess.Popen] = []
+        self.env = env  # DOCKER_CONFIG: the bench's own (login_config)
+
+    def start(self) -> None:
+        sock = self.run / "containerd.sock"
+        conf = self.run / "containerd.toml"
+        conf.write_text(f'version = 2\nroot = "{self.root}/containerd"\nstate = "{self.run}/state"\n'
+                        f'disabled_plugins = ["io.containerd.grpc.v1.cri"]\n[grpc]\n  address = "{sock}"\n'
+                        f'[plugins."io.containerd.internal.v1.opt"]\n  path = "{self.root}/opt"\n')
+        env = dict(os.environ, PATH=f"{CURRENT_BIN}:{os.environ['PATH']}")
+        self._spawn([str(CURRENT_BIN / "containerd"), "--config", str(conf)], env)
+        for _ in range(60):
+            if sock.exists():
+                break
+            time.sleep(0.5)
+        (self.run / "daemon.json").write_text('{"features": {"containerd-snapshotter": true}}\n')
+        self._spawn([str(CURRENT_BIN / "dockerd"), "--config-file", str(self.run / "daemon.json"), "--containerd",
+                     str(sock), "-H", self.host, "--data-root", str(self.root / "docker"), "--exec-root",
+                     str(self.run / "exec"), "--pidfile", str(self.run / "dockerd.pid"), "--bridge=none",
+                     "--iptables=false", "--ip-forward=false", "--ip-masq=false"], env)
+        for _ in range(120):
+            if self.docker("version", check=False).returncode == 0:
+                return
+            time.sleep(0.5)
+        raise SystemExit(f"the bench's engine did not start: {(self.run / 'dockerd.log').read_text()[-2000:]}")
+
+    def _spawn(self, argv: list[str], env: dict[str, str]) -> None:
+        log = open(self.run / f"{Path(argv[0]).name}.log", "wb")
+        self.procs.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                           env=env, start_new_session=True))
+
+    def docker(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        return subprocess.run(["docker", "-H", self.host, *args], capture_output=True, text=True, check=check,
+                              env={**os.environ, **self.env})
+
+    def empty(self) -> None:
+        """No image, no layer, no cache: the next pull is cold (containerd's GC frees the blobs)."""
+        self.docker("system", "prune", "-af", check=False)
+        subprocess.run(["sync"], check=False)
+        Path("/proc/sys/vm/drop_caches").write_text("3\n") if os.access("/proc/sys/vm/drop_caches", os.W_OK) else None
+
+    def pull(self, ref: str) -> float:
+        return timed(["docker", "-H", self.host, "pull", "-q", ref], env=self.env)
+
+    def first_import(self, ref: str) -> float:
+        return timed(["docker", "-H", self.host, "run", "--rm", "--network", "none", ref, "python", "-c",
+                      "import torch"], env=self.env)
+
+    def stop(self) -> None:
+        for proc in reversed(self.procs):
+            proc.terminate()
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        subprocess.run(["umount", str(self.run / "exec" / "netns" / "default")], capture_output=True)
+        shutil.rmtree(self.run, ignore_errors=True)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def variants(ref: str, work: Path, env: dict[str, str]) -> tuple[str, str]:
+    """Push `single` and `zstd` beside REF (default engine, BuildKit); their refs."""
+    had = subprocess.run(["docker", "image", "inspect", ref], capture_output=True).returncode == 0
+    timed(["docker", "pull", "-q", ref], env=env)
+    MADE.extend([] if had else [ref])
+    labels = json.loads(subprocess.run(["docker", "image", "inspect", ref, "--format", "{{json .Config.Labels}}"],
+                                       capture_output=True, text=True, check=True).stdout)
+    base = labels["org.opencontainers.image.base.name"]
+    repo = ref.rpartition(":")[0]
+    single, zstd = f"{repo}:bench-single", f"{repo}:bench-zstd"
+    (work / "single").mkdir()
+    (work / "single" / "Dockerfile").write_text(f"FROM {ref} AS cell\nFROM {base}\nCOPY --from=cell / /\n"
+                                                f"USER 1000\nENTRYPOINT [\"/usr/local/bin/imagefactory-entrypoint\"]\n")
+    (work / "zstd").mkdir()
+    (work / "zstd" / "Dockerfile").write_text(f"FROM {ref}\n")
+    say("pushing the single-layer variant")
+    timed(["docker", "buildx", "build", "--network", "host", "--output", f"type=image,name={single},push=true",
+           str(work / "single")], env=env)
+    say("pushing the zstd variant")
+    timed(["docker", "buildx", "build", "--network", "host", "--output",
+           f"type=image,name={zstd},push=true,compression=zstd,oci-mediatypes=true,force-compression=true",
+           str(work / "zstd")], env=env)
+    MADE.extend([single, zstd])
+    return single, zstd
+
+
+def cold(engine: PrivateEngine, ref: str, then_import: bool = False) -> float:
+    engine.empty()
+    took = engine.pull(ref)
+    return took + (engine.first_import(ref) if then_import else 0.0)
+
+
+def held(engine: PrivateEngine, first: str, ref: str) -> float:
+    engine.empty()
+    engine.pull(first)
+    return engine.pull(ref)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ref", required=True)
+    ap.add_argument("--sibling")
+    ap.add_argument("--release")
+    ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument("--user", default=os.environ.get("IMAGEFACTORY_REGISTRY_USER"))
+    ap.add_argument("--password", default=os.environ.get("IMAGEFACTORY_REGISTRY_PASSWORD"))
+    args = ap.parse_args()
+    reg = Registry(args.user, args.password)
+    work = Path(tempfile.mkdtemp(prefix="bench-pull-"))
+    env = login_config(work / "docker-config", args.ref.split("/")[0], args.user, args.password)
+    engine = PrivateEngine(Path(tempfile.mkdtemp(prefix="bench-pull-engine-", dir="/var/lib")), env)
+    try:
+        single, zstd = variants(args.ref, work, env)
+        engine.start()
+        rows = [Row("cold pull + unpack", "layered (gzip)", "single layer (gzip)",
+                    *pairs(args.pairs, lambda: cold(engine, args.ref), lambda: cold(engine, single)), "≤ 0.6x"),
+                Row("cold pull, then first `import torch`", "layered", "single layer",
+                    *pairs(args.pairs, lambda: cold(engine, args.ref, True), lambda: cold(engine, single, True)),
+                    "≤ 0.6x"),
+                Row("cold pull + unpack", "zstd", "gzip",
+                    *pairs(args.pairs, lambda: cold(engine, zstd), lambda: cold(engine, args.ref)), "< 1x")]
+        mine = reg.manifest(args.ref)
+        total = sum(s for _, s in mine)
+        for name, other in (("sibling", args.sibling), ("next release", args.release)):
+            if other:
+                moved = fetched(reg.manifest(other), mine)
+                rows.append(Row(f"pull of the {name}, the first held", name, "cold pull of the first",
+                                *pairs(args.pairs, lambda o=other: held(engine, args.ref, o),
+                                       lambda: cold(engine, args.ref)),
+                                "≤ 0.2x" if name == "sibling" else "≤ 0.05x",
+                                note=f"{moved / 1e6:,.1f} MB of {total / 1e6:,.1f} MB moved "
+                                     f"({moved / total:.1%})"))
+        sizes = {name: sum(s for _, s in reg.manifest(r)) for name, r in (("layered", args.ref), ("single", single),
+                                                                          ("zstd", zstd))}
+        print("| figure | A | B | A/B | goal | runs |\n|---|---|---|---|---|---|")
+        for row in rows:
+            print(row.line())
+        print("\ncompressed sizes: " + ", ".join(f"{k} {v / 1e6:,.1f} MB" for k, v in sizes.items()))
+    finally:
+        engine.stop()
+        if MADE:
+            subprocess.run(["docker", "image", "rm", "-f", *MADE], capture_output=True)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
