@@ -8,7 +8,10 @@ The one input both image stores give is `docker save`'s stream, read once, nothi
   zlib's default level and counting the bytes (nothing written), and kept by diff id in the one
   store (files/store.py), so a later image holding the same layer is not measured again.
 Which one a member is, is decided by its first bytes (gzip or zstd magic: a blob), not by the engine.
-Each layer's Dockerfile step comes from the image config's history (its non-empty entries, in order).
+Each layer's Dockerfile step comes from the image config's history (its non-empty entries, in order);
+an environment layer's packages from the list it carries (resources/layers.py writes
+PREFIX/etc/imagefactory/layers/<layer>.txt), found in the first PEEK uncompressed bytes of the
+layer as it streams past (a tar is in path order: etc/ before lib/). A zstd blob's is not read.
 """
 
 from __future__ import annotations
@@ -28,6 +31,11 @@ GZIP_MAGIC, ZSTD_MAGIC = b"\x1f\x8b", b"\x28\xb5\x2f\xfd"
 SMALL = 4 << 20  # members read into memory: manifest.json, the config (JSON); layers are streamed
 CHUNK = 1 << 20
 SIZES = Store("layer-sizes", 4096, 4096, suffix=".json")
+PEEK = 64 << 20  # the uncompressed bytes at a layer's start searched for its package list
+LIST_MAX = 1 << 16  # the largest package list read
+# the list's path in the layer tar, and each of its lines: pip's name==version, conda's name=version=build
+LIST_RE = re.compile(r"(?:\./)?(?:[A-Za-z0-9._+-]{1,255}/){1,16}etc/imagefactory/layers/(?P<layer>[0-9]-[a-z]{1,20})\.txt")
+PACKAGE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}(?:==[A-Za-z0-9._+!-]{1,64}|=[A-Za-z0-9._+!-]{1,64}=[A-Za-z0-9._+-]{1,64})")
 
 
 @dataclass(frozen=True)
@@ -41,6 +49,7 @@ class Layer:
     digest: str = ""
     step: str = ""
     estimated: bool = False  # gzipped here, not a blob's size
+    packages: tuple[str, ...] = ()  # an environment layer's, from the list it carries; () when none was found
 
 
 @dataclass(frozen=True)
@@ -96,21 +105,70 @@ def gzip_size(stream: Readable) -> tuple[int, str]:
 
 
 def _member(tar: tarfile.TarFile, info: tarfile.TarInfo, small: dict[str, bytes],
-            sizes: dict[str, tuple[int, str, bool]]) -> None:
-    """Read one member of the save stream: JSON-sized ones kept, each layer measured."""
+            sizes: dict[str, tuple[int, str, bool, tuple[str, ...]]]) -> None:
+    """Read one member of the save stream: JSON-sized ones kept, each layer measured and its
+    package list looked for."""
     stream = tar.extractfile(info)
     if stream is None:
         return
     head = stream.read(4)
     if head.startswith(GZIP_MAGIC) or head == ZSTD_MAGIC:  # a compressed blob: exact, as pushed
-        while stream.read(CHUNK):
-            pass
-        sizes[info.name] = (info.size, "sha256:" + info.name.rsplit("/", 1)[-1], True)
+        inflate = _Inflate(head) if head.startswith(GZIP_MAGIC) else None
+        while chunk := stream.read(CHUNK):
+            if inflate:
+                inflate.feed(chunk)
+        found = packages(bytes(inflate.out)) if inflate else ()
+        sizes[info.name] = (info.size, "sha256:" + info.name.rsplit("/", 1)[-1], True, found)
     elif info.name.endswith("layer.tar") or info.size > SMALL:  # uncompressed: estimated
-        size, diff_id = gzip_size(_Prefixed(head, stream))
-        sizes[info.name] = (size, diff_id, False)
+        kept = _Kept(_Prefixed(head, stream))
+        size, diff_id = gzip_size(kept)
+        sizes[info.name] = (size, diff_id, False, packages(bytes(kept.out)))
     else:
         small[info.name] = head + stream.read()
+
+
+class _Inflate:
+    """The first PEEK uncompressed bytes of a gzip blob, fed its compressed chunks in order."""
+
+    def __init__(self, head: bytes) -> None:
+        self._d, self.out, self._broken = zlib.decompressobj(31), bytearray(), False
+        self.feed(head)
+
+    def feed(self, chunk: bytes) -> None:
+        if self._broken or len(self.out) >= PEEK or self._d.eof:
+            return
+        try:
+            self.out += self._d.decompress(self._d.unconsumed_tail + chunk, PEEK - len(self.out))
+        except zlib.error:  # not gzip after its magic: what was inflated is all there is
+            self._broken = True
+
+
+class _Kept:
+    """`stream` read through, its first PEEK bytes kept."""
+
+    def __init__(self, stream: Readable) -> None:
+        self._stream, self.out = stream, bytearray()
+
+    def read(self, n: int = -1, /) -> bytes:
+        data = self._stream.read(n)
+        if len(self.out) < PEEK:
+            self.out += data[:PEEK - len(self.out)]
+        return data
+
+
+def packages(start: bytes) -> tuple[str, ...]:
+    """The package list an environment layer carries, from its tar's first bytes (`start`, perhaps
+    cut short): each line that is a package, in the list's order; () when there is none."""
+    try:
+        with tarfile.open(fileobj=io.BytesIO(start), mode="r|") as tar:
+            for info in tar:
+                if info.isfile() and info.size <= LIST_MAX and LIST_RE.fullmatch(info.name):
+                    stream = tar.extractfile(info)
+                    text = stream.read().decode("utf-8", "replace") if stream else ""
+                    return tuple(line for line in text.splitlines() if PACKAGE_RE.fullmatch(line))
+    except (tarfile.TarError, EOFError, OSError, zlib.error):
+        pass  # cut short before the list, or not a tar: no list
+    return ()
 
 
 class _Prefixed:
@@ -146,7 +204,7 @@ def measure(chunks: Iterable[bytes]) -> Measured:
     """The layers of the one image in a `docker save` stream, in manifest.json's order. ValueError
     when the stream is not a save of one image."""
     small: dict[str, bytes] = {}
-    sizes: dict[str, tuple[int, str, bool]] = {}
+    sizes: dict[str, tuple[int, str, bool, tuple[str, ...]]] = {}
     with tarfile.open(fileobj=io.BufferedReader(_Chunks(chunks), CHUNK), mode="r|") as tar:
         for info in tar:
             if info.isfile():
@@ -161,9 +219,9 @@ def measure(chunks: Iterable[bytes]) -> Measured:
     for i, path in enumerate(manifest[0].get("Layers") or []):
         if path not in sizes:
             raise ValueError(f"the save stream lacks layer {str(path)[:80]}")
-        size, named, exact = sizes[path]
+        size, named, exact, found = sizes[path]
         diff_id = str(diff_ids[i]) if i < len(diff_ids) else (named if not exact else "")
-        layers.append(Layer(size, diff_id, named if exact else "", made[i] if i < len(made) else "", not exact))
+        layers.append(Layer(size, diff_id, named if exact else "", made[i] if i < len(made) else "", not exact, found))
     return Measured(tuple(layers))
 
 
@@ -182,7 +240,9 @@ def kept(diff_ids: list[str]) -> Measured | None:
             entry = None
         if not isinstance(entry, dict) or not isinstance(entry.get("size"), int) or isinstance(entry["size"], bool):
             return None
-        found.append(Layer(entry["size"], diff_id, "", str(entry.get("step", ""))[:300], True))
+        listed = entry.get("packages")
+        names = tuple(str(p) for p in listed if PACKAGE_RE.fullmatch(str(p))) if isinstance(listed, list) else ()
+        found.append(Layer(entry["size"], diff_id, "", str(entry.get("step", ""))[:300], True, names))
     return Measured(tuple(found)) if found else None
 
 
@@ -191,7 +251,8 @@ def keep(result: Measured) -> None:
     save stream says it without compressing, and another blob may hold the same diff id."""
     for layer in result.layers:
         if layer.estimated and layer.diff_id:
-            SIZES.put(_key(layer.diff_id), json.dumps({"size": layer.size, "step": layer.step}))
+            SIZES.put(_key(layer.diff_id), json.dumps({"size": layer.size, "step": layer.step,
+                                                      "packages": list(layer.packages)}))
 
 
 def measured(diff_ids: list[str], save: Callable[[], Iterable[bytes]], *, estimates: bool) -> Measured:

@@ -1,5 +1,6 @@
 """The size budget (issue 34, item 4): a cell whose image is larger, compressed, than its
-`size_budget` is not pushed, and its report names its largest layers and the steps that made them.
+`size_budget` is not pushed, and its report names its largest layers and the packages in them (an
+environment layer's list, engine/layers.py), or the step that made a layer that carries no list.
 
 The size is the engine's measure before the push (engine/layers.py): exact on the containerd image
 store (its compressed blobs are what a push sends), a gzip estimate on the graph-driver store (a
@@ -15,6 +16,7 @@ from imagefactory.config.sizes import human
 from imagefactory.engine.layers import Layer, Measured
 
 SHOWN = 3  # the largest layers a message names
+PACKAGES_SHOWN = 12  # the packages a message names per layer
 
 
 def largest(measured: Measured, n: int = SHOWN) -> list[Layer]:
@@ -26,6 +28,10 @@ _SHELL_RE = re.compile(r"^(?:/bin/(?:ba)?sh (?:-o pipefail )?-c )?(?:#\(nop\) +)
 
 
 def _what(layer: Layer) -> str:
+    if layer.packages:
+        more = len(layer.packages) - PACKAGES_SHOWN
+        return (f"{human(layer.size)} ({', '.join(layer.packages[:PACKAGES_SHOWN])}"
+                + (f" and {more} more" if more > 0 else "") + ")")
     step = _SHELL_RE.sub("", " ".join(layer.step.removesuffix(" # buildkit").split()))
     return f"{human(layer.size)} ({step[:100] or 'step not recorded'})"
 
@@ -35,7 +41,8 @@ def verdict(measured: Measured, budget: int) -> dict[str, Any]:
     how it was measured (exact | estimated), whether it is over, and the largest layers."""
     return {"limit": budget, "measured": measured.total, "how": "exact" if measured.exact else "estimated",
             "over": measured.total > budget,
-            "largest": [{"size": layer.size, "step": layer.step, "diff_id": layer.diff_id} for layer in largest(measured)]}
+            "largest": [{"size": layer.size, "step": layer.step, "diff_id": layer.diff_id,
+                         "packages": list(layer.packages)} for layer in largest(measured)]}
 
 
 def refusal(measured: Measured, budget: int) -> str | None:

@@ -113,3 +113,63 @@ def test_a_history_without_empty_layer_marks_is_read_by_its_nop_steps_or_not_at_
                                                      sh + "#(nop) ADD file:1 in /"]
     assert layers.steps({"history": history}, 3) == []  # does not fit: no step rather than a wrong one
     assert layers.steps({"history": "x"}, 1) == []
+
+
+LIST = "opt/venv/etc/imagefactory/layers/3-torch.txt"
+LISTED = b"filelock==3.20.0\ntorch==2.13.0\n\x1b[31mevil==1\nnot a package\npython=3.11.9=h1_0_cpython\n"
+
+
+def _layer_tar(members: dict[str, bytes]) -> bytes:
+    """A layer's tar in path order, as engines write one: folders, bin/, the list in etc/, then lib/."""
+    return b"".join(_tar(members))
+
+
+def _env_layer(big: int = 200_000) -> bytes:
+    return _layer_tar({"opt/venv/bin/torchrun": b"#!/bin/sh\n", LIST: LISTED,
+                       "opt/venv/lib/python3.11/site-packages/torch/lib.so": os.urandom(big)})
+
+
+def _image(layer: bytes, *, blob: bool) -> list[bytes]:
+    config = json.dumps({"rootfs": {"diff_ids": [sha(layer)]}, "history": [{"created_by": "COPY x / # buildkit"}]}).encode()
+    if blob:
+        data = gzip.compress(layer)
+        path = f"blobs/sha256/{sha(data)[7:]}"
+        manifest = [{"Config": f"blobs/sha256/{sha(config)[7:]}", "Layers": [path]}]
+        return _tar({path: data, f"blobs/sha256/{sha(config)[7:]}": config, "manifest.json": json.dumps(manifest).encode()})
+    manifest = [{"Config": "c.json", "Layers": ["aaa/layer.tar"]}]
+    return _tar({"aaa/layer.tar": layer, "c.json": config, "manifest.json": json.dumps(manifest).encode()})
+
+
+@pytest.mark.parametrize("blob", [True, False], ids=["containerd-blob", "graph-driver-tar"])
+def test_an_environment_layers_packages_are_read_from_the_list_it_carries(blob):
+    """Only whole package lines: a terminal escape or a stray line never reaches a message."""
+    got = layers.measure(_image(_env_layer(), blob=blob))
+    assert got.layers[0].packages == ("filelock==3.20.0", "torch==2.13.0", "python=3.11.9=h1_0_cpython")
+    assert got.exact is blob
+
+
+def test_a_list_past_the_peek_a_misnamed_list_or_a_cut_tar_gives_no_packages(monkeypatch):
+    monkeypatch.setattr(layers, "PEEK", 4096)
+    monkeypatch.setattr(layers, "CHUNK", 1024)  # many reads, so the peek must stop itself
+    late = _layer_tar({"opt/venv/bin/python": os.urandom(8192), LIST: LISTED})
+    assert layers.measure(_image(late, blob=True)).layers[0].packages == ()
+    assert layers.measure(_image(late, blob=False)).layers[0].packages == ()
+    monkeypatch.setattr(layers, "PEEK", 64 << 20)
+    assert layers.measure(_image(late, blob=True)).layers[0].packages != ()
+    elsewhere = _layer_tar({"opt/venv/etc/imagefactory/layers/../../x.txt": LISTED,
+                            "tmp/etc/imagefactory/layers/3-torch.txt.bak": LISTED})
+    assert layers.measure(_image(elsewhere, blob=False)).layers[0].packages == ()
+    assert layers.packages(_env_layer()[:700]) == ()  # cut inside the list's header
+    assert layers.packages(b"\0" * 10) == () and layers.packages(b"") == ()
+
+
+def test_a_kept_estimate_keeps_its_packages():
+    calls, layer = [], _env_layer()
+
+    def save():
+        calls.append(1)
+        return _image(layer, blob=False)
+
+    first = layers.measured([sha(layer)], save, estimates=True)
+    again = layers.measured([sha(layer)], save, estimates=True)
+    assert calls == [1] and again.layers[0].packages == first.layers[0].packages != ()

@@ -46,6 +46,20 @@ def test_over_budget_names_the_largest_layers_their_sizes_and_steps_largest_firs
     assert "estimated" in budget.refusal(Measured((Layer(5, "", estimated=True),)), 1)
 
 
+def test_over_budget_names_the_packages_of_an_environment_layer_rather_than_its_step():
+    many = tuple(f"pkg{n}==1.0" for n in range(14))
+    image = Measured((Layer(900, "sha256:" + "2" * 64, step="COPY --from=venv /imagefactory-layers/3-torch/ /",
+                            packages=("filelock==3.20.0", "torch==2.13.0")),
+                      Layer(800, "sha256:" + "5" * 64, step="COPY --from=venv /imagefactory-layers/5-packages/ /",
+                            packages=many),
+                      Layer(600, "sha256:" + "1" * 64, step="FROM base")))
+    why = budget.refusal(image, 1)
+    assert why is not None and "900 B (filelock==3.20.0, torch==2.13.0)" in why and "3-torch" not in why
+    assert "pkg11==1.0 and 2 more)" in why and "pkg12" not in why  # 12 named, the rest counted
+    assert "600 B (FROM base)" in why  # a layer without a list: its step
+    assert budget.verdict(image, 1)["largest"][0]["packages"] == ["filelock==3.20.0", "torch==2.13.0"]
+
+
 def _run(write_matrix, layers: Measured, *, atomic: bool = False, **world_args) -> tuple[World, list[CellReport], str]:
     m = matrix.load(write_matrix(MATRIX))
     world = World(**world_args)
