@@ -111,6 +111,11 @@ def allowed_registries(matrix: Matrix) -> tuple[str, ...]:
     return registries(matrix.image, matrix.registries)
 
 
+def zstd_registries(matrix: Matrix) -> list[str]:
+    """The registries this matrix pushes zstd layers to (`compression`, `tags.compression`)."""
+    return [r for r in allowed_registries(matrix) if matrix.compression_for(r) == "zstd"]
+
+
 def refusal(ref: str, allowed: tuple[str, ...]) -> str | None:
     """Why `ref` cannot be a tag to push (None when it can): not a reference, a digest in it, or a
     registry the matrix did not name. allowed[0] is the registry of `image`."""

@@ -138,7 +138,7 @@ class _Target:
 def _can_compress(matrix: Matrix, engine: ContainerEngine) -> ContainerEngine:
     """`engine`, once it can push what the matrix asks: zstd needs BuildKit (buildx) and the containerd
     image store; ConfigError (exit 2) naming the fix otherwise, before anything is pushed."""
-    zstd = [r for r in tagging.allowed_registries(matrix) if matrix.compression_for(r) == "zstd"]
+    zstd = tagging.zstd_registries(matrix)
     if not zstd:
         return engine
     if engine.builder != Builder.buildkit:

@@ -480,7 +480,7 @@ def diagnose(matrix: Matrix | None, *, engine_factory: EngineFactory | None = No
 def _zstd(matrix: Matrix | None) -> list[str]:
     from imagefactory.config import tags as tagging
 
-    return [r for r in tagging.allowed_registries(matrix) if matrix.compression_for(r) == "zstd"] if matrix else []
+    return tagging.zstd_registries(matrix) if matrix else []
 
 
 def text(report: Report) -> str:
