@@ -15,16 +15,18 @@ import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from imagefactory.run.context import UI, BuildOptions, RunContext, Settings, Silent
 from imagefactory.config import platforms
 from imagefactory.engine.api import (Builder, BuildProgress, BuildRequest, ContainerEngine, EngineInfo, Manifest,
                                      PushOutcome, RegistryClient, RunResult, is_transient, refuse_foreign)
-from imagefactory.engine.layers import Layer, Measured
 from imagefactory.errors import BuildError, Cancelled, EngineError, EngineGone, PushError, RegistryError
 from imagefactory.interrupt import Interrupt
 from imagefactory.pipeline.schedule import instructions
+
+if TYPE_CHECKING:  # like the real engine's: only a push measures layers
+    from imagefactory.engine.layers import Measured
 
 LABEL_RE = re.compile(r'(\S+)="([^"]*)"')
 ENGINE_INFO = EngineInfo("27.3.1", "1.47", ("runc",), (), cpus=16, architecture="x86_64")
@@ -184,6 +186,8 @@ class FakeEngine:
         image = self.world.image_by_ref(ref)
         if image is None:
             raise EngineError(f"cannot measure {ref}: no such image")
+        from imagefactory.engine.layers import Layer, Measured
+
         return self.world.layers.get(image.id, Measured((Layer(1000, "sha256:" + "d" * 64, "sha256:" + "d" * 64),)))
 
     def tag(self, image: str, ref: str) -> None:

@@ -20,12 +20,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from imagefactory.config import platforms
 from imagefactory.errors import ForeignPlatform
 from imagefactory.config.platforms import Platform
-from imagefactory.engine.layers import Measured
+
+if TYPE_CHECKING:  # measured only before a push (publish/push.py): a build loads no layer reader
+    from imagefactory.engine.layers import Measured
 
 
 class Builder(str, Enum):
@@ -186,7 +188,7 @@ class ContainerEngine(Protocol):
 
     def push(self, ref: str, *, auth_config: dict[str, str] | None = None,
              progress: Callable[[dict], None] = ..., compression: str = "gzip") -> PushOutcome:
-        """Push the local tag `ref`; `compression` zstd: its layers recompressed, OCI media types."""
+        """Push the local tag `ref`; `compression` zstd or estargz: its layers recompressed, OCI media types."""
         ...
 
     def pull(self, ref: str, *, auth_config: dict[str, str] | None = None) -> str:

@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
-from typing import Any, Callable, NoReturn, Protocol
+from typing import TYPE_CHECKING, Any, Callable, NoReturn, Protocol
 
 import docker
 import docker.errors
@@ -30,7 +30,6 @@ import requests.exceptions
 import urllib3.exceptions
 
 from imagefactory.engine import identity
-from imagefactory.engine import layers
 from imagefactory.engine.registry import HttpRegistry
 from imagefactory.config import platforms
 from imagefactory.config import refs
@@ -40,6 +39,9 @@ from imagefactory.engine.api import DOCKER, PODMAN
 from imagefactory.errors import (BuildError, Cancelled, DockerUnavailable, EngineError, EngineGone, ImageFactoryError,
                                  PushError)
 from imagefactory.interrupt import Interrupt
+
+if TYPE_CHECKING:
+    from imagefactory.engine import layers
 
 STEP_RE = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
 # The classic builder runs each RUN step in a container and names it in the stream.
@@ -230,6 +232,8 @@ class Engine:
     def layer_sizes(self, ref: str) -> layers.Measured:
         """The compressed layers a push of `ref` sends (engine/layers.py): exact on the containerd
         store (its blobs), gzip estimates on the graph-driver store (kept by diff id)."""
+        from imagefactory.engine import layers  # only a push measures: a build loads no layer reader
+
         try:
             attrs = self.client.images.get(ref).attrs
             diff_ids = [str(d) for d in (attrs.get("RootFS") or {}).get("Layers") or []]
@@ -386,7 +390,7 @@ class Engine:
              progress: Callable[[dict], None] = lambda e: None, compression: str = "gzip") -> PushOutcome:
         """Push one tag. The SDK does not raise on failure: errors arrive as stream events.
         An interrupt closes the stream (the engine then abandons the upload). Another `compression`
-        than gzip (zstd) goes through buildx (buildkit.push_recompressed): the containerd store only."""
+        than gzip (zstd, estargz) goes through buildx (buildkit.push_recompressed): the containerd store only."""
         if compression != "gzip":
             return self._push_recompressed(ref, compression, auth_config)
         repo, tag = split_tag(ref)

@@ -29,7 +29,6 @@ from imagefactory.files import fsutil
 from imagefactory.render import contexts as render
 from imagefactory.pipeline import schedule
 from imagefactory.probe import smoke
-from imagefactory.attest import record
 from imagefactory.config import tags
 from imagefactory.probe import verdicts
 from imagefactory.config import netrc as netrc_mod
@@ -257,8 +256,14 @@ class _Cell:
         return result.passed
 
     def attest(self) -> None:
-        """The attest step, once the probe passed: the image's SBOM and provenance (attest/record.py),
-        from the probe that passed it; their paths go into the cell's report."""
+        """The attest step, once the probe passed, in a run that publishes (build --push, push):
+        the image's SBOM and provenance (attest/record.py), from the probe that passed it, for
+        signing them onto the pushed digest; their paths go into the cell's report. A run that
+        pushes nothing writes neither and loads no attest code."""
+        if not or_defaults(self.options, Publishing).push:
+            return
+        from imagefactory.attest import record  # only a run that publishes loads the attest step
+
         self.log(record.record(self.matrix, self.ctx.cell, self.report, self.passing_probe,
                                need(self.options, Reporting).report),
                  show=False)
@@ -380,7 +385,8 @@ def _unfinished(ctx: render.Context, status: str, error: str) -> CellReport:
 
 
 def _attested(c: _Cell) -> bool:
-    """After a cell passed its probe, the pipeline's attest step; True (the cell passed)."""
+    """After a cell passed its probe, the pipeline's attest step (a run that publishes); True (the
+    cell passed)."""
     c.attest()
     return True
 

@@ -27,7 +27,7 @@ from imagefactory.attest import sbom
 from imagefactory.attest import signing
 from imagefactory.attest import supply
 from imagefactory.config import tags
-from imagefactory.run.context import BuildOptions, PushOptions
+from imagefactory.run.context import BuildOptions, PushOptions, TestOptions
 from imagefactory.errors import ConfigError
 from imagefactory.lock.lockfile import Lock, Pin
 from imagefactory.report.summary import PASSED, PUBLISHED, CellReport
@@ -408,11 +408,12 @@ def test_a_cell_without_an_sbom_is_not_signed_and_fails(tmp_path, write_matrix, 
     assert "no SBOM" in r.error
 
 
-def test_a_passing_build_writes_the_sbom_and_provenance_beside_the_report(tmp_path, write_matrix):
+def test_a_passing_build_that_pushes_writes_the_sbom_and_provenance_beside_the_report(tmp_path, write_matrix):
     m = matrix.load(write_matrix(TWO_PIP_CELLS))
     probes = {c.id: inventory_probe(c) for c in m.cells}
     world = World(probes=probes, registry=dict(BASE_DIGESTS))
-    opts = BuildOptions(work_dir=tmp_path / "w", report=tmp_path / "out" / "report.json", verdicts_dir=tmp_path / "v")
+    opts = BuildOptions(work_dir=tmp_path / "w", report=tmp_path / "out" / "report.json", verdicts_dir=tmp_path / "v",
+                        push=True)
     reports = build.build(m, list(m.cells), world.context(opts)).reports
     assert {r.status for r in reports} == {PASSED}, [r.error for r in reports]
     first = {}
@@ -425,6 +426,19 @@ def test_a_passing_build_writes_the_sbom_and_provenance_beside_the_report(tmp_pa
     again = build.build(m, list(m.cells), world.context(opts)).reports  # cached image, cached verdicts
     assert {r.verdicts for r in again} == {"cached"}
     assert {r.cell: Path(r.sbom).read_bytes() for r in again} == first
+
+
+def test_a_build_or_test_that_pushes_nothing_writes_no_sbom_or_provenance(tmp_path, write_matrix):
+    m = matrix.load(write_matrix(TWO_PIP_CELLS))
+    world = World(probes={c.id: inventory_probe(c) for c in m.cells}, registry=dict(BASE_DIGESTS))
+    out = tmp_path / "out"
+    common = dict(work_dir=tmp_path / "w", report=out / "report.json", verdicts_dir=tmp_path / "v")
+    built = build.build(m, list(m.cells), world.context(BuildOptions(**common))).reports
+    tested = build.test(m, list(m.cells), world.context(TestOptions(**common))).reports
+    for reports in (built, tested):
+        assert {r.status for r in reports} == {PASSED}, [r.error for r in reports]
+        assert {(r.sbom, r.provenance) for r in reports} == {("", "")}
+    assert not (out / "sbom").exists() and not (out / "provenance").exists()
 
 
 # --------------------------------------------------------------------------- cosign's tags stay apart
