@@ -2,19 +2,26 @@
 side by side in one run (issue 34).
 
     python bench/pull.py --ref REG/REPO:TAG [--sibling REF] [--release REF] [--pairs 3]
-                         [--user U --password P]
+                         [--user U --password P] [--stargz BIN [--stargz-args "..."]]
 
 REF is a cell as `imagefactory build --push` made it (layers by rate of change, gzip). The bench
 makes two variants of it on the default engine (BuildKit, pushed beside it):
 - `single`: the same files with everything above the base in one layer (`FROM base` +
   `COPY --from=REF / /`), the shape of an image before issue 34 (one environment layer);
 - `zstd`: REF's layers recompressed with zstd (`compression=zstd,force-compression=true`, OCI
-  media types).
+  media types);
+- `estargz`: REF's layers recompressed as eStargz (`compression: estargz`'s push), with --stargz.
 Then, in a private engine of its own (its own containerd and data root: nothing shared with the
 machine's engines, emptied between runs), it times, as interleaved pairs:
 - cold pull and unpack of REF vs `single`, and then the first `import torch` in each;
 - zstd vs gzip (cold pull of `zstd` vs REF);
 - with REF held: pull of SIBLING and of RELEASE (the next release), vs REF's cold pull;
+- with --stargz BIN (stargz-snapshotter's `containerd-stargz-grpc`, or a build that takes its
+  `--root` and `--address`; --stargz-args passes it more, such as the registry's plain-HTTP mirror
+  config): a cold `docker run` of `estargz` to the end of its first `import torch` on a second
+  private engine whose containerd store uses the stargz snapshotter (lazy pulling; the engine,
+  the snapshotter and their roots made anew for every run), vs the same on REF in the first
+  private engine (pull in full, then run);
 and prints the bytes each would move (from the registry's manifests). One Markdown table;
 nothing is asserted.
 """
@@ -25,6 +32,7 @@ import argparse
 import base64
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -83,25 +91,31 @@ def fetched(image: list[tuple[str, int]], held: list[tuple[str, int]]) -> int:
 class PrivateEngine:
     """A containerd and a dockerd of the bench's own (own roots, sockets): every pull is cold."""
 
-    def __init__(self, root: Path, env: dict[str, str]):
+    def __init__(self, root: Path, env: dict[str, str], stargz: list[str] | None = None):
         self.root, self.run = root, Path(tempfile.mkdtemp(prefix="ifpull-", dir="/run"))
         self.host = f"unix://{self.run}/docker.sock"
         self.procs: list[subprocess.Popen] = []
         self.env = env  # DOCKER_CONFIG: the bench's own (login_config)
+        self.stargz = stargz  # the snapshotter's command line (--stargz, --stargz-args): lazy pulls
 
     def start(self) -> None:
         sock = self.run / "containerd.sock"
         conf = self.run / "containerd.toml"
+        env = dict(os.environ, PATH=f"{CURRENT_BIN}:{os.environ['PATH']}")
+        lazy = ""
+        if self.stargz:
+            snap = self.run / "stargz.sock"
+            self._spawn([*self.stargz[:1], "--root", str(self.root / "stargz"), "--address", str(snap),
+                         *self.stargz[1:]], env)
+            self._wait_for(snap, "the stargz snapshotter")
+            lazy = f'[proxy_plugins]\n  [proxy_plugins.stargz]\n    type = "snapshot"\n    address = "{snap}"\n'
         conf.write_text(f'version = 2\nroot = "{self.root}/containerd"\nstate = "{self.run}/state"\n'
                         f'disabled_plugins = ["io.containerd.grpc.v1.cri"]\n[grpc]\n  address = "{sock}"\n'
-                        f'[plugins."io.containerd.internal.v1.opt"]\n  path = "{self.root}/opt"\n')
-        env = dict(os.environ, PATH=f"{CURRENT_BIN}:{os.environ['PATH']}")
+                        f'[plugins."io.containerd.internal.v1.opt"]\n  path = "{self.root}/opt"\n' + lazy)
         self._spawn([str(CURRENT_BIN / "containerd"), "--config", str(conf)], env)
-        for _ in range(60):
-            if sock.exists():
-                break
-            time.sleep(0.5)
-        (self.run / "daemon.json").write_text('{"features": {"containerd-snapshotter": true}}\n')
+        self._wait_for(sock, "the bench's containerd")
+        daemon = {"features": {"containerd-snapshotter": True}, **({"storage-driver": "stargz"} if self.stargz else {})}
+        (self.run / "daemon.json").write_text(json.dumps(daemon) + "\n")
         self._spawn([str(CURRENT_BIN / "dockerd"), "--config-file", str(self.run / "daemon.json"), "--containerd",
                      str(sock), "-H", self.host, "--data-root", str(self.root / "docker"), "--exec-root",
                      str(self.run / "exec"), "--pidfile", str(self.run / "dockerd.pid"), "--bridge=none",
@@ -111,6 +125,13 @@ class PrivateEngine:
                 return
             time.sleep(0.5)
         raise SystemExit(f"the bench's engine did not start: {(self.run / 'dockerd.log').read_text()[-2000:]}")
+
+    def _wait_for(self, sock: Path, what: str) -> None:
+        for _ in range(60):
+            if sock.exists():
+                return
+            time.sleep(0.5)
+        raise SystemExit(f"{what} did not start (see {self.run})")
 
     def _spawn(self, argv: list[str], env: dict[str, str]) -> None:
         log = open(self.run / f"{Path(argv[0]).name}.log", "wb")
@@ -131,8 +152,14 @@ class PrivateEngine:
         return timed(["docker", "-H", self.host, "pull", "-q", ref], env=self.env)
 
     def first_import(self, ref: str) -> float:
+        """`docker run` to the end of a first `import torch` (it pulls `ref` when the engine lacks it)."""
         return timed(["docker", "-H", self.host, "run", "--rm", "--network", "none", ref, "python", "-c",
                       "import torch"], env=self.env)
+
+    def lazily_mounted(self) -> int:
+        """The snapshotter's FUSE mounts under this engine's root now (one per lazily pulled layer)."""
+        with open("/proc/self/mounts") as mounts:
+            return sum(1 for line in mounts if f" {self.root}/" in line and " fuse" in line)
 
     def stop(self) -> None:
         for proc in reversed(self.procs):
@@ -142,8 +169,33 @@ class PrivateEngine:
             except subprocess.TimeoutExpired:
                 proc.kill()
         subprocess.run(["umount", str(self.run / "exec" / "netns" / "default")], capture_output=True)
+        with open("/proc/self/mounts") as mounts:  # the snapshotter's FUSE mounts, deepest first
+            left = sorted((line.split()[1] for line in mounts if f" {self.root}/" in line), reverse=True)
+        for mount in left:
+            subprocess.run(["umount", "-l", mount], capture_output=True)
         shutil.rmtree(self.run, ignore_errors=True)
         shutil.rmtree(self.root, ignore_errors=True)
+
+    def fresh(self) -> PrivateEngine:
+        """This engine stopped and its roots gone; a new one like it, started (nothing cached at all)."""
+        self.stop()
+        engine = PrivateEngine(Path(tempfile.mkdtemp(prefix="bench-pull-engine-", dir="/var/lib")), self.env,
+                               self.stargz)
+        engine.start()
+        return engine
+
+
+def recompressed(ref: str, how: str, work: Path, env: dict[str, str]) -> str:
+    """REF's layers recompressed (`how`: zstd or estargz, OCI media types), pushed beside it; its ref."""
+    out = f"{ref.rpartition(':')[0]}:bench-{how}"
+    (work / how).mkdir()
+    (work / how / "Dockerfile").write_text(f"FROM {ref}\n")
+    say(f"pushing the {how} variant")
+    timed(["docker", "buildx", "build", "--network", "host", "--provenance=false", "--output",
+           f"type=image,name={out},push=true,compression={how},oci-mediatypes=true,force-compression=true",
+           str(work / how)], env=env)
+    MADE.append(out)
+    return out
 
 
 def variants(ref: str, work: Path, env: dict[str, str]) -> tuple[str, str]:
@@ -155,27 +207,34 @@ def variants(ref: str, work: Path, env: dict[str, str]) -> tuple[str, str]:
                                        capture_output=True, text=True, check=True).stdout)
     base = labels["org.opencontainers.image.base.name"]
     repo = ref.rpartition(":")[0]
-    single, zstd = f"{repo}:bench-single", f"{repo}:bench-zstd"
+    single = f"{repo}:bench-single"
     (work / "single").mkdir()
     (work / "single" / "Dockerfile").write_text(f"FROM {ref} AS cell\nFROM {base}\nCOPY --from=cell / /\n"
                                                 f"USER 1000\nENTRYPOINT [\"/usr/local/bin/imagefactory-entrypoint\"]\n")
-    (work / "zstd").mkdir()
-    (work / "zstd" / "Dockerfile").write_text(f"FROM {ref}\n")
     say("pushing the single-layer variant")
     timed(["docker", "buildx", "build", "--network", "host", "--output", f"type=image,name={single},push=true",
            str(work / "single")], env=env)
-    say("pushing the zstd variant")
-    timed(["docker", "buildx", "build", "--network", "host", "--output",
-           f"type=image,name={zstd},push=true,compression=zstd,oci-mediatypes=true,force-compression=true",
-           str(work / "zstd")], env=env)
-    MADE.extend([single, zstd])
-    return single, zstd
+    MADE.append(single)
+    return single, recompressed(ref, "zstd", work, env)
 
 
 def cold(engine: PrivateEngine, ref: str, then_import: bool = False) -> float:
     engine.empty()
     took = engine.pull(ref)
     return took + (engine.first_import(ref) if then_import else 0.0)
+
+
+class Lazy:
+    """The stargz engine, made anew before each run: its `docker run` of `ref` pulls lazily."""
+
+    def __init__(self, engine: PrivateEngine, ref: str):
+        self.engine, self.ref, self.mounts = engine, ref, []
+
+    def run(self) -> float:
+        self.engine = self.engine.fresh()
+        took = self.engine.first_import(self.ref)
+        self.mounts.append(self.engine.lazily_mounted())
+        return took
 
 
 def held(engine: PrivateEngine, first: str, ref: str) -> float:
@@ -192,13 +251,17 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--user", default=os.environ.get("IMAGEFACTORY_REGISTRY_USER"))
     ap.add_argument("--password", default=os.environ.get("IMAGEFACTORY_REGISTRY_PASSWORD"))
+    ap.add_argument("--stargz", metavar="BIN", help="the stargz snapshotter's daemon (containerd-stargz-grpc)")
+    ap.add_argument("--stargz-args", default="", help="more arguments for it (its registry config)")
     args = ap.parse_args()
     reg = Registry(args.user, args.password)
     work = Path(tempfile.mkdtemp(prefix="bench-pull-"))
     env = login_config(work / "docker-config", args.ref.split("/")[0], args.user, args.password)
     engine = PrivateEngine(Path(tempfile.mkdtemp(prefix="bench-pull-engine-", dir="/var/lib")), env)
+    lazy: Lazy | None = None
     try:
         single, zstd = variants(args.ref, work, env)
+        estargz = recompressed(args.ref, "estargz", work, env) if args.stargz else None
         engine.start()
         rows = [Row("cold pull + unpack", "layered (gzip)", "single layer (gzip)",
                     *pairs(args.pairs, lambda: cold(engine, args.ref), lambda: cold(engine, single)), "≤ 0.6x"),
@@ -218,14 +281,24 @@ def main() -> None:
                                 "≤ 0.2x" if name == "sibling" else "≤ 0.05x",
                                 note=f"{moved / 1e6:,.1f} MB of {total / 1e6:,.1f} MB moved "
                                      f"({moved / total:.1%})"))
+        if args.stargz and estargz:
+            lazy = Lazy(PrivateEngine(Path(tempfile.mkdtemp(prefix="bench-pull-engine-", dir="/var/lib")), env,
+                                      [args.stargz, *shlex.split(args.stargz_args)]), estargz)
+            rows.append(Row("cold `docker run` to the end of the first `import torch`", "eStargz, lazy",
+                            "layered gzip, pulled whole",
+                            *pairs(args.pairs, lazy.run, lambda: cold(engine, args.ref, True)), "< 1x",
+                            note=f"FUSE mounts per lazy run: {lazy.mounts} (one per layer: lazy)"))
         sizes = {name: sum(s for _, s in reg.manifest(r)) for name, r in (("layered", args.ref), ("single", single),
-                                                                          ("zstd", zstd))}
+                                                                          ("zstd", zstd), ("estargz", estargz))
+                 if r}
         print("| figure | A | B | A/B | goal | runs |\n|---|---|---|---|---|---|")
         for row in rows:
             print(row.line())
         print("\ncompressed sizes: " + ", ".join(f"{k} {v / 1e6:,.1f} MB" for k, v in sizes.items()))
     finally:
         engine.stop()
+        if lazy is not None:
+            lazy.engine.stop()
         if MADE:
             subprocess.run(["docker", "image", "rm", "-f", *MADE], capture_output=True)
         shutil.rmtree(work, ignore_errors=True)

@@ -121,8 +121,8 @@ class Matrix:
     # release tags that name several platforms' images (tags.plan): the cells push their per-arch
     # tags (cell.tags), then publish/lists.py merges each list whose every platform passed
     lists: tuple[TagList, ...] = ()
-    compression: str = "gzip"  # how pushed layers are compressed: gzip | zstd (OCI media types)
-    # (registry, gzip | zstd) where tags.compression sets one of its own
+    compression: str = "gzip"  # how pushed layers are compressed: gzip | zstd | estargz (OCI media types)
+    # (registry, gzip | zstd | estargz) where tags.compression sets one of its own
     registry_compression: tuple[tuple[str, str], ...] = ()
 
     def compression_for(self, registry: str) -> str:

@@ -111,9 +111,14 @@ def allowed_registries(matrix: Matrix) -> tuple[str, ...]:
     return registries(matrix.image, matrix.registries)
 
 
-def zstd_registries(matrix: Matrix) -> list[str]:
-    """The registries this matrix pushes zstd layers to (`compression`, `tags.compression`)."""
-    return [r for r in allowed_registries(matrix) if matrix.compression_for(r) == "zstd"]
+def compressed_with(matrix: Matrix, how: str) -> list[str]:
+    """The registries this matrix pushes `how` layers to (`compression`, `tags.compression`)."""
+    return [r for r in allowed_registries(matrix) if matrix.compression_for(r) == how]
+
+
+def recompressed(matrix: Matrix) -> dict[str, list[str]]:
+    """{zstd | estargz: its registries}: the pushes BuildKit recompresses (gzip: the engine's own)."""
+    return {how: found for how in ("zstd", "estargz") if (found := compressed_with(matrix, how))}
 
 
 def refusal(ref: str, allowed: tuple[str, ...]) -> str | None:

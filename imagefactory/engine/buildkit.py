@@ -325,9 +325,14 @@ def _buildx_env() -> dict[str, str]:
     return env
 
 
+RECOMPRESSIONS = ("zstd", "estargz")
+
+
 def recompress_command(cli: str, ref: str, compression: str, metadata: Path, context: Path) -> list[str]:
     """The buildx command that pushes the local image `ref` as `ref` with its layers recompressed
     (`FROM ref` and nothing else: BuildKit resolves it in the containerd image store, no pull)."""
+    if compression not in RECOMPRESSIONS:  # a word of the --output value: only what the schema allows
+        raise ValueError(f"not a compression BuildKit is asked for: {compression[:20]!r}")
     output = (f"type=image,name={ref},push=true,compression={compression},oci-mediatypes=true,"
               f"force-compression=true")
     return [cli, "buildx", "build", "--progress=rawjson", "--metadata-file", str(metadata), "--provenance=false",

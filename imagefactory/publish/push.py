@@ -136,16 +136,18 @@ class _Target:
 
 
 def _can_compress(matrix: Matrix, engine: ContainerEngine) -> ContainerEngine:
-    """`engine`, once it can push what the matrix asks: zstd needs BuildKit (buildx) and the containerd
-    image store; ConfigError (exit 2) naming the fix otherwise, before anything is pushed."""
-    zstd = tagging.zstd_registries(matrix)
-    if not zstd:
+    """`engine`, once it can push what the matrix asks: zstd and eStargz need BuildKit (buildx) and the
+    containerd image store; ConfigError (exit 2) naming the fix otherwise, before anything is pushed."""
+    asked = tagging.recompressed(matrix)
+    if not asked:
         return engine
+    what = "; ".join(f"compression {how} (for {', '.join(where)})" for how, where in asked.items())
+    kinds = " or ".join(asked)
     if engine.builder != Builder.buildkit:
-        raise ConfigError(f"compression zstd (for {', '.join(zstd)}): layers are recompressed by BuildKit; "
-                          f"run with --builder buildkit (the classic builder cannot write zstd)")
+        raise ConfigError(f"{what}: layers are recompressed by BuildKit; "
+                          f"run with --builder buildkit (the classic builder cannot write {kinds})")
     if engine.describe().store != identity.CONTAINERD:
-        raise ConfigError(f"compression zstd (for {', '.join(zstd)}): this engine keeps its images in a graph-driver "
+        raise ConfigError(f"{what}: this engine keeps its images in a graph-driver "
                           f"store (Docker 20.10 and overlay2), whose pushes are gzip only; use an engine with the "
                           f"containerd image store (Docker 23+ with containerd-snapshotter), or compression gzip")
     return engine

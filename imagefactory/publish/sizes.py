@@ -19,6 +19,9 @@ from imagefactory.engine.registry import DIGEST_RE, INDEX_TYPES, MANIFEST_TYPES
 from imagefactory.errors import RegistryError
 
 ZSTD_TYPES = ("application/vnd.oci.image.layer.v1.tar+zstd",)
+# An eStargz layer is a gzip layer whose descriptor names its table of contents (BuildKit's
+# compression=estargz; stargz-snapshotter's key): any launcher pulls it as gzip.
+ESTARGZ_TOC = "containerd.io/snapshot/stargz/toc.digest"
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,7 @@ class Blob:
     digest: str
     size: int
     media_type: str = ""
+    estargz: bool = False  # its descriptor names an eStargz table of contents (ESTARGZ_TOC)
 
 
 @dataclass(frozen=True)
@@ -56,7 +60,9 @@ def layers_of(manifest: Manifest) -> tuple[Blob, ...]:
         if not isinstance(size, int) or isinstance(size, bool) or size < 0 or not isinstance(digest, str) \
                 or not DIGEST_RE.fullmatch(digest):
             raise ValueError("a layer descriptor without a sha256 digest and a size")
-        found.append(Blob(digest, size, str(d.get("mediaType", ""))[:100]))
+        toc = (d.get("annotations") or {}).get(ESTARGZ_TOC) if isinstance(d.get("annotations"), dict) else None
+        found.append(Blob(digest, size, str(d.get("mediaType", ""))[:100],
+                          estargz=isinstance(toc, str) and DIGEST_RE.fullmatch(toc) is not None))
     return tuple(found)
 
 
@@ -104,7 +110,7 @@ def read_quietly(registry: RegistryClient, ref: str, platform: str, auth: dict[s
 def record(image: Pulled) -> dict[str, Any]:
     """The report's figures of one pushed image (CellReport.sizes)."""
     largest = image.largest
-    kinds = {"zstd" if b.media_type in ZSTD_TYPES else "gzip" for b in image.layers}
+    kinds = {"zstd" if b.media_type in ZSTD_TYPES else "estargz" if b.estargz else "gzip" for b in image.layers}
     return {"digest": image.digest, "compressed": image.total, "layers": len(image.layers),
             "largest_layer": largest.size if largest else 0, "largest_layer_digest": largest.digest if largest else "",
             "compression": "+".join(sorted(kinds)) or "none", "fetch_after": {}}

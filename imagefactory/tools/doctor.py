@@ -191,6 +191,7 @@ class EngineFacts:
     driver: str = ""  # overlay2, overlayfs, ... ("(unreadable)" when the engine said something odd)
     multi_platform: bool = False  # the store holds a multi-platform image under one local name
     zstd_pulls: bool = False  # the engine unpacks zstd layers (containerd store, or Docker 23 and later)
+    lazy_pulls: bool = False  # the containerd store's snapshotter is stargz: eStargz layers are pulled lazily
     error: str = ""
 
 
@@ -220,12 +221,16 @@ def engine_facts(engine_factory: EngineFactory | None = None) -> EngineFacts:
     return EngineFacts(reachable=True, version=version, api_version=api,
                        nvidia_runtime="nvidia" in info.runtimes, cdi=_cdi_specs(info.cdi_spec_dirs), cpus=cpus,
                        store=store, driver=driver, multi_platform=containerd,
-                       zstd_pulls=containerd or _major(version) >= ZSTD_SINCE)
+                       zstd_pulls=containerd or _major(version) >= ZSTD_SINCE,
+                       lazy_pulls=containerd and driver == STARGZ)
 
 
 # Docker Engine unpacks zstd layers in its graph-driver store since 23.0 (moby 23.0.0); the
 # containerd store always has (containerd 1.5). 20.10 fails: "archive/tar: invalid tar header".
 ZSTD_SINCE = 23
+# The snapshotter a containerd-store engine names as its driver when it mounts eStargz layers lazily
+# (dockerd's "storage-driver": "stargz", with stargz-snapshotter as containerd's proxy plugin).
+STARGZ = "stargz"
 STORAGE_DRIVER_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 
 
@@ -428,6 +433,7 @@ class Report:
     platform: str | None = None  # its platform ("linux/amd64"); None: not one imagefactory builds
     docker_host: str = field(default_factory=lambda: os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock"))
     zstd_registries: list[str] = field(default_factory=list)  # the matrix's registries that get zstd layers
+    estargz_registries: list[str] = field(default_factory=list)  # ... and those that get eStargz layers
 
     @property
     def compression(self) -> str | None:
@@ -439,6 +445,17 @@ class Report:
             return f"compression: {where} get zstd layers; this engine pulls them"
         return (f"compression: {where} get zstd layers, which this engine CANNOT pull (Docker {ZSTD_SINCE}+ or the "
                 f"containerd store can): pull this node's images from a registry the matrix pushes gzip to")
+
+    @property
+    def lazy(self) -> str | None:
+        """What the matrix's eStargz registries mean for this node (None: it pushes no eStargz)."""
+        if not self.estargz_registries:
+            return None
+        where = ", ".join(self.estargz_registries)
+        if self.engine.lazy_pulls:
+            return f"compression: {where} get eStargz layers; this engine pulls them lazily (snapshotter {STARGZ})"
+        return (f"compression: {where} get eStargz layers; this engine pulls them whole, as gzip (lazily only with "
+                f"the {STARGZ} snapshotter: docs/layers.md#lazy-pulling)")
 
     @property
     def gpu(self) -> bool:
@@ -457,7 +474,8 @@ class Report:
                 "driver": asdict(self.driver), "gpu": self.gpu, "matrix": self.matrix,
                 "cells": [asdict(v) for v in self.cells], "recommended": self.recommended,
                 "launch": None if self.launch is None else {**asdict(self.launch), "line": self.launch.line},
-                "verification": self.verification, "zstd_registries": self.zstd_registries}
+                "verification": self.verification, "zstd_registries": self.zstd_registries,
+                "estargz_registries": self.estargz_registries}
 
 
 def diagnose(matrix: Matrix | None, *, engine_factory: EngineFactory | None = None,
@@ -474,13 +492,14 @@ def diagnose(matrix: Matrix | None, *, engine_factory: EngineFactory | None = No
     return Report(engine=engine, driver=driver, matrix=str(matrix.path) if matrix else None,
                   cells=verdicts, recommended=recommend(cells, verdicts) if cells else None,
                   launch=launch_flags(engine, driver) if engine.reachable else None,
-                  machine=machine, platform=host.oci if host else None, zstd_registries=_zstd(matrix))
+                  machine=machine, platform=host.oci if host else None, zstd_registries=_compressed(matrix, "zstd"),
+                  estargz_registries=_compressed(matrix, "estargz"))
 
 
-def _zstd(matrix: Matrix | None) -> list[str]:
+def _compressed(matrix: Matrix | None, how: str) -> list[str]:
     from imagefactory.config import tags as tagging
 
-    return tagging.zstd_registries(matrix) if matrix else []
+    return tagging.compressed_with(matrix, how) if matrix else []
 
 
 def text(report: Report) -> str:
@@ -509,7 +528,7 @@ def text(report: Report) -> str:
         lines.append("matrix:   none given and no matrix.yaml here: host facts only")
         return "\n".join(lines) + "\n"
     lines += [f"matrix:   {report.matrix} ({len(report.cells)} cell(s))"]
-    lines += [report.compression] if report.compression else []
+    lines += [line for line in (report.compression, report.lazy) if line]
     lines += [""]
     width = max([len(v.cell) for v in report.cells] + [4])
     for v in report.cells:

@@ -61,4 +61,7 @@ def test_a_compression_for_a_registry_nothing_goes_to_or_an_unknown_one_is_refus
     line = _error(write_matrix, BASE + "tags: {compression: {quay.io: zstd}}\n")
     assert ":8: tags.compression.quay.io: 'quay.io' is not a registry this matrix pushes to" in line
     line = _error(write_matrix, BASE + "compression: brotli\n")
-    assert ":8: compression: 'brotli' is not allowed (allowed: gzip, zstd)" in line
+    assert ":8: compression: 'brotli' is not allowed (allowed: gzip, zstd, estargz)" in line
+    line = _error(write_matrix, BASE + "compression: eStargz\n")
+    assert ":8: compression: 'eStargz' is not allowed" in line
+    assert matrix.load(write_matrix(BASE + "compression: estargz\n")).compression_for("registry.example.com") == "estargz"

@@ -558,6 +558,14 @@ def test_a_recompressing_push_is_from_the_image_itself_with_oci_media_types(tmp_
     assert out == ("type=image,name=r.example.com/x:t,push=true,compression=zstd,oci-mediatypes=true,"
                    "force-compression=true")
     assert "--provenance=false" in args and args[-1] == str(tmp_path)
+    args = buildkit.recompress_command("docker", "r.example.com/x:t", "estargz", tmp_path / "m.json", tmp_path)
+    assert ",compression=estargz,oci-mediatypes=true,force-compression=true" in args[args.index("--output") + 1]
+
+
+@pytest.mark.parametrize("how", ["gzip", "zstd,push=false", "estargz ", "ZSTD", ""])
+def test_a_recompressing_push_takes_no_other_word_into_buildxs_output(tmp_path, how):
+    with pytest.raises(ValueError, match="not a compression"):
+        buildkit.recompress_command("docker", "r.example.com/x:t", how, tmp_path / "m.json", tmp_path)
 
 
 def test_a_recompressing_push_gets_a_docker_config_holding_only_its_own_login(tmp_path, monkeypatch):

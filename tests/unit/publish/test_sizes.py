@@ -121,3 +121,23 @@ def test_publish_records_what_a_node_holding_the_replaced_release_fetches(write_
     world.layers["old"] = Measured((Layer(1000, d(100), d(1)), Layer(300, d(300), d(77))))
     _run(world, m, reports)
     assert reports[0].sizes["previous"] == {"digest": old, "fetch": 200}
+
+
+def test_an_estargz_layer_is_a_gzip_layer_whose_descriptor_names_its_table_of_contents():
+    from imagefactory.engine.api import Manifest
+
+    gz = "application/vnd.oci.image.layer.v1.tar+gzip"
+
+    def manifest(*annotations: dict) -> Manifest:
+        body = json.dumps({"schemaVersion": 2, "layers": [
+            {"mediaType": gz, "digest": d(i + 1), "size": 10, "annotations": a} for i, a in enumerate(annotations)]})
+        return Manifest("application/vnd.oci.image.manifest.v1+json", "sha256:" + "0" * 64, body.encode())
+
+    toc = {sizes.ESTARGZ_TOC: d(50), "io.containers.estargz.uncompressed-size": "99"}
+    lazy = sizes.layers_of(manifest(toc, toc))
+    assert [b.estargz for b in lazy] == [True, True]
+    assert sizes.record(sizes.Pulled(d(9), lazy))["compression"] == "estargz"
+    mixed = sizes.layers_of(manifest(toc, {}))
+    assert sizes.record(sizes.Pulled(d(9), mixed))["compression"] == "estargz+gzip"
+    for bad in ({sizes.ESTARGZ_TOC: "sha256:short"}, {sizes.ESTARGZ_TOC: 5}, {"other": d(50)}):
+        assert sizes.layers_of(manifest(bad))[0].estargz is False, bad

@@ -433,3 +433,23 @@ def test_doctor_says_whether_this_node_can_pull_the_zstd_the_matrix_pushes(write
     gzip_only = doctor.diagnose(matrix.load(write_matrix(m.path.read_text().replace("compression: zstd\n", ""))),
                                 engine_factory=old, driver_query=lambda: Driver(error="none"))
     assert gzip_only.compression is None and "zstd" not in doctor.text(gzip_only).split("matrix:")[1]
+    assert gzip_only.lazy is None and "eStargz" not in doctor.text(gzip_only)
+
+
+def test_doctor_says_whether_this_node_pulls_the_matrixs_estargz_lazily(write_matrix):
+    from imagefactory.config import matrix
+
+    m = matrix.load(write_matrix('image: registry.example.com/ml/train\nmatrix: {python: ["3.11"], cuda: ["none"], '
+                                 'blas: [openblas], installer: [pip]}\ntorch: "2.13.0"\ncompression: estargz\n'))
+
+    def report(info: EngineInfo) -> doctor.Report:
+        return doctor.diagnose(m, engine_factory=World(info=info).engine, driver_query=lambda: Driver(error="none"))
+
+    lazy = report(EngineInfo("26.1.5", "1.45", ("runc",), (), store="containerd", driver="stargz"))
+    assert lazy.estargz_registries == ["registry.example.com"] and lazy.to_json()["estargz_registries"]
+    assert lazy.engine.lazy_pulls and "get eStargz layers; this engine pulls them lazily" in doctor.text(lazy)
+    assert lazy.compression is None  # no zstd line: eStargz is gzip to every launcher
+    whole = report(EngineInfo("26.1.5", "1.45", ("runc",), (), store="containerd", driver="overlayfs"))
+    old = report(EngineInfo("20.10.24", "1.41", ("runc",), (), store="graph-driver", driver="stargz"))
+    for r in (whole, old):  # a graph driver named stargz is not the snapshotter
+        assert not r.engine.lazy_pulls and "pulls them whole, as gzip" in doctor.text(r)
