@@ -30,9 +30,10 @@ from imagefactory.files.store import Store
 GZIP_MAGIC, ZSTD_MAGIC = b"\x1f\x8b", b"\x28\xb5\x2f\xfd"
 SMALL = 4 << 20  # members read into memory: manifest.json, the config (JSON); layers are streamed
 CHUNK = 1 << 20
-SIZES = Store("layer-sizes", 4096, 4096, suffix=".json")
 PEEK = 64 << 20  # the uncompressed bytes at a layer's start searched for its package list
 LIST_MAX = 1 << 16  # the largest package list read
+STEP_CHARS = 1000  # of a layer's Dockerfile step (a settled apt step names its packages past 600)
+SIZES = Store("layer-sizes", 4096, LIST_MAX + 2 * STEP_CHARS, suffix=".json")  # size, step, package list
 # the list's path in the layer tar, and each of its lines: pip's name==version, conda's name=version=build
 LIST_RE = re.compile(r"(?:\./)?(?:[A-Za-z0-9._+-]{1,255}/){1,16}etc/imagefactory/layers/(?P<layer>[0-9]-[a-z]{1,20})\.txt")
 PACKAGE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}(?:==[A-Za-z0-9._+!-]{1,64}|=[A-Za-z0-9._+!-]{1,64}=[A-Za-z0-9._+-]{1,64})")
@@ -194,7 +195,7 @@ def steps(config: dict, count: int) -> list[str]:
     if not isinstance(history, list):
         return []
     entries = [h for h in history if isinstance(h, dict)]
-    made = [str(h.get("created_by", ""))[:300] for h in entries if not h.get("empty_layer")]
+    made = [str(h.get("created_by", ""))[:STEP_CHARS] for h in entries if not h.get("empty_layer")]
     if len(made) != count:
         made = [step for step in made if not _METADATA_RE.fullmatch(step)]
     return made if len(made) == count else []
@@ -242,7 +243,7 @@ def kept(diff_ids: list[str]) -> Measured | None:
             return None
         listed = entry.get("packages")
         names = tuple(str(p) for p in listed if PACKAGE_RE.fullmatch(str(p))) if isinstance(listed, list) else ()
-        found.append(Layer(entry["size"], diff_id, "", str(entry.get("step", ""))[:300], True, names))
+        found.append(Layer(entry["size"], diff_id, "", str(entry.get("step", ""))[:STEP_CHARS], True, names))
     return Measured(tuple(found)) if found else None
 
 

@@ -24,7 +24,18 @@ def largest(measured: Measured, n: int = SHOWN) -> list[Layer]:
     return sorted(measured.layers, key=lambda layer: -layer.size)[:n]
 
 
-_SHELL_RE = re.compile(r"^(?:/bin/(?:ba)?sh (?:-o pipefail )?-c )?(?:#\(nop\) +)?")
+# The shell a step ran in: the classic builder's history says `/bin/sh -c CMD`, BuildKit's `RUN /bin/sh -c CMD`
+_SHELL_RE = re.compile(r"^(?:RUN )?(?:/bin/(?:ba)?sh (?:-o pipefail )?-c )?(?:#\(nop\) +)?")
+# A settled RUN (partials/stamp.j2) starts with its stamp, which says nothing of what it installs
+_STAMP_RE = re.compile(r"^touch /tmp/imagefactory-stamp +&& +")
+# ... and an apt step is named by what it installs (the flags left out)
+_APT_RE = re.compile(r"\bapt-get install(?: +-[-A-Za-z0-9=]+)*((?: +[A-Za-z0-9][A-Za-z0-9.+:=~-]*)+)")
+
+
+def _step(layer: Layer) -> str:
+    step = _STAMP_RE.sub("", _SHELL_RE.sub("", " ".join(layer.step.removesuffix(" # buildkit").split())))
+    apt = _APT_RE.search(step)
+    return f"apt-get install{apt.group(1)}" if apt else step
 
 
 def _what(layer: Layer) -> str:
@@ -32,8 +43,7 @@ def _what(layer: Layer) -> str:
         more = len(layer.packages) - PACKAGES_SHOWN
         return (f"{human(layer.size)} ({', '.join(layer.packages[:PACKAGES_SHOWN])}"
                 + (f" and {more} more" if more > 0 else "") + ")")
-    step = _SHELL_RE.sub("", " ".join(layer.step.removesuffix(" # buildkit").split()))
-    return f"{human(layer.size)} ({step[:100] or 'step not recorded'})"
+    return f"{human(layer.size)} ({_step(layer)[:100] or 'step not recorded'})"
 
 
 def verdict(measured: Measured, budget: int) -> dict[str, Any]:

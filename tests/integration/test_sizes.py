@@ -43,6 +43,8 @@ def test_an_image_over_its_budget_is_not_pushed_and_its_largest_layers_are_named
     # the torch layer of the environment (docs/layers.md), named by the packages in it (its list)
     assert "COPY" in largest[0]["step"] and any(p.startswith("torch==") for p in largest[0]["packages"])
     assert "torch==" in good["error"].split("largest layers: ", 1)[1]
+    # the toolchain's settled apt step, named by what it installs (not by its stamp)
+    assert "(apt-get install g++ libc6-dev" in good["error"] and "imagefactory-stamp" not in good["error"], good["error"]
     assert registry_tags(TEST_REGISTRY, repo) == []  # not even the immutable tag
     assert "over its size_budget" in cpu_build.report_path.with_suffix(".md").read_text()
 
@@ -93,3 +95,41 @@ def test_zstd_is_pushed_with_oci_media_types_and_refused_where_it_cannot_be(base
     legacy = Engine(docker.DockerClient(base_url=LEGACY_HOST, timeout=60), builder=BuildxBuilder())
     with pytest.raises(PushError, match="containerd image store"):
         legacy.push(ref, compression="zstd")
+
+
+def test_estargz_is_pushed_with_a_table_of_contents_per_layer_and_the_old_engine_pulls_it(base_registry,
+                                                                                            created_images):
+    """eStargz (docs/layers.md#lazy-pulling): from the local image, recompressed by buildx; every layer
+    gzip under OCI media types naming its table of contents, and Debian 12's 20.10 engine, which
+    cannot pull zstd, pulls it whole."""
+    import docker
+
+    from imagefactory.engine.buildkit import BuildxBuilder
+    from imagefactory.engine.docker import Engine
+    from imagefactory.publish import sizes
+
+    buildx_or_skip()
+    if not containerd_store():
+        pytest.skip("eStargz pushes need the containerd image store; this engine has a graph driver")
+    engine = Engine(builder=BuildxBuilder())
+    auth = {"username": TEST_USER, "password": TEST_PASSWORD}
+    ref = f"{TEST_REGISTRY}/sizes-{RUN_ID}/estargz:base"
+    engine.tag(f"{BASE_REGISTRY}/library/debian:bookworm-slim", ref)
+    created_images.append(ref)
+    outcome = engine.push(ref, auth_config=auth, compression="estargz")
+    served = _manifest(ref.split("/", 1)[1].split(":")[0], outcome.digest)
+    assert served["mediaType"] == "application/vnd.oci.image.manifest.v1+json" and served["layers"]
+    assert {x["mediaType"] for x in served["layers"]} == {"application/vnd.oci.image.layer.v1.tar+gzip"}
+    assert all(sizes.ESTARGZ_TOC in (x.get("annotations") or {}) for x in served["layers"])
+    legacy = docker.DockerClient(base_url=LEGACY_HOST, timeout=120)
+    try:
+        legacy.login(TEST_USER, TEST_PASSWORD, registry=TEST_REGISTRY)
+        pulled = legacy.images.pull(ref)
+        out = legacy.containers.run(pulled.id, ["cat", "/etc/debian_version"], remove=True)
+        assert out.decode().strip().startswith("12"), out
+    finally:
+        try:
+            legacy.images.remove(ref, force=True)
+        except docker.errors.NotFound:
+            pass
+        legacy.close()

@@ -173,3 +173,10 @@ def test_a_kept_estimate_keeps_its_packages():
     first = layers.measured([sha(layer)], save, estimates=True)
     again = layers.measured([sha(layer)], save, estimates=True)
     assert calls == [1] and again.layers[0].packages == first.layers[0].packages != ()
+
+
+def test_a_step_is_kept_long_enough_to_reach_a_settled_apt_steps_packages():
+    long = "RUN /bin/bash -o pipefail -c touch /tmp/imagefactory-stamp  && printf x" + " " * 600 + \
+        "&& apt-get install -y g++" + "x" * 2000
+    (step,) = layers.steps({"history": [{"created_by": long}]}, 1)
+    assert len(step) == layers.STEP_CHARS and "apt-get install -y g++" in step

@@ -46,6 +46,22 @@ def test_over_budget_names_the_largest_layers_their_sizes_and_steps_largest_firs
     assert "estimated" in budget.refusal(Measured((Layer(5, "", estimated=True),)), 1)
 
 
+def test_a_settled_run_step_is_named_without_its_stamp_and_an_apt_step_by_what_it_installs():
+    sh, stamp = "/bin/bash -o pipefail -c ", "touch /tmp/imagefactory-stamp  && "
+    image = Measured((Layer(900, "sha256:" + "2" * 64, step=sh + stamp + "printf '%s\\n' 'path-exclude=/usr/share/doc/*' "
+                            "> /etc/dpkg/dpkg.cfg.d/x  && apt-get update  && apt-get install -y --no-install-recommends "
+                            "g++ python3-dev libgomp1  && apt-get clean"),
+                      Layer(800, "sha256:" + "5" * 64, step=sh + stamp + "useradd --create-home trainer  && find /"),
+                      Layer(700, "sha256:" + "6" * 64, step=sh + "touch /tmp/other  && true"),
+                      Layer(600, "sha256:" + "7" * 64, step="RUN " + sh + stamp + "update-ca-certificates  && find /")))
+    why = budget.refusal(image, 1)
+    assert why is not None and "imagefactory-stamp" not in why
+    assert "900 B (apt-get install g++ python3-dev libgomp1)" in why
+    assert "800 B (useradd --create-home trainer && find /)" in why
+    assert "700 B (touch /tmp/other && true)" in why  # only the stamp is left out
+    assert "600 B (update-ca-certificates && find /)" in budget.refusal(Measured(image.layers[1:]), 1)  # BuildKit's
+
+
 def test_over_budget_names_the_packages_of_an_environment_layer_rather_than_its_step():
     many = tuple(f"pkg{n}==1.0" for n in range(14))
     image = Measured((Layer(900, "sha256:" + "2" * 64, step="COPY --from=venv /imagefactory-layers/3-torch/ /",
@@ -102,6 +118,21 @@ def test_zstd_is_refused_before_any_push_where_it_cannot_be_made(write_matrix):
     legacy = EngineInfo("20.10.24", "1.41", ("runc",), (), store="graph-driver")
     with pytest.raises(ConfigError, match="graph-driver store"):
         _run(lambda t: write_matrix(text), IMAGE, builder="buildkit", info=legacy)
+
+
+def test_estargz_is_refused_like_zstd_and_both_are_named(write_matrix):
+    import pytest
+    from imagefactory.errors import ConfigError
+
+    text = MATRIX.replace("size_budget: 1000\n", "compression: estargz\n")
+    with pytest.raises(ConfigError, match=r"compression estargz \(for registry.example.com\).*cannot write estargz"):
+        _run(lambda t: write_matrix(text), IMAGE)
+    both = MATRIX.replace("size_budget: 1000\n", "compression: estargz\ntags: {registries: [other.example.net], "
+                                                  "compression: {other.example.net: zstd}}\n")
+    legacy = EngineInfo("20.10.24", "1.41", ("runc",), (), store="graph-driver")
+    with pytest.raises(ConfigError, match=r"compression zstd \(for other.example.net\); compression estargz "
+                                          r"\(for registry.example.com\): .*graph-driver store"):
+        _run(lambda t: write_matrix(both), IMAGE, builder="buildkit", info=legacy)
 
 
 def test_zstd_goes_to_its_registry_only_through_the_engines_recompressing_push(write_matrix):
