@@ -435,27 +435,25 @@ class Report:
     zstd_registries: list[str] = field(default_factory=list)  # the matrix's registries that get zstd layers
     estargz_registries: list[str] = field(default_factory=list)  # ... and those that get eStargz layers
 
+    @staticmethod
+    def _compression(registries: list[str], kind: str, here: str) -> str | None:
+        return f"compression: {', '.join(registries)} get {kind} layers{here}" if registries else None
+
     @property
     def compression(self) -> str | None:
-        """What the matrix's zstd registries mean for this node (None: the matrix pushes gzip only)."""
-        if not self.zstd_registries:
-            return None
-        where = ", ".join(self.zstd_registries)
-        if self.engine.zstd_pulls:
-            return f"compression: {where} get zstd layers; this engine pulls them"
-        return (f"compression: {where} get zstd layers, which this engine CANNOT pull (Docker {ZSTD_SINCE}+ or the "
-                f"containerd store can): pull this node's images from a registry the matrix pushes gzip to")
+        """What the matrix's zstd registries mean for this node (None: the matrix pushes no zstd)."""
+        here = ("; this engine pulls them" if self.engine.zstd_pulls else
+                f", which this engine CANNOT pull (Docker {ZSTD_SINCE}+ or the containerd store can): pull this "
+                f"node's images from a registry the matrix pushes gzip to")
+        return self._compression(self.zstd_registries, "zstd", here)
 
     @property
     def lazy(self) -> str | None:
         """What the matrix's eStargz registries mean for this node (None: it pushes no eStargz)."""
-        if not self.estargz_registries:
-            return None
-        where = ", ".join(self.estargz_registries)
-        if self.engine.lazy_pulls:
-            return f"compression: {where} get eStargz layers; this engine pulls them lazily (snapshotter {STARGZ})"
-        return (f"compression: {where} get eStargz layers; this engine pulls them whole, as gzip (lazily only with "
-                f"the {STARGZ} snapshotter: docs/layers.md#lazy-pulling)")
+        here = (f"; this engine pulls them lazily (snapshotter {STARGZ})" if self.engine.lazy_pulls else
+                f"; this engine pulls them whole, as gzip (lazily only with the {STARGZ} snapshotter: "
+                f"docs/layers.md#lazy-pulling-estargz)")
+        return self._compression(self.estargz_registries, "eStargz", here)
 
     @property
     def gpu(self) -> bool:
