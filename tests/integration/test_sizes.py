@@ -67,31 +67,41 @@ def test_recorded_sizes_are_the_registrys_and_a_second_push_names_the_release_it
     assert "pull size" in cpu_build.report_path.with_suffix(".md").read_text()
 
 
+AUTH = {"username": TEST_USER, "password": TEST_PASSWORD}
+
+
+def _recompressed(how: str, created_images: list[str]) -> tuple[str, dict]:
+    """A small base image from the local store pushed with `how` layers through buildx (no rebuild):
+    its ref and the manifest the registry serves for the digest the push reported."""
+    from imagefactory.engine.buildkit import BuildxBuilder
+    from imagefactory.engine.docker import Engine
+
+    buildx_or_skip()
+    if not containerd_store():
+        pytest.skip(f"{how} pushes need the containerd image store; this engine has a graph driver")
+    engine = Engine(builder=BuildxBuilder())
+    ref = f"{TEST_REGISTRY}/sizes-{RUN_ID}/{how}:base"
+    engine.tag(f"{BASE_REGISTRY}/library/debian:bookworm-slim", ref)
+    created_images.append(ref)
+    outcome = engine.push(ref, auth_config=AUTH, compression=how)
+    assert engine.registry_digest(ref, auth_config=AUTH) == outcome.digest
+    served = _manifest(ref.split("/", 1)[1].split(":")[0], outcome.digest)
+    assert served["mediaType"] == "application/vnd.oci.image.manifest.v1+json" and served["layers"]
+    return ref, served
+
+
 def test_zstd_is_pushed_with_oci_media_types_and_refused_where_it_cannot_be(base_registry, created_images):
-    """From the local image (no rebuild): a small base image, recompressed by buildx, read back; the
-    classic builder and the 20.10 engine refuse before anything is sent."""
+    """The classic builder and the 20.10 engine refuse before anything is sent."""
     import docker
 
     from imagefactory.engine.buildkit import BuildxBuilder
     from imagefactory.engine.docker import Engine
     from imagefactory.errors import PushError
 
-    buildx_or_skip()
-    if not containerd_store():
-        pytest.skip("zstd pushes need the containerd image store; this engine has a graph driver")
-    engine = Engine(builder=BuildxBuilder())
-    auth = {"username": TEST_USER, "password": TEST_PASSWORD}
-    ref = f"{TEST_REGISTRY}/sizes-{RUN_ID}/zstd:base"
-    engine.tag(f"{BASE_REGISTRY}/library/debian:bookworm-slim", ref)
-    created_images.append(ref)
-    outcome = engine.push(ref, auth_config=auth, compression="zstd")
-    served = _manifest(ref.split("/", 1)[1].split(":")[0], outcome.digest)
-    assert served["mediaType"] == "application/vnd.oci.image.manifest.v1+json"
-    assert served["layers"] and {x["mediaType"] for x in served["layers"]} == {
-        "application/vnd.oci.image.layer.v1.tar+zstd"}
-    assert engine.registry_digest(ref, auth_config=auth) == outcome.digest
+    ref, served = _recompressed("zstd", created_images)
+    assert {x["mediaType"] for x in served["layers"]} == {"application/vnd.oci.image.layer.v1.tar+zstd"}
     with pytest.raises(PushError, match="classic builder"):
-        Engine().push(ref, auth_config=auth, compression="zstd")
+        Engine().push(ref, auth_config=AUTH, compression="zstd")
     legacy = Engine(docker.DockerClient(base_url=LEGACY_HOST, timeout=60), builder=BuildxBuilder())
     with pytest.raises(PushError, match="containerd image store"):
         legacy.push(ref, compression="zstd")
@@ -99,26 +109,13 @@ def test_zstd_is_pushed_with_oci_media_types_and_refused_where_it_cannot_be(base
 
 def test_estargz_is_pushed_with_a_table_of_contents_per_layer_and_the_old_engine_pulls_it(base_registry,
                                                                                             created_images):
-    """eStargz (docs/layers.md#lazy-pulling): from the local image, recompressed by buildx; every layer
-    gzip under OCI media types naming its table of contents, and Debian 12's 20.10 engine, which
-    cannot pull zstd, pulls it whole."""
+    """eStargz (docs/layers.md#lazy-pulling-estargz): every layer gzip under OCI media types naming its
+    table of contents, and Debian 12's 20.10 engine, which cannot pull zstd, pulls it whole and runs it."""
     import docker
 
-    from imagefactory.engine.buildkit import BuildxBuilder
-    from imagefactory.engine.docker import Engine
     from imagefactory.publish import sizes
 
-    buildx_or_skip()
-    if not containerd_store():
-        pytest.skip("eStargz pushes need the containerd image store; this engine has a graph driver")
-    engine = Engine(builder=BuildxBuilder())
-    auth = {"username": TEST_USER, "password": TEST_PASSWORD}
-    ref = f"{TEST_REGISTRY}/sizes-{RUN_ID}/estargz:base"
-    engine.tag(f"{BASE_REGISTRY}/library/debian:bookworm-slim", ref)
-    created_images.append(ref)
-    outcome = engine.push(ref, auth_config=auth, compression="estargz")
-    served = _manifest(ref.split("/", 1)[1].split(":")[0], outcome.digest)
-    assert served["mediaType"] == "application/vnd.oci.image.manifest.v1+json" and served["layers"]
+    ref, served = _recompressed("estargz", created_images)
     assert {x["mediaType"] for x in served["layers"]} == {"application/vnd.oci.image.layer.v1.tar+gzip"}
     assert all(sizes.ESTARGZ_TOC in (x.get("annotations") or {}) for x in served["layers"])
     legacy = docker.DockerClient(base_url=LEGACY_HOST, timeout=120)
