@@ -116,9 +116,14 @@ def compressed_with(matrix: Matrix, how: str) -> list[str]:
     return [r for r in allowed_registries(matrix) if matrix.compression_for(r) == how]
 
 
+# The compressions BuildKit recompresses a tested image's layers to at push time (gzip is the
+# engine's own push); with "gzip", the schema's `compression` enum.
+RECOMPRESSED = ("zstd", "estargz")
+
+
 def recompressed(matrix: Matrix) -> dict[str, list[str]]:
     """{zstd | estargz: its registries}: the pushes BuildKit recompresses (gzip: the engine's own)."""
-    return {how: found for how in ("zstd", "estargz") if (found := compressed_with(matrix, how))}
+    return {how: found for how in RECOMPRESSED if (found := compressed_with(matrix, how))}
 
 
 def refusal(ref: str, allowed: tuple[str, ...]) -> str | None:

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Callable
 
 from imagefactory.config import recipe
+from imagefactory.config.tags import RECOMPRESSED
 from imagefactory.config import refs
 from imagefactory.engine import identity
 from imagefactory.files import terminal
@@ -325,13 +326,10 @@ def _buildx_env() -> dict[str, str]:
     return env
 
 
-RECOMPRESSIONS = ("zstd", "estargz")
-
-
 def recompress_command(cli: str, ref: str, compression: str, metadata: Path, context: Path) -> list[str]:
     """The buildx command that pushes the local image `ref` as `ref` with its layers recompressed
     (`FROM ref` and nothing else: BuildKit resolves it in the containerd image store, no pull)."""
-    if compression not in RECOMPRESSIONS:  # a word of the --output value: only what the schema allows
+    if compression not in RECOMPRESSED:  # a word of the --output value: only what the schema allows
         raise ValueError(f"not a compression BuildKit is asked for: {compression[:20]!r}")
     output = (f"type=image,name={ref},push=true,compression={compression},oci-mediatypes=true,"
               f"force-compression=true")

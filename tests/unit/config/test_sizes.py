@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from imagefactory.config import matrix, sizes
@@ -65,3 +67,14 @@ def test_a_compression_for_a_registry_nothing_goes_to_or_an_unknown_one_is_refus
     line = _error(write_matrix, BASE + "compression: eStargz\n")
     assert ":8: compression: 'eStargz' is not allowed" in line
     assert matrix.load(write_matrix(BASE + "compression: estargz\n")).compression_for("registry.example.com") == "estargz"
+
+
+def test_the_schema_offers_gzip_and_exactly_the_compressions_buildkit_is_asked_for():
+    import json
+
+    from imagefactory.config import tags
+    from imagefactory.engine import buildkit
+
+    schema = json.loads((Path(matrix.__file__).parent.parent / "resources" / "matrix.schema.json").read_text())
+    assert tuple(schema["$defs"]["compression"]["enum"]) == ("gzip", *tags.RECOMPRESSED)
+    assert buildkit.RECOMPRESSED is tags.RECOMPRESSED  # the one list push's check and buildx's guard read
