@@ -4,7 +4,7 @@ docker-py builds only with the classic builder (docker/docker-py#2230), so `Buil
 builder a Docker SDK engine (engine/docker.py) is given: the engine does everything else, and its
 `build` runs buildx:
 
-    docker buildx build --progress=rawjson --metadata-file FILE --load -t TAG [--builder NAME]
+    docker buildx build --progress=rawjson --metadata-file FILE --output LOAD -t TAG [--builder NAME]
                         --network host --platform P [--secret id=netrc,src=FILE] CONTEXT
 
 built from one engine_api.BuildRequest (`command`): the platform is the cell's, always given.
@@ -123,10 +123,19 @@ def check_builder_name(name: str | None) -> str | None:
     return name
 
 
+# `--load` (into the engine's own image store), with gzip forced. Without force-compression,
+# BuildKit writing the inline cache (below) lists every combination of the compression variants
+# it holds of the parent layers (moby/buildkit cache/remote.go, getAvailableBlobs): once a push
+# as zstd or eStargz has given each layer of a 20-layer image a second blob, that is 2**20 chains,
+# and dockerd grew to 24 GB within a minute here. Forced, it takes one chain. Layers already gzip
+# (the default every build writes) are kept as they are; 20.10's exporter takes the keys too.
+LOAD = "type=docker,compression=gzip,force-compression=true"
+
+
 def command(cli: str, request: BuildRequest, metadata: Path, *, builder: str | None) -> list[str]:
     """The buildx command line of `request` (a list: no shell ever sees it); `builder`: buildx's
     --builder NAME. One platform per build: the docker driver builds no more."""
-    args = [cli, "buildx", "build", "--progress=rawjson", "--metadata-file", str(metadata), "--load",
+    args = [cli, "buildx", "build", "--progress=rawjson", "--metadata-file", str(metadata), "--output", LOAD,
             "-t", request.tag]
     if builder:
         args += ["--builder", builder]
