@@ -23,7 +23,8 @@ machine's engines, emptied between runs), it times, as interleaved pairs:
   the snapshotter and their roots made anew for every run), vs the same on REF in the first
   private engine (pull in full, then run);
 and prints the bytes each would move (from the registry's manifests). One Markdown table;
-nothing is asserted.
+nothing is asserted. Disk: REF's variants and the private engine's copies of each; for the CUDA
+pip cell (3.2 GB compressed) the free space fell from 66 to 18 GB, the cell's own build included.
 """
 
 from __future__ import annotations
