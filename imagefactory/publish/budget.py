@@ -27,7 +27,7 @@ def largest(measured: Measured, n: int = SHOWN) -> list[Layer]:
 # The shell a step ran in: the classic builder's history says `/bin/sh -c CMD`, BuildKit's `RUN /bin/sh -c CMD`
 _SHELL_RE = re.compile(r"^(?:RUN )?(?:/bin/(?:ba)?sh (?:-o pipefail )?-c )?(?:#\(nop\) +)?")
 # A settled RUN (partials/stamp.j2) starts with its stamp, which says nothing of what it installs
-_STAMP_RE = re.compile(r"^touch /tmp/imagefactory-stamp +&& +")
+_STAMP_RE = re.compile(r"^touch /tmp/imagefactory-stamp +&& +(?:sleep [0-9.]+ +&& +)?")
 # ... and an apt step is named by what it installs (the flags left out)
 _APT_RE = re.compile(r"\bapt-get install(?: +-[-A-Za-z0-9=]+)*((?: +[A-Za-z0-9][A-Za-z0-9.+:=~-]*)+)")
 

@@ -9,7 +9,7 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
 # OS packages the installer needs (shared by every conda cell on this base); apt's and dpkg's logs
 # go, and what the step writes gets SOURCE_DATE_EPOCH as its time (partials/settle.j2).
-RUN touch /tmp/imagefactory-stamp \
+RUN touch /tmp/imagefactory-stamp && sleep 0.02 \
  && apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates curl bzip2 \
  && apt-get clean \
@@ -21,7 +21,7 @@ RUN touch /tmp/imagefactory-stamp \
 
 # Extra CA certificates (a TLS-intercepting proxy, a private mirror): trusted by apt, pip and conda.
 COPY certs/ /usr/local/share/ca-certificates/imagefactory/
-RUN touch /tmp/imagefactory-stamp \
+RUN touch /tmp/imagefactory-stamp && sleep 0.02 \
  && update-ca-certificates \
  && find / -xdev \( -path /proc -o -path /sys -o -path /dev -o -path /tmp/imagefactory-stamp \) -prune \
       -o -newer /tmp/imagefactory-stamp -print0 | xargs -0r touch -h -d @315532800 \
@@ -38,7 +38,7 @@ RUN curl -fsSL --retry 5 -o /tmp/conda-installer.sh https://github.com/conda-for
       printf 'checksum mismatch for %s: expected %s, got %s\n' https://github.com/conda-forge/miniforge/releases/download/25.3.1-0/Miniforge3-25.3.1-0-Linux-x86_64.sh 376b160ed8130820db0ab0f3826ac1fc85923647f75c1b8231166e3d559ab768 "$actual" >&2; \
       exit 1; \
     fi \
- && touch /tmp/imagefactory-stamp \
+ && touch /tmp/imagefactory-stamp && sleep 0.02 \
  && bash /tmp/conda-installer.sh -b -p /opt/conda \
  && rm -f /tmp/conda-installer.sh \
  && /opt/conda/bin/conda clean -afy \
@@ -109,7 +109,7 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # and dpkg's logs and ldconfig's aux-cache (dates, inode numbers) go too, and what the step writes
 # gets SOURCE_DATE_EPOCH as its time (partials/settle.j2): the layer's bytes are the packages'.
 # The Python headers come with the environment's python (conda-forge ships them).
-RUN touch /tmp/imagefactory-stamp \
+RUN touch /tmp/imagefactory-stamp && sleep 0.02 \
  && printf '%s\n' 'path-exclude=/usr/share/doc/*' 'path-include=/usr/share/doc/*/copyright' \
       'path-exclude=/usr/share/man/*' 'path-exclude=/usr/share/groff/*' 'path-exclude=/usr/share/info/*' \
       'path-exclude=/usr/share/lintian/overrides/*' 'path-exclude=/usr/share/locale/*' \
@@ -126,7 +126,7 @@ RUN touch /tmp/imagefactory-stamp \
 
 # The default user is not root; the environment stays root-owned so a job cannot change it.
 # useradd dates the password's last change SOURCE_DATE_EPOCH, not the day of the build.
-RUN touch /tmp/imagefactory-stamp \
+RUN touch /tmp/imagefactory-stamp && sleep 0.02 \
  && SOURCE_DATE_EPOCH=315532800 useradd --create-home --uid 4242 --shell /bin/bash ml \
  && find / -xdev \( -path /proc -o -path /sys -o -path /dev -o -path /tmp/imagefactory-stamp \) -prune \
       -o -newer /tmp/imagefactory-stamp -print0 | xargs -0r touch -h -d @315532800 \
@@ -161,7 +161,7 @@ LABEL com.example.team="ml-platform" \
       io.imagefactory.blas="mkl" \
       io.imagefactory.cell="py3.11-cpu-mkl-conda" \
       io.imagefactory.compiler="true" \
-      io.imagefactory.content-hash="6d46167e09762f3b4eede449fde297c286c0c5d7272a0c23fa1bcba8a8ea79cf" \
+      io.imagefactory.content-hash="9909818bebdf7d0e02d3fbf527ce7c89b903fd83d27332d214562144de09080f" \
       io.imagefactory.cuda="none" \
       io.imagefactory.installer="conda" \
       io.imagefactory.python="3.11" \

@@ -9,7 +9,7 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
 # Extra CA certificates (a TLS-intercepting proxy, a private mirror): trusted by apt, pip and conda.
 COPY certs/ /usr/local/share/ca-certificates/imagefactory/
-RUN touch /tmp/imagefactory-stamp \
+RUN touch /tmp/imagefactory-stamp && sleep 0.02 \
  && update-ca-certificates \
  && find / -xdev \( -path /proc -o -path /sys -o -path /dev -o -path /tmp/imagefactory-stamp \) -prune \
       -o -newer /tmp/imagefactory-stamp -print0 | xargs -0r touch -h -d @315532800 \
@@ -66,7 +66,7 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
 # Extra CA certificates (a TLS-intercepting proxy, a private mirror): trusted by apt, pip and conda.
 COPY --from=launch /imagefactory-certs/ /
-RUN touch /tmp/imagefactory-stamp \
+RUN touch /tmp/imagefactory-stamp && sleep 0.02 \
  && update-ca-certificates \
  && find / -xdev \( -path /proc -o -path /sys -o -path /dev -o -path /tmp/imagefactory-stamp \) -prune \
       -o -newer /tmp/imagefactory-stamp -print0 | xargs -0r touch -h -d @315532800 \
@@ -87,7 +87,7 @@ ENV SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \
 # and dpkg's logs and ldconfig's aux-cache (dates, inode numbers) go too, and what the step writes
 # gets SOURCE_DATE_EPOCH as its time (partials/settle.j2): the layer's bytes are the packages'.
 # The base image's Python has its headers already (python:*) or gets them here (Debian's python3).
-RUN touch /tmp/imagefactory-stamp \
+RUN touch /tmp/imagefactory-stamp && sleep 0.02 \
  && printf '%s\n' 'path-exclude=/usr/share/doc/*' 'path-include=/usr/share/doc/*/copyright' \
       'path-exclude=/usr/share/man/*' 'path-exclude=/usr/share/groff/*' 'path-exclude=/usr/share/info/*' \
       'path-exclude=/usr/share/lintian/overrides/*' 'path-exclude=/usr/share/locale/*' \
@@ -107,7 +107,7 @@ RUN touch /tmp/imagefactory-stamp \
 
 # The default user is not root; the environment stays root-owned so a job cannot change it.
 # useradd dates the password's last change SOURCE_DATE_EPOCH, not the day of the build.
-RUN touch /tmp/imagefactory-stamp \
+RUN touch /tmp/imagefactory-stamp && sleep 0.02 \
  && SOURCE_DATE_EPOCH=315532800 useradd --create-home --uid 4242 --shell /bin/bash ml \
  && find / -xdev \( -path /proc -o -path /sys -o -path /dev -o -path /tmp/imagefactory-stamp \) -prune \
       -o -newer /tmp/imagefactory-stamp -print0 | xargs -0r touch -h -d @315532800 \
@@ -141,7 +141,7 @@ COPY --from=launch /imagefactory-rootfs/ /
 # printed, and compileall's exit 1 does not fail the step: such a file cannot be imported either,
 # and the probe's python.bytecode check proves that every module a job imports has current
 # bytecode. What this step writes gets SOURCE_DATE_EPOCH as its time (partials/settle.j2).
-RUN touch /tmp/imagefactory-stamp \
+RUN touch /tmp/imagefactory-stamp && sleep 0.02 \
  && /opt/venv/bin/python -m imagefactory_launch capture >&2 \
  && { /opt/venv/bin/python -m compileall -q -j 0 --invalidation-mode unchecked-hash -x '/py3(?:1[2-9]|[2-9][0-9])_[A-Za-z0-9_]+[.]py$' /opt/venv/lib/python3.11/site-packages/imagefactory_launch.py "$(/opt/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')" \
       || true; } \
@@ -161,7 +161,7 @@ LABEL com.example.team="ml-platform" \
       io.imagefactory.blas="openblas" \
       io.imagefactory.cell="py3.11-cpu-openblas-pip" \
       io.imagefactory.compiler="true" \
-      io.imagefactory.content-hash="08714c6cc15eb61cebc13de505f60a3516f2116106c09d95d8597dbd86511946" \
+      io.imagefactory.content-hash="3bbfbb434f576aaa120503bf2bfbf4e917666d7f974023fe381c43a28d7d61ac" \
       io.imagefactory.cuda="none" \
       io.imagefactory.installer="pip" \
       io.imagefactory.python="3.11" \

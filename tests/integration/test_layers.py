@@ -26,6 +26,7 @@ import pytest
 
 from imagefactory.config import recipe
 from imagefactory.engine import registry
+from imagefactory.render.contexts import environment
 from tests.conda_channel import build as channel_build
 from tests.conda_channel.server import ChannelServer
 from tests.integration.helpers import (RUN_ID, TEST_PASSWORD, TEST_REGISTRY, TEST_USER, ModuleImages,
@@ -256,3 +257,20 @@ def test_the_conda_environment_is_split_and_a_cold_build_gives_the_same_layers(c
     assert len(main_layers) == len(cold_layers)
     differ = [(m[2], m[1]) for m, c in zip(main_layers, cold_layers) if m[0] != c[0] and m[1] > ONE_MB]
     assert not differ, differ  # issue 34: at the least every layer over 1 MB the same
+
+
+def test_a_step_that_writes_at_once_still_gets_the_fixed_time(base_registry):
+    """partials/stamp.j2 ... partials/settle.j2 in a real container: a step whose first write
+    comes right after the stamp, within one tick of the kernel's coarse clock (4 ms here), gets
+    that write's time fixed too. Without a pause after the stamp, the folder it changed kept the
+    stamp's own time (not `-newer`), and a real build time stayed in the layer (the installer's
+    `/opt` at stop 42's CI). Twenty tries in one container."""
+    step = environment().from_string('{% include "partials/stamp.j2" %}mkdir "/opt/x$i" \\\n'
+                                     '{% include "partials/settle.j2" %}')
+    script = (f'for i in $(seq 20); do {step.render(source_date_epoch=recipe.SOURCE_DATE_EPOCH).rstrip()}'
+              ' && stat -c %Y /opt || exit 1; done')
+    out = subprocess.run(["docker", "run", "--rm", "--network", "none", f"{base_registry}/library/debian:bookworm-slim",
+                          "bash", "-o", "pipefail", "-c", script], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    times = out.stdout.split()
+    assert times == [str(recipe.SOURCE_DATE_EPOCH)] * 20, times
