@@ -7,13 +7,15 @@ FROM mirror.example.com/hub/library/debian:bookworm-slim AS conda
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
-# OS packages the installer needs (shared by every conda cell on this base); apt's and dpkg's logs
-# go, and what the step writes gets SOURCE_DATE_EPOCH as its time (partials/settle.j2).
+# OS packages the installer needs (shared by every conda cell on this base); apt's lists and logs
+# go, dpkg's logs are emptied (partials/apt_tidy.j2), and what the step writes gets
+# SOURCE_DATE_EPOCH as its time (partials/settle.j2).
 RUN touch /tmp/imagefactory-stamp && sleep 0.02 \
  && apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates curl bzip2 \
  && apt-get clean \
- && rm -rf /var/lib/apt/lists/* /var/log/apt/* /var/log/dpkg.log /var/log/alternatives.log /var/cache/ldconfig/aux-cache \
+ && rm -rf /var/lib/apt/lists/* /var/log/apt/* \
+ && truncate -c -s 0 /var/log/dpkg.log /var/log/alternatives.log /var/cache/ldconfig/aux-cache \
  && find / -xdev \( -path /proc -o -path /sys -o -path /dev -o -path /tmp/imagefactory-stamp \) -prune \
       -o -newer /tmp/imagefactory-stamp -print0 | xargs -0r touch -h -d @315532800 \
  && rm /tmp/imagefactory-stamp \
@@ -108,8 +110,9 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # files are kept). The same RUN removes the static libpython (Inductor and Triton compile against
 # Python.h and link no libpython) and GCC's lto-dump (a debugging tool), and cleans apt's cache:
 # a debootstrapped base has no docker-clean apt config, so the .debs would stay in the layer. apt's
-# and dpkg's logs and ldconfig's aux-cache (dates, inode numbers) go too, and what the step writes
-# gets SOURCE_DATE_EPOCH as its time (partials/settle.j2): the layer's bytes are the packages'.
+# logs go too, dpkg's logs and ldconfig's aux-cache (dates, inode numbers) are emptied
+# (partials/apt_tidy.j2), and what the step writes gets SOURCE_DATE_EPOCH as its time
+# (partials/settle.j2): the layer's bytes are the packages'.
 # The Python headers come with the environment's python (conda-forge ships them).
 RUN touch /tmp/imagefactory-stamp && sleep 0.02 \
  && printf '%s\n' 'path-exclude=/usr/share/doc/*' 'path-include=/usr/share/doc/*/copyright' \
@@ -120,7 +123,8 @@ RUN touch /tmp/imagefactory-stamp && sleep 0.02 \
  && apt-get install -y --no-install-recommends g++ libc6-dev \
  && rm -f /usr/lib/python3*/config-3*/libpython3*.a /usr/lib/*-linux-gnu/libpython3*.a /usr/bin/*lto-dump* \
  && apt-get clean \
- && rm -rf /var/lib/apt/lists/* /var/log/apt/* /var/log/dpkg.log /var/log/alternatives.log /var/cache/ldconfig/aux-cache \
+ && rm -rf /var/lib/apt/lists/* /var/log/apt/* \
+ && truncate -c -s 0 /var/log/dpkg.log /var/log/alternatives.log /var/cache/ldconfig/aux-cache \
  && find / -xdev \( -path /proc -o -path /sys -o -path /dev -o -path /tmp/imagefactory-stamp \) -prune \
       -o -newer /tmp/imagefactory-stamp -print0 | xargs -0r touch -h -d @315532800 \
  && rm /tmp/imagefactory-stamp \
@@ -164,7 +168,7 @@ LABEL com.example.team="ml-platform" \
       io.imagefactory.blas="openblas" \
       io.imagefactory.cell="py3.11-cu12.9-openblas-conda" \
       io.imagefactory.compiler="true" \
-      io.imagefactory.content-hash="9aedd5b702a503abcf15ed9c60773463928979f4f0821529a8271b3523e41846" \
+      io.imagefactory.content-hash="f4c48d75edfb3a51ef47a7b67da24440aadfb4439c0acea7890383cbc5b9ff9e" \
       io.imagefactory.cuda="12.9" \
       io.imagefactory.installer="conda" \
       io.imagefactory.python="3.11" \

@@ -84,8 +84,9 @@ ENV SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \
 # files are kept). The same RUN removes the static libpython (Inductor and Triton compile against
 # Python.h and link no libpython) and GCC's lto-dump (a debugging tool), and cleans apt's cache:
 # a debootstrapped base has no docker-clean apt config, so the .debs would stay in the layer. apt's
-# and dpkg's logs and ldconfig's aux-cache (dates, inode numbers) go too, and what the step writes
-# gets SOURCE_DATE_EPOCH as its time (partials/settle.j2): the layer's bytes are the packages'.
+# logs go too, dpkg's logs and ldconfig's aux-cache (dates, inode numbers) are emptied
+# (partials/apt_tidy.j2), and what the step writes gets SOURCE_DATE_EPOCH as its time
+# (partials/settle.j2): the layer's bytes are the packages'.
 # The base image's Python has its headers already (python:*) or gets them here (Debian's python3).
 RUN touch /tmp/imagefactory-stamp && sleep 0.02 \
  && printf '%s\n' 'path-exclude=/usr/share/doc/*' 'path-include=/usr/share/doc/*/copyright' \
@@ -99,7 +100,8 @@ RUN touch /tmp/imagefactory-stamp && sleep 0.02 \
  && apt-get install -y --no-install-recommends g++ libc6-dev ${dev:+"$dev"} \
  && rm -f /usr/lib/python3*/config-3*/libpython3*.a /usr/lib/*-linux-gnu/libpython3*.a /usr/bin/*lto-dump* \
  && apt-get clean \
- && rm -rf /var/lib/apt/lists/* /var/log/apt/* /var/log/dpkg.log /var/log/alternatives.log /var/cache/ldconfig/aux-cache \
+ && rm -rf /var/lib/apt/lists/* /var/log/apt/* \
+ && truncate -c -s 0 /var/log/dpkg.log /var/log/alternatives.log /var/cache/ldconfig/aux-cache \
  && find / -xdev \( -path /proc -o -path /sys -o -path /dev -o -path /tmp/imagefactory-stamp \) -prune \
       -o -newer /tmp/imagefactory-stamp -print0 | xargs -0r touch -h -d @315532800 \
  && rm /tmp/imagefactory-stamp \
@@ -163,7 +165,7 @@ LABEL com.example.team="ml-platform" \
       io.imagefactory.blas="openblas" \
       io.imagefactory.cell="py3.11-cu13.0-openblas-pip" \
       io.imagefactory.compiler="true" \
-      io.imagefactory.content-hash="2a12d11f1021537aa375c6044eea87033335396cb8595a89b4bb3a009a855c68" \
+      io.imagefactory.content-hash="6b51ccccdba675452bed09225cac7a1ba334ccd630186590f3ce54d4572967e3" \
       io.imagefactory.cuda="13.0" \
       io.imagefactory.installer="pip" \
       io.imagefactory.python="3.11" \
