@@ -207,18 +207,23 @@ def prune_build_cache(client, since: float) -> int:
     import docker
 
     reclaimed = 0
-    for _ in range(4):  # a record whose child was still there is refused; the next pass takes it
+    left: set[str] | None = None
+    for _ in range(6):  # a record whose child was still there is refused; the next pass takes it
         records = [r for r in client.df().get("BuildCache") or []
                    if not r.get("InUse") and _engine_time(r["CreatedAt"]) >= since - 1]
-        before = reclaimed
-        # newest first (a child is newer than its parent); the engine takes one id per call
+        ids = {r["ID"] for r in records}
+        if not ids or ids == left:  # nothing left, or a pass that removed nothing: stop
+            break
+        left = ids
+        # newest first (a child is newer than its parent); the engine takes one id per call.
+        # all=True: a record marked shared (a stage tree a later COPY took, or an image's layer)
+        # goes only with it, and the id filter still limits the call to that one record
         for record in sorted(records, key=lambda r: r["CreatedAt"], reverse=True):
             try:
-                reclaimed += int(client.api.prune_builds(filters={"id": record["ID"]}).get("SpaceReclaimed") or 0)
+                reply = client.api.prune_builds(filters={"id": record["ID"]}, all=True)
+                reclaimed += int(reply.get("SpaceReclaimed") or 0)
             except docker.errors.APIError:
                 pass
-        if not records or reclaimed == before:
-            break
     return reclaimed
 
 

@@ -3,14 +3,17 @@ nothing that another run on the same engine made."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import time
 import uuid
 from pathlib import Path
 
 import pytest
 
-from tests.integration.helpers import (BASE_REGISTRY, RUN_ID, RUN_LABEL, TEST_PASSWORD, TEST_REGISTRY, TEST_USER,
-                                       Leftovers, images_created, registry_tags, remove_run_pushes, run_repositories,
-                                       remove_run_images)
+from tests.integration.helpers import (BASE_REGISTRY, LEGACY_HOST, RUN_ID, RUN_LABEL, TEST_PASSWORD, TEST_REGISTRY,
+                                       TEST_USER, Leftovers, images_created, prune_build_cache, registry_tags,
+                                       remove_run_pushes, run_repositories, remove_run_images)
 
 STREAM = """\
 Step 1/6 : FROM 127.0.0.1:5000/library/debian:bookworm-slim AS stage
@@ -147,6 +150,38 @@ def test_a_moved_tags_old_image_and_a_failed_builds_steps_go_with_the_run_on_eit
                 client.images.remove(image_id, force=True)
             except Exception:  # noqa: BLE001 - gone already
                 pass
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("host", ["current", "legacy"])
+def test_a_runs_build_cache_records_are_pruned_even_those_an_image_still_shares(host, base_registry, tmp_path):
+    """BuildKit marks a record shared while an image holds its layer; an id filter alone removes
+    none of those (the helper reclaimed 0 bytes a run that way). Records made before stay."""
+    import docker
+
+    base_url = LEGACY_HOST if host == "legacy" else os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    client = docker.DockerClient(base_url=base_url, timeout=120)
+    tag = f"imagefactory-test/hygiene-cache:{RUN_ID}-{host}"
+    before = {r["ID"] for r in client.df().get("BuildCache") or []}
+    (tmp_path / "Dockerfile").write_text(f"FROM {BASE_REGISTRY}/library/debian:bookworm-slim\n"
+                                         f"RUN echo cache-{uuid.uuid4().hex} > /marker && head -c 1000000 /dev/zero > /pad\n")
+    time.sleep(1.1)  # the helper takes records from a second before `since`: none of `before`
+    since = time.time()
+    try:
+        subprocess.run(["docker", "build", "--network", "none", "-q", "-t", tag, str(tmp_path)], check=True,
+                       capture_output=True, env={**os.environ, "DOCKER_HOST": base_url, "DOCKER_BUILDKIT": "1"})
+        made = {r["ID"] for r in client.df().get("BuildCache") or []} - before
+        assert made, "the BuildKit build made no cache record"
+        assert prune_build_cache(client, since) >= 1_000_000  # the RUN's record, shared with the image
+        left = {r["ID"] for r in client.df().get("BuildCache") or []}
+        assert not made & left, made & left
+        assert before <= left, "a record made before went"
+    finally:
+        try:
+            client.images.remove(tag, force=True)
+        except docker.errors.ImageNotFound:
+            pass
+        client.close()
 
 
 @pytest.mark.docker
