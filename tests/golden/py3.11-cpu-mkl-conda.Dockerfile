@@ -2,6 +2,15 @@
 # hadolint global ignore=DL3008
 # DL3008 (pin apt package versions): the base image tag pins the distribution release;
 # pinning Debian point versions breaks every build at the next security update.
+# The files the installer's stage takes from this context (the CA files, conda's settings), laid
+# out at their places with SOURCE_DATE_EPOCH as every time and copied as trees, as the launch
+# stage's are: a COPY of a single file dates the folder it changes with the build.
+FROM mirror.example.com/hub/library/debian:bookworm-slim AS files
+COPY certs/ /imagefactory-certs/usr/local/share/ca-certificates/imagefactory/
+COPY condarc /imagefactory-condarc/opt/conda/.condarc
+RUN mkdir -p /imagefactory-certs \
+ && find /imagefactory-certs /imagefactory-condarc -exec touch -h -d @315532800 {} +
+
 # Stage 1: the installer and its conda, the start of both the environment's stage and the image.
 FROM mirror.example.com/hub/library/debian:bookworm-slim AS conda
 
@@ -22,7 +31,7 @@ RUN touch /tmp/imagefactory-stamp && sleep 0.02 \
  && touch -h -d @315532800 /tmp /etc
 
 # Extra CA certificates (a TLS-intercepting proxy, a private mirror): trusted by apt, pip and conda.
-COPY certs/ /usr/local/share/ca-certificates/imagefactory/
+COPY --from=files /imagefactory-certs/ /
 RUN touch /tmp/imagefactory-stamp && sleep 0.02 \
  && update-ca-certificates \
  && find / -xdev \( -path /proc -o -path /sys -o -path /dev -o -path /tmp/imagefactory-stamp \) -prune \
@@ -49,7 +58,7 @@ RUN curl -fsSL --retry 5 -o /tmp/conda-installer.sh https://github.com/conda-for
       -o -newer /tmp/imagefactory-stamp -print0 | xargs -0r touch -h -d @315532800 \
  && rm /tmp/imagefactory-stamp \
  && touch -h -d @315532800 /tmp /etc
-COPY condarc /opt/conda/.condarc
+COPY --from=files /imagefactory-condarc/ /
 
 # Stage 2: the training environment: python, the mkl BLAS and torch, pinned so a later
 # `conda install` cannot switch the BLAS. Bytecode is completed here, hash-based and unchecked
@@ -149,9 +158,15 @@ ENV PATH=/opt/env/bin:/opt/conda/bin:$PATH
 # the hook reads launch.conf; login shells and Apptainer source the same script the ENTRYPOINT
 # runs for `docker run IMAGE CMD`.
 COPY --from=launch /imagefactory-rootfs/ /
-# What the environment's activate.d scripts export, captured for the launch hook.
-RUN /opt/env/bin/python -m imagefactory_launch capture >&2 \
- && /opt/env/bin/python -m compileall -q /opt/env/lib/python3.11/site-packages/imagefactory_launch.py
+# What the environment's activate.d scripts export, captured for the launch hook; what the step
+# writes gets SOURCE_DATE_EPOCH as its time (partials/settle.j2).
+RUN touch /tmp/imagefactory-stamp && sleep 0.02 \
+ && /opt/env/bin/python -m imagefactory_launch capture >&2 \
+ && /opt/env/bin/python -m compileall -q /opt/env/lib/python3.11/site-packages/imagefactory_launch.py \
+ && find / -xdev \( -path /proc -o -path /sys -o -path /dev -o -path /tmp/imagefactory-stamp \) -prune \
+      -o -newer /tmp/imagefactory-stamp -print0 | xargs -0r touch -h -d @315532800 \
+ && rm /tmp/imagefactory-stamp \
+ && touch -h -d @315532800 /tmp /etc
 
 # Runtime settings last, so cells that differ only here share every heavy layer.
 ENTRYPOINT ["/usr/local/bin/imagefactory-entrypoint"]
@@ -165,7 +180,7 @@ LABEL com.example.team="ml-platform" \
       io.imagefactory.blas="mkl" \
       io.imagefactory.cell="py3.11-cpu-mkl-conda" \
       io.imagefactory.compiler="true" \
-      io.imagefactory.content-hash="95e0d5b5ba6ee0415a7bb5a7722685de6262b0302e04216b10430facbe515150" \
+      io.imagefactory.content-hash="b8eadba7e8833eddf1326378391f7dc75e4f7056d1bdf0eaf5163cb455d7ced6" \
       io.imagefactory.cuda="none" \
       io.imagefactory.installer="conda" \
       io.imagefactory.python="3.11" \
