@@ -92,7 +92,6 @@ RUN /opt/conda/bin/conda create -y -p /opt/env \
 # a tree, so their layers' bytes do not depend on the day of the build (a COPY of a single file
 # dates the folders it makes or changes with the build).
 FROM mirror.example.com/hub/library/debian:bookworm-slim AS launch
-COPY certs/ /imagefactory-certs/usr/local/share/ca-certificates/imagefactory/
 COPY imagefactory_launch.py imagefactory-launch.pth /imagefactory-rootfs/opt/env/lib/python3.11/site-packages/
 COPY python-launcher /imagefactory-rootfs/usr/local/bin/python
 COPY launch.conf /imagefactory-rootfs/opt/env/etc/imagefactory/launch.conf
@@ -180,7 +179,7 @@ LABEL com.example.team="ml-platform" \
       io.imagefactory.blas="mkl" \
       io.imagefactory.cell="py3.11-cpu-mkl-conda" \
       io.imagefactory.compiler="true" \
-      io.imagefactory.content-hash="b8eadba7e8833eddf1326378391f7dc75e4f7056d1bdf0eaf5163cb455d7ced6" \
+      io.imagefactory.content-hash="411676cb62ca24fa5b81e0ff40ce5595a19cbce7fdcca7ce2150093b50ed40b9" \
       io.imagefactory.cuda="none" \
       io.imagefactory.installer="conda" \
       io.imagefactory.python="3.11" \

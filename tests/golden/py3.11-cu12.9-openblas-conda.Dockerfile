@@ -94,7 +94,6 @@ RUN CONDA_OVERRIDE_CUDA=12.9 /opt/conda/bin/conda create -y -p /opt/env \
 # a tree, so their layers' bytes do not depend on the day of the build (a COPY of a single file
 # dates the folders it makes or changes with the build).
 FROM mirror.example.com/hub/library/debian:bookworm-slim AS launch
-COPY certs/ /imagefactory-certs/usr/local/share/ca-certificates/imagefactory/
 COPY imagefactory_launch.py imagefactory-launch.pth /imagefactory-rootfs/opt/env/lib/python3.11/site-packages/
 COPY python-launcher /imagefactory-rootfs/usr/local/bin/python
 COPY launch.conf /imagefactory-rootfs/opt/env/etc/imagefactory/launch.conf
@@ -183,7 +182,7 @@ LABEL com.example.team="ml-platform" \
       io.imagefactory.blas="openblas" \
       io.imagefactory.cell="py3.11-cu12.9-openblas-conda" \
       io.imagefactory.compiler="true" \
-      io.imagefactory.content-hash="b7200231a9506707c804c064a51f64649c8ce77428d4464bd5b2c7fb346d26ab" \
+      io.imagefactory.content-hash="b5277b8c9f96ca4551e51b4e3ec8d4df9d8030b72d25651fd86527c0ed542696" \
       io.imagefactory.cuda="12.9" \
       io.imagefactory.installer="conda" \
       io.imagefactory.python="3.11" \
