@@ -1,7 +1,7 @@
 """What a GPU node pays to get an image: pulls from the local registry into a cold engine,
 side by side in one run (issue 34).
 
-    python bench/pull.py --ref REG/REPO:TAG [--sibling REF] [--release REF] [--pairs 3]
+    python bench/pull.py --ref REG/REPO:TAG [--sibling REF] [--release REF] [--pairs 3] [--mbit N]
                          [--user U --password P] [--stargz BIN [--stargz-args "..."]]
 
 REF is a cell as `imagefactory build --push` made it (layers by rate of change, gzip). The bench
@@ -22,7 +22,9 @@ machine's engines, emptied between runs), it times, as interleaved pairs:
   private engine whose containerd store uses the stargz snapshotter (lazy pulling; the engine,
   the snapshotter and their roots made anew for every run), vs the same on REF in the first
   private engine (pull in full, then run);
-and prints the bytes each would move (from the registry's manifests). One Markdown table;
+and prints the bytes each would move (from the registry's manifests). With --mbit N, the private
+engines pull through a link of N Mbit/s (bench/link.py: a proxy in front of the registry, shared by
+every connection): a node's network, where the loopback costs nothing. One Markdown table;
 nothing is asserted. Disk: REF's variants and the private engine's copies of each; for the CUDA
 pip cell (3.2 GB compressed) the free space fell from 66 to 18 GB, the cell's own build included.
 """
@@ -46,6 +48,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
 
 from factory import Row, pairs, say, timed  # noqa: E402
+from link import Link, link  # noqa: E402
 
 MADE: list[str] = []  # what the bench put on the default engine: removed at its end
 CURRENT_BIN = Path("/opt/imagefactory/engine-current/bin")
@@ -82,6 +85,11 @@ def login_config(folder: Path, registry: str, user: str | None, password: str | 
     (folder / "config.json").write_text(json.dumps({"auths": auths}))
     (folder / "config.json").chmod(0o600)
     return {"DOCKER_CONFIG": str(folder)}
+
+
+def through(ref: str, node_link: Link | None) -> str:
+    """`ref` as the private engines pull it: through the link when there is one."""
+    return f"{node_link.host}/{ref.partition('/')[2]}" if node_link else ref
 
 
 def fetched(image: list[tuple[str, int]], held: list[tuple[str, int]]) -> int:
@@ -256,45 +264,56 @@ def main() -> None:
     ap.add_argument("--user", default=os.environ.get("IMAGEFACTORY_REGISTRY_USER"))
     ap.add_argument("--password", default=os.environ.get("IMAGEFACTORY_REGISTRY_PASSWORD"))
     ap.add_argument("--stargz", metavar="BIN", help="the stargz snapshotter's daemon (containerd-stargz-grpc)")
-    ap.add_argument("--stargz-args", default="", help="more arguments for it (its registry config)")
+    ap.add_argument("--stargz-args", default="",
+                    help="more arguments for it (its registry config); {registry} is the host the engines pull from")
+    ap.add_argument("--mbit", type=float, help="the node's link: pulls through a proxy of N Mbit/s (bench/link.py)")
     args = ap.parse_args()
     reg = Registry(args.user, args.password)
     work = Path(tempfile.mkdtemp(prefix="bench-pull-"))
-    env = login_config(work / "docker-config", args.ref.split("/")[0], args.user, args.password)
-    engine = PrivateEngine(Path(tempfile.mkdtemp(prefix="bench-pull-engine-", dir="/var/lib")), env)
+    registry = args.ref.split("/")[0]
+    node_link = link(registry, args.mbit) if args.mbit else None
+    pulled = node_link.host if node_link else registry
+    env = login_config(work / "docker-config", registry, args.user, args.password)
+    node_env = login_config(work / "node-config", pulled, args.user, args.password)
+    engine = PrivateEngine(Path(tempfile.mkdtemp(prefix="bench-pull-engine-", dir="/var/lib")), node_env)
     lazy: Lazy | None = None
     try:
         single, zstd = variants(args.ref, work, env)
         estargz = recompressed(args.ref, "estargz", work, env) if args.stargz else None
         engine.start()
+        ref, n_single, n_zstd = (through(r, node_link) for r in (args.ref, single, zstd))
         rows = [Row("cold pull + unpack", "layered (gzip)", "single layer (gzip)",
-                    *pairs(args.pairs, lambda: cold(engine, args.ref), lambda: cold(engine, single)), "≤ 0.6x"),
+                    *pairs(args.pairs, lambda: cold(engine, ref), lambda: cold(engine, n_single)), "≤ 0.6x"),
                 Row("cold pull, then first `import torch`", "layered", "single layer",
-                    *pairs(args.pairs, lambda: cold(engine, args.ref, True), lambda: cold(engine, single, True)),
+                    *pairs(args.pairs, lambda: cold(engine, ref, True), lambda: cold(engine, n_single, True)),
                     "≤ 0.6x"),
-                Row("cold pull + unpack", "zstd", "gzip",
-                    *pairs(args.pairs, lambda: cold(engine, zstd), lambda: cold(engine, args.ref)), "< 1x")]
+                Row("cold pull + unpack", "zstd (layered)", "gzip (layered)",
+                    *pairs(args.pairs, lambda: cold(engine, n_zstd), lambda: cold(engine, ref)), "< 1x"),
+                Row("cold pull + unpack", "zstd (layered)", "single layer (gzip)",
+                    *pairs(args.pairs, lambda: cold(engine, n_zstd), lambda: cold(engine, n_single)), "< 0.6x")]
         mine = reg.manifest(args.ref)
         total = sum(s for _, s in mine)
         for name, other in (("sibling", args.sibling), ("next release", args.release)):
             if other:
                 moved = fetched(reg.manifest(other), mine)
                 rows.append(Row(f"pull of the {name}, the first held", name, "cold pull of the first",
-                                *pairs(args.pairs, lambda o=other: held(engine, args.ref, o),
-                                       lambda: cold(engine, args.ref)),
+                                *pairs(args.pairs, lambda o=through(other, node_link): held(engine, ref, o),
+                                       lambda: cold(engine, ref)),
                                 "≤ 0.2x" if name == "sibling" else "≤ 0.05x",
                                 note=f"{moved / 1e6:,.1f} MB of {total / 1e6:,.1f} MB moved "
                                      f"({moved / total:.1%})"))
         if args.stargz and estargz:
-            lazy = Lazy(PrivateEngine(Path(tempfile.mkdtemp(prefix="bench-pull-engine-", dir="/var/lib")), env,
-                                      [args.stargz, *shlex.split(args.stargz_args)]), estargz)
+            snapshotter = [args.stargz, *shlex.split(args.stargz_args.replace("{registry}", pulled))]
+            lazy = Lazy(PrivateEngine(Path(tempfile.mkdtemp(prefix="bench-pull-engine-", dir="/var/lib")), node_env,
+                                      snapshotter), through(estargz, node_link))
             rows.append(Row("cold `docker run` to the end of the first `import torch`", "eStargz, lazy",
                             "layered gzip, pulled whole",
-                            *pairs(args.pairs, lazy.run, lambda: cold(engine, args.ref, True)), "< 1x",
+                            *pairs(args.pairs, lazy.run, lambda: cold(engine, ref, True)), "< 1x",
                             note=f"FUSE mounts per lazy run: {lazy.mounts} (one per layer: lazy)"))
         sizes = {name: sum(s for _, s in reg.manifest(r)) for name, r in (("layered", args.ref), ("single", single),
                                                                           ("zstd", zstd), ("estargz", estargz))
                  if r}
+        print(f"link: {f'{args.mbit:g} Mbit/s (bench/link.py)' if node_link else 'the loopback, unpaced'}\n")
         print("| figure | A | B | A/B | goal | runs |\n|---|---|---|---|---|---|")
         for row in rows:
             print(row.line())
@@ -303,6 +322,8 @@ def main() -> None:
         engine.stop()
         if lazy is not None:
             lazy.engine.stop()
+        if node_link:
+            node_link.stop()
         if MADE:
             subprocess.run(["docker", "image", "rm", "-f", *MADE], capture_output=True)
         shutil.rmtree(work, ignore_errors=True)
