@@ -115,7 +115,24 @@ def created_images(engine, tmp_path_factory):
         remove_run_pushes(RUN_ID)
     except requests.RequestException:  # a registry a test stopped: its data stays, nothing else
         pass
-    prune_build_cache(engine.client, RUN_STARTED)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def run_build_cache():
+    """The BuildKit records this session made, pruned as it ends, whichever tests it ran (a
+    session of one module too, that never asked for created_images). Set up first, so it is torn
+    down last: after the session's images are gone, when their records are no longer in use."""
+    yield
+    if os.environ.get("IMAGEFACTORY_TEST_KEEP_IMAGES") == "1":
+        return
+    try:
+        engine = Engine()
+    except DockerUnavailable:  # no engine: nothing was built on it
+        return
+    try:
+        prune_build_cache(engine.client, RUN_STARTED)
+    finally:
+        engine.client.close()
 
 
 @pytest.fixture(scope="module", autouse=True)
