@@ -239,7 +239,8 @@ class Lazy:
     would slow the other side of the pair."""
 
     def __init__(self, engine: PrivateEngine, ref: str):
-        self.engine, self.ref, self.mounts = engine, ref, []
+        self.engine, self.ref = engine, ref
+        self.mounts: list[int] = []
 
     def run(self) -> float:
         self.engine = self.engine.fresh()
