@@ -95,6 +95,10 @@ class Link:
 
 
 def link(upstream_host: str, mbit: float) -> Link:
-    """A started Link to `upstream_host` ("host:port") at `mbit` Mbit/s."""
+    """A started Link to `upstream_host` ("host:port": a plain-HTTP registry, as the local ones
+    are; a TLS registry's certificate would not name 127.0.0.1) at `mbit` Mbit/s."""
     host, _, port = upstream_host.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536 or not mbit > 0:
+        raise SystemExit(f"--mbit: needs a registry given as host:port and a rate over 0 "
+                         f"(got {upstream_host[:80]!r}, {mbit!r})")
     return Link((host, int(port)), Pace(mbit * 1e6 / 8)).start()

@@ -66,3 +66,12 @@ def test_the_upstreams_bytes_pass_unchanged_and_are_paced():
     assert got_request == [b"GET /v2/ HTTP/1.1\r\n\r\n"]
     assert received == payload
     assert len(slept) >= 4  # every chunk from the upstream asked the pace when it may go
+
+
+@pytest.mark.parametrize("host,mbit", [("registry.example", 100.0), ("127.0.0.1:0", 100.0),
+                                       ("127.0.0.1:5000", 0.0), ("127.0.0.1:5000", -1.0)])
+def test_a_link_without_a_port_or_a_rate_is_refused(host, mbit):
+    from link import link
+
+    with pytest.raises(SystemExit, match="--mbit"):
+        link(host, mbit)
