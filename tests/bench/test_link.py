@@ -12,7 +12,7 @@ import pytest
 from tests.conftest import REPO
 
 sys.path.insert(0, str(REPO / "bench"))
-from link import Link, Pace  # noqa: E402
+from link import Link, Pace, link  # noqa: E402
 
 
 class Clock:
@@ -71,7 +71,5 @@ def test_the_upstreams_bytes_pass_unchanged_and_are_paced():
 @pytest.mark.parametrize("host,mbit", [("registry.example", 100.0), ("127.0.0.1:0", 100.0),
                                        ("127.0.0.1:5000", 0.0), ("127.0.0.1:5000", -1.0)])
 def test_a_link_without_a_port_or_a_rate_is_refused(host, mbit):
-    from link import link
-
     with pytest.raises(SystemExit, match="--mbit"):
         link(host, mbit)
