@@ -111,19 +111,22 @@ def test_pip_and_conda_cells_build_probe_and_push_on_the_graph_driver_store(proj
         assert cell["publish"] == "published" and cell["pushed"], cell["publish"]
         # no step deletes a file of a layer below it: 20.10 dates a whiteout with the build, so
         # one would make the layer differ between two engines (partials/apt_tidy.j2)
-        assert _whiteouts(image.attrs) == [], name
+        base = legacy.images.get(image.attrs["Config"]["Labels"]["org.opencontainers.image.base.name"])
+        assert _whiteouts(image.attrs, len(base.attrs["RootFS"]["Layers"])) == [], name
         for pushed in cell["pushed"]:
             repo, tag = pushed["ref"].split("/", 1)[1].rsplit(":", 1)
             assert registry_digest(TEST_REGISTRY, repo, tag) == pushed["digest"]
 
 
-def _whiteouts(attrs: dict) -> list[str]:
+def _whiteouts(attrs: dict, base_layers: int) -> list[str]:
     """The files a layer of the image deletes from the layers below it: overlay2's whiteouts (a
-    character device 0/0) in each layer's folder on disk, the base image's layer (the lowest)
-    left out."""
+    character device 0/0) in each layer's folder on disk, the base image's `base_layers` layers
+    (the lowest) left out."""
     data = attrs["GraphDriver"]["Data"]
     assert attrs["GraphDriver"]["Name"] == "overlay2", attrs["GraphDriver"]
-    folders = [data["UpperDir"], *data.get("LowerDir", "").split(":")][:-1]
+    folders = [data["UpperDir"], *(d for d in data.get("LowerDir", "").split(":") if d)]  # the top layer's first
+    assert len(folders) == len(attrs["RootFS"]["Layers"]) > base_layers >= 1, (len(folders), base_layers)
+    folders = folders[:-base_layers]
     found = []
     for folder in folders:
         for top, dirs, files in os.walk(folder):
