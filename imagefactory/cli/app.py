@@ -188,7 +188,7 @@ def _run(inv: Invocation, output: Path) -> Iterator[RunContext]:
         def engines() -> ContainerEngine:
             return first.pop() if first else factory()
 
-        print(inv.summary(), file=sys.stderr)
+        print(inv.said(), file=sys.stderr)  # the builder choice too, only once an engine answered
         with progress_mod.make(inv.live) as ui, interrupt.signals():
             yield RunContext(inv.options, ui, interrupt, engines)
 

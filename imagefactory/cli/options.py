@@ -111,6 +111,11 @@ class Invocation:
     options: context.Settings  # the command's type (TYPES)
     live: bool | None
     fields: tuple[str, ...]  # the settings fields this command has flags for
+    notes: tuple[str, ...] = ()  # what the preflight checks said, printed after the summary
+
+    def said(self) -> str:
+        """The summary line, then each note of the preflight checks on a line of its own."""
+        return "\n".join((self.summary(), *self.notes))
 
     def summary(self) -> str:
         return (f"imagefactory {self.command}: {len(self.cells)} cell(s) of {self.matrix.path}; "
@@ -150,8 +155,9 @@ def _invocation(command: str, values: dict[str, Any], fixed: dict[str, Any]) -> 
     m = matrix_mod.load(values["matrix"])
     cells = select(m, values.get("only"))
     given = settings(values, fixed)
-    options = preflight.checked(m, cells, given, TYPES.get(command, context.Settings))
-    return Invocation(command, m, cells, options, values.get("live"), tuple(given))
+    notes: list[str] = []
+    options = preflight.checked(m, cells, given, TYPES.get(command, context.Settings), notes)
+    return Invocation(command, m, cells, options, values.get("live"), tuple(given), tuple(notes))
 
 
 def settings(values: dict[str, Any], fixed: dict[str, Any]) -> dict[str, Any]:

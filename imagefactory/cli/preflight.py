@@ -25,10 +25,12 @@ P = TypeVar("P", bound=context.Publishing)
 
 
 def checked(m: matrix_mod.Matrix, cells: list[Cell], settings: dict[str, Any],
-            kind: type[context.Settings]) -> context.Settings:
+            kind: type[context.Settings], notes: list[str] | None = None) -> context.Settings:
     """The run's settings, of the command's type `kind`, from the parsed `settings` (updated in place with what the checks
     resolve: --cache-from, --probe-shm, the builder, the netrc, the signing key), every check
-    run in this order, so the first failure is the one a run always reported."""
+    run in this order, so the first failure is the one a run always reported. What the checks
+    only say of the engine (auto's builder choice) goes to `notes`, printed once the engine
+    answered: a user with no engine reads the engine's error alone (stderr when `notes` is None)."""
     if "cache_from" in settings:
         settings["cache_from"] = _cache_from(settings["cache_from"] or ())
     if "probe_shm" in settings:
@@ -37,7 +39,7 @@ def checked(m: matrix_mod.Matrix, cells: list[Cell], settings: dict[str, Any],
         settings["probe_shm"] = smoke.check_shm(settings["probe_shm"])
     _outputs(m, settings)
     if "builder" in settings:
-        settings.update(_builder(m, cells, settings))
+        settings.update(_builder(m, cells, settings, notes))
     if settings.get("atomic") and not settings.get("push"):
         raise ConfigError("--atomic: only meaningful with --push")
     if settings.get("sign"):
@@ -81,7 +83,8 @@ def _signing_key(settings: dict[str, Any]) -> str:
     return signing.ready(settings["sign"], private=True, flag="--sign").ref
 
 
-def _builder(m: matrix_mod.Matrix, cells: list[Cell], settings: dict[str, Any]) -> dict[str, Any]:
+def _builder(m: matrix_mod.Matrix, cells: list[Cell], settings: dict[str, Any],
+             notes: list[str] | None) -> dict[str, Any]:
     """Resolve --builder to buildkit or classic (buildkit.select: exit 2 when buildkit is asked for
     and buildx cannot build; auto falls back to classic and says so), check --buildx-builder, and
     load the netrc the builds mount (netrc.resolve: exit 2 for a bad file, or for a cell that needs
@@ -92,7 +95,13 @@ def _builder(m: matrix_mod.Matrix, cells: list[Cell], settings: dict[str, Any]) 
     def say(line: str) -> None:
         print(line, file=sys.stderr)
 
-    builder = buildkit.select(settings["builder"], say)
+    def note(line: str) -> None:
+        if notes is None:
+            say(line)
+        else:
+            notes.append(line)
+
+    builder = buildkit.select(settings["builder"], note)
     name = buildkit.check_builder_name(settings.get("buildx_builder"))
     if name is not None and builder is not Builder.buildkit:
         raise ConfigError(f"--buildx-builder {name}: names a buildx builder, but this run builds with the classic "
