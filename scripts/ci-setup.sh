@@ -18,10 +18,13 @@
 #     engine runs and BuildKit builds linux/arm64 images on this x86_64 host;
 #   * podman serving the Docker API on a socket of its own (scripts/ci-engines.sh);
 #   * cosign 2.x (/usr/local/bin/cosign) for the signing tests;
-#   * two local registries (CNCF distribution 2.8):
-#       127.0.0.1:5000  no auth, holds the base images ("base_registry" mirror)
-#       127.0.0.1:5001  htpasswd auth (imagefactory / ci-password), deletes on,
-#                       for push tests.
+#   * the base registry (CNCF distribution 2.8) on 127.0.0.1:5000, no auth, holding the
+#     base images ("base_registry" mirror);
+#   * Docker Compose v2 (the `docker compose` plugin, Debian 13's), with which the test
+#     session itself starts its test services (tests/services/compose.yaml, through
+#     pytest-docker): the authenticated registry on 127.0.0.1:5001 (imagefactory /
+#     ci-password) and the protected package index. A host registry an earlier setup left
+#     on 5001, or a test session's services a killed run left, are stopped here.
 #
 # Idempotent: every step checks whether its result is already there, and the
 # slow part (debootstrap) is cached as tarballs in
@@ -152,6 +155,23 @@ install_buildx() {
     install -D -m 0755 "$work/root/usr/libexec/docker/cli-plugins/docker-buildx" "${BUILDX_PLUGIN_DIR}/docker-buildx"
     docker buildx version >/dev/null 2>&1 || die "docker buildx does not answer after install"
     log "buildx installed: $(docker buildx version | head -n1)"
+}
+
+# 1b'. docker compose (the test session's services, through pytest-docker): Debian 13's
+#      docker-compose 2.x, one Go binary (libc6 >= 2.34), fetched and installed as buildx is.
+install_compose() {
+    if docker compose version >/dev/null 2>&1; then
+        log "compose present: $(docker compose version 2>/dev/null | head -n1)"
+        return 0
+    fi
+    local work
+    work="$(mktemp -d)"
+    CLEANUP_PATHS+=("$work")
+    trixie_download "$work" docker-compose
+    dpkg-deb -x "$work"/docker-compose_*.deb "$work/root"
+    install -D -m 0755 "$work/root/usr/libexec/docker/cli-plugins/docker-compose" "${BUILDX_PLUGIN_DIR}/docker-compose"
+    docker compose version >/dev/null 2>&1 || die "docker compose does not answer after install"
+    log "compose installed: $(docker compose version | head -n1)"
 }
 
 # --------------------------------------------------------------------------
@@ -480,21 +500,33 @@ start_registry() {
 
 start_registries() {
     local data="$CACHE_DIR/registry-data"
-    mkdir -p "$data/5000" "$data/5001"
-
-    # htpasswd hashes are salted, so only rewrite when the password no
-    # longer verifies (a rewrite would need a registry restart in 2.8).
-    local htpasswd="$CACHE_DIR/registry-5001.htpasswd"
-    if ! htpasswd -vb "$htpasswd" "$TEST_USER" "$TEST_PASSWORD" >/dev/null 2>&1; then
-        htpasswd -Bbn "$TEST_USER" "$TEST_PASSWORD" >"$htpasswd.tmp"
-        mv -f "$htpasswd.tmp" "$htpasswd"
-    fi
+    mkdir -p "$data/5000"
 
     local conf
     conf="$(write_registry_config 5000 "$data/5000")"
     start_registry 5000 "$conf" 200
-    conf="$(write_registry_config 5001 "$data/5001" "$htpasswd")"
-    start_registry 5001 "$conf" 401
+}
+
+# free_test_services: the test session starts its registry on 5001 and its index itself
+# (tests/services/compose.yaml). What holds 5001 now is stopped: the host registry an earlier
+# ci-setup started there, and the services of a test session that was killed before its `down`
+# (compose projects named imagefactory-test-*), with their volumes. Anything else there is an error.
+free_test_services() {
+    local project pid exe
+    for project in $(docker ps -a --format '{{.Label "com.docker.compose.project"}}' | sort -u); do
+        [[ "$project" == imagefactory-test-* ]] || continue
+        log "removing the test services a killed run left ($project)"
+        docker compose -p "$project" down -v --remove-orphans >/dev/null 2>&1 ||
+            die "docker compose -p $project down -v failed"
+    done
+    for pid in $(listener_pids 5001); do
+        exe="$(readlink "/proc/$pid/exe" 2>/dev/null || true)"
+        [[ "$(basename "$exe")" == docker-registry* ]] ||
+            die "port 5001 is taken by pid $pid ($exe); the test session's registry needs it: stop it first"
+        log "stopping the host registry on :5001 (the test session runs its own now)"
+        kill "$pid" 2>/dev/null || true
+    done
+    rm -rf "$CACHE_DIR/registry-data/5001" "$CACHE_DIR/registry-5001.yml" "$CACHE_DIR/registry-5001.htpasswd"
 }
 
 # registry_digest IMAGE -> the manifest digest the base registry serves for
@@ -600,7 +632,8 @@ imagefactory CI setup ready
   legacy engine:  docker $legacy, overlay2 ($LEGACY_HOST)
   podman:         $(podman --version) ($PODMAN_HOST)
   base registry:  http://$BASE_REGISTRY (no auth)
-  test registry:  http://$TEST_REGISTRY (user $TEST_USER, password $TEST_PASSWORD, deletes on)
+  test registry:  http://$TEST_REGISTRY (user $TEST_USER, password $TEST_PASSWORD), started by each test session
+  compose:        $(docker compose version --short)
   images:
 EOF
     docker image ls --format '{{.Repository}}:{{.Tag}}  {{.Size}}' \
@@ -620,10 +653,12 @@ main() {
     install_current_engine
     start_engines
     install_buildx
+    install_compose
     install_cosign
     make_base_images
     make_foreign_base_images
     start_registries
+    free_test_services
     push_base_images
     legacy_bases "$DEBIAN_IMAGE" "$PYTHON_IMAGE"
     start_podman_service "$BASE_REGISTRY" "$TEST_REGISTRY"

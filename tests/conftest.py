@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import textwrap
 from pathlib import Path
 
@@ -49,6 +50,10 @@ def _sample(stop) -> None:
 def pytest_sessionstart(session):
     import threading
 
+    from tests import leaks
+
+    leaks.Check.start(engines=False)  # /tmp now; the engines once the session is known to reach them
+
     _Disk.start = _Disk.least = _free()
     _Disk.stop = threading.Event()
     threading.Thread(target=_sample, args=(_Disk.stop,), name="disk-sampler", daemon=True).start()
@@ -61,6 +66,13 @@ def pytest_report_header(config):
 
 
 def pytest_terminal_summary(terminalreporter):
+    for line in _Leaks.found:
+        terminalreporter.write_line(f"LEFT BEHIND: {line}", red=True)
+    import sys
+
+    helpers = sys.modules.get("tests.integration.helpers")
+    if helpers is not None:
+        terminalreporter.write_line(helpers.BUILDS.line())
     if _Disk.start is None or _Disk.least is None:
         return
     if _Disk.stop is not None:
@@ -69,3 +81,27 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.write_line(f"disk: {_Disk.start / 2**30:.1f} GiB free at the start on {_Disk.path}, "
                                 f"{least / 2**30:.1f} GiB at the least, {_free() / 2**30:.1f} GiB at the end "
                                 f"(the run used {(_Disk.start - least) / 2**30:.1f} GiB at its peak)")
+
+
+# -- nothing left behind (tests/leaks.py) ---------------------------------------------------------
+
+def pytest_collection_finish(session):
+    from tests import leaks
+
+    if os.environ.get("IMAGEFACTORY_TEST_KEEP_IMAGES") != "1" and any(
+            "tests/integration/" in item.nodeid for item in session.items):
+        leaks.Check.start(engines=True)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session):
+    """After every fixture's teardown: what the run left fails it (exit 1), however its tests ended."""
+    from tests import leaks
+
+    _Leaks.found = leaks.Check.finish()
+    if _Leaks.found and session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+class _Leaks:
+    found: list[str] = []

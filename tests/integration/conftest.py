@@ -22,7 +22,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import pytest
@@ -30,11 +29,12 @@ import requests
 
 from imagefactory.engine.docker import Engine
 from imagefactory.errors import DockerUnavailable
+from tests.integration import services
 from tests.integration.helpers import (
     BASE_REGISTRY, CACHE, FIXTURES, INDEX_USER, PACKAGE, Background, BkBuild, DyingPush, Index, LEFTOVERS, Leftovers, ModuleImages, RUN_ID, RUN_LABEL, RUN_STARTED,
     TEST_PASSWORD, TEST_REGISTRY, TEST_USER, TORCH_CPU, Build, arm64_matrix_text, binfmt_or_unavailable, buildkit_args,
     buildx_or_skip, cuda_matrix_text, docker_cli, tiny_images,
-    free_port, index_matrix, make_wheel, prune_build_cache, remove_run_images, remove_run_pushes, run_cli,
+    index_matrix, prune_build_cache, remove_run_images, remove_run_pushes, run_cli,
     unavailable)
 
 
@@ -56,11 +56,63 @@ def base_registry(engine) -> str:
 
 
 @pytest.fixture(scope="session")
-def test_registry(engine) -> str:
+def service_files(tmp_path_factory) -> services.Files:
+    """What the test services read (tests/integration/services.py), written for this session."""
+    return services.write_files(tmp_path_factory.mktemp("services"))
+
+
+@pytest.fixture(scope="session")
+def docker_compose_file() -> str:
+    return str(services.COMPOSE_FILE)
+
+
+@pytest.fixture(scope="session")
+def docker_compose_project_name() -> str:
+    return f"imagefactory-test-{RUN_ID}"
+
+
+@pytest.fixture(scope="session")
+def docker_setup(engine, base_registry, service_files):
+    """pytest-docker's `up`, once the services' images are here (built once per machine) and
+    compose.yaml's variables name them and this session's files."""
+    images = {name: services.image(engine.client, name) for name in ("registry", "index")}
+    os.environ.update(service_files.env(images))
+    return ["up -d"]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def test_services(request, service_files):
+    """The registry and the index of tests/services/compose.yaml, up and answering for the whole
+    session (pytest-docker's docker_services; `down -v` removes them and their data after the
+    session's last test). A session of unit tests alone, or with no engine, starts nothing."""
+    if not any("tests/integration/" in item.nodeid for item in request.session.items):
+        yield None
+        return
     try:
-        code = requests.get(f"http://{TEST_REGISTRY}/v2/", timeout=5).status_code
-    except requests.RequestException as e:
-        unavailable(f"no test registry at {TEST_REGISTRY}: {e}")
+        Engine().client.close()
+    except DockerUnavailable as e:
+        unavailable(str(e))
+    try:
+        docker_services = request.getfixturevalue("docker_services")
+    except BaseException:  # pytest-docker downs only what came up: a half-started project goes here
+        subprocess.run(["docker", "compose", "-f", str(services.COMPOSE_FILE), "-p", f"imagefactory-test-{RUN_ID}",
+                        "down", "-v"], capture_output=True, timeout=300)
+        raise
+
+    def answers(url: str) -> bool:
+        try:
+            return requests.get(url, timeout=2).status_code == 401
+        except requests.RequestException:
+            return False
+
+    for url in (f"http://{TEST_REGISTRY}/v2/", service_files.index_url):
+        docker_services.wait_until_responsive(check=lambda url=url: answers(url), timeout=60.0, pause=0.2)
+    yield docker_services
+
+
+@pytest.fixture(scope="session")
+def test_registry(engine, test_services) -> str:
+    code = requests.get(f"http://{TEST_REGISTRY}/v2/", timeout=5).status_code
     assert code == 401, f"the test registry at {TEST_REGISTRY} must require authentication (got {code})"
     return TEST_REGISTRY
 
@@ -374,37 +426,12 @@ def cpu_auto_image(tmp_path_factory, engine, cpu_build, session_id, created_imag
 
 
 @pytest.fixture(scope="session")
-def auth_index(tmp_path_factory):
-    """pypiserver on loopback with basic auth for every download and listing."""
-    pytest.importorskip("pypiserver")
-    from passlib.apache import HtpasswdFile
-
-    root = tmp_path_factory.mktemp("auth-index")
-    (root / "packages").mkdir()
-    make_wheel(root / "packages")
-    password = f"nEtrc-{uuid.uuid4().hex}"
-    htpasswd = HtpasswdFile(str(root / "htpasswd"), new=True)
-    htpasswd.set_password(INDEX_USER, password)
-    htpasswd.save()
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "pypiserver", "run", "-p", str(port), "-i", "127.0.0.1",
-                             "-P", str(root / "htpasswd"), "-a", "download,list,update", str(root / "packages")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    url = f"http://127.0.0.1:{port}/simple/"
-    for _ in range(100):
-        try:
-            if requests.get(url, timeout=1).status_code == 401:
-                break
-        except requests.RequestException:
-            pass
-        time.sleep(0.1)
-    else:
-        proc.kill()
-        raise RuntimeError("pypiserver did not start")
+def auth_index(test_services, service_files) -> Index:
+    """The package index of tests/services/compose.yaml: pypiserver on loopback with basic auth
+    for every download and listing, serving PACKAGE."""
+    url, password = service_files.index_url, service_files.index_password
     assert requests.get(url + PACKAGE + "/", auth=(INDEX_USER, password), timeout=5).status_code == 200
-    yield Index(url, password, proc)
-    proc.kill()
-    proc.wait(timeout=10)
+    return Index(url, password)
 
 
 @pytest.fixture(scope="session")

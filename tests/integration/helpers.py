@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import atexit
 import base64
+import contextlib
 import glob
 import hashlib
 import json
@@ -329,6 +330,37 @@ def cli_env(env: dict | None = None) -> dict[str, str]:
 
 BUILDER_COMMANDS = ("build", "test", "push")
 
+_BUILT_RE = re.compile(r"^(?:\[[^]]+\] )?(?:Step \d+/\d+ : (?!FROM)|#\d+ \[)", re.M)  # a step that ran or was looked up
+_CACHE_HIT_RE = re.compile(r"(?:^(?:\[[^]]+\] )? ---> Using cache| CACHED)$", re.M)  # classic's, BuildKit's
+
+
+class BuildCount:
+    """What the run built through `imagefactory` (issue 45: every run says what it built): each
+    cell whose build ran (its log names steps; a cell found in a cache or a registry has none),
+    and of those the cold ones (no step taken from the layer cache). Read from each command's
+    work dir once it ends; printed in the session's summary (tests/conftest.py)."""
+
+    def __init__(self) -> None:
+        self.builds = self.cold = 0
+        self._lock = threading.Lock()
+
+    def note(self, work_dir: Path, since: float) -> None:
+        for log in (work_dir / "logs").glob("*.log") if (work_dir / "logs").is_dir() else ():
+            if log.stat().st_mtime < since:
+                continue
+            text = log.read_text(errors="replace")
+            if _BUILT_RE.search(text):
+                with self._lock:
+                    self.builds += 1
+                    self.cold += _CACHE_HIT_RE.search(text) is None
+
+    def line(self) -> str:
+        return (f"builds: {self.builds} cell build(s) by imagefactory, {self.cold} of them cold (no step from a "
+                f"cache); fixture images built with the SDK are not counted")
+
+
+BUILDS = BuildCount()
+
 
 def pinned_builder(args: tuple[str, ...]) -> tuple[str, ...]:
     """`args` with `--builder classic` added to a build, test or push that names no builder. The
@@ -344,6 +376,7 @@ def run_cli(*args: str, env: dict | None = None, timeout: float = 1800,
             default_builder: bool = False) -> subprocess.CompletedProcess:
     """`python -m imagefactory ARGS`; `default_builder`: leave a missing --builder missing."""
     argv = args if default_builder else pinned_builder(args)
+    since = time.time()
     try:
         return subprocess.run([sys.executable, "-m", "imagefactory", *argv], capture_output=True, text=True,
                               env=cli_env(env), timeout=timeout)
@@ -351,6 +384,7 @@ def run_cli(*args: str, env: dict | None = None, timeout: float = 1800,
         work = _work_dir(args)
         if work is not None:
             LEFTOVERS.from_work_dir(work)
+            BUILDS.note(work, since)
 
 
 class Background:
@@ -370,6 +404,7 @@ class Background:
         self.args = pinned_builder((command, "--matrix", str(self.matrix), "--plain", "--report",
                                     str(self.report_path), "--work-dir", str(root / "work"), *args))
         self.started = time.monotonic()
+        self._since = time.time()
         self.proc = subprocess.Popen([sys.executable, "-m", "imagefactory", *self.args], stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, env=cli_env(env))
         self._done: subprocess.CompletedProcess | None = None
@@ -381,6 +416,7 @@ class Background:
     def _collect(self) -> None:
         out, err = self.proc.communicate()
         LEFTOVERS.from_work_dir(self.root / "work")
+        BUILDS.note(self.root / "work", self._since)
         self._done = subprocess.CompletedProcess(self.args, self.proc.returncode, out, err)
         if self._on_exit is not None:
             try:
@@ -812,7 +848,6 @@ class Index:
 
     url: str
     password: str
-    proc: subprocess.Popen
 
 
 def index_matrix(root: Path, wheelhouse: Path, index_url: str, session_id: str) -> Path:
@@ -852,6 +887,77 @@ def buildkit_args(root: Path, matrix: Path, *extra: str) -> list[str]:
     """`imagefactory build --builder buildkit` of `matrix`, with its report and work dir under `root`."""
     return ["build", "--builder", "buildkit", "--plain", "--gpus", "none", "--matrix", str(matrix),
             "--report", str(root / "report.json"), "--work-dir", str(root / "work"), *extra]
+
+
+# --------------------------------------------------------------------------- a cold second engine
+
+CURRENT_BIN = Path("/opt/imagefactory/engine-current/bin")
+CONTAINERD_SOCK = Path("/run/imagefactory-engine/containerd/containerd.sock")
+
+
+@contextlib.contextmanager
+def cold_engine():
+    """A throwaway dockerd beside the current one (the same binaries and containerd, a namespace
+    and data root of its own): no image, no build cache. Yields its DOCKER_HOST; removed after."""
+    if not (CURRENT_BIN / "dockerd").exists() or not CONTAINERD_SOCK.exists():
+        unavailable("the current engine (Debian 13's dockerd and its containerd) is not running")
+    name = f"ifl{RUN_ID}"
+    root = Path(tempfile.mkdtemp(prefix="imagefactory-cold-", dir="/var/lib"))
+    run = Path(f"/run/{name}")  # short: a unix socket path has a length limit
+    run.mkdir()
+    (run / "daemon.json").write_text('{"features": {"containerd-snapshotter": true}}\n')
+    host = f"unix://{run}/docker.sock"
+    env = dict(os.environ, PATH=f"{CURRENT_BIN}:{os.environ['PATH']}")
+    log = open(run / "log", "wb")
+    proc = subprocess.Popen([str(CURRENT_BIN / "dockerd"), "--config-file", str(run / "daemon.json"),
+                             "--containerd", str(CONTAINERD_SOCK), "-H", host, "--data-root", str(root),
+                             "--exec-root", str(run / "exec"), "--pidfile", str(run / "dockerd.pid"),
+                             "--containerd-namespace", name, "--containerd-plugins-namespace", f"{name}-plugins",
+                             "--bridge=none", "--iptables=false", "--ip-forward=false", "--ip-masq=false"],
+                            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                            start_new_session=True)
+    try:
+        for _ in range(120):
+            if subprocess.run(["docker", "-H", host, "version"], capture_output=True).returncode == 0:
+                break
+            time.sleep(0.5)
+        else:
+            pytest.fail(f"the cold engine did not answer: {(run / 'log').read_text()[-2000:]}")
+        yield host
+    finally:
+        # its images and build cache live in the shared containerd: pruned through it, or they stay
+        subprocess.run(["docker", "-H", host, "system", "prune", "-af"], capture_output=True, timeout=300)
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+        subprocess.run(["umount", str(run / "exec" / "netns" / "default")], capture_output=True)
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(run, ignore_errors=True)
+
+
+def image_layers(image_id: str, host: str | None = None) -> list[tuple[str, int, str]]:
+    """(diff id, size in bytes, step) of each layer of `image_id`, oldest first (sizes from the history)."""
+    cli = ["docker"] + (["-H", host] if host else [])
+    diff_ids = json.loads(subprocess.run(cli + ["image", "inspect", image_id, "--format", "{{json .RootFS.Layers}}"],
+                                         capture_output=True, text=True, check=True).stdout)
+    rows = subprocess.run(cli + ["history", "--no-trunc", "--format", "{{json .}}", image_id],
+                          capture_output=True, text=True, check=True).stdout.splitlines()
+    steps = [json.loads(r) for r in reversed(rows)]
+    sized = [s for s in steps if not s["CreatedBy"].startswith(("ENV", "LABEL", "USER", "CMD", "ENTRYPOINT",
+                                                                 "SHELL", "ARG"))]
+    return [(d, size_bytes(s["Size"]), s["CreatedBy"][:90]) for d, s in zip(diff_ids, sized[-len(diff_ids):])]
+
+
+def size_bytes(size: str) -> int:
+    units = {"B": 1, "kB": 1e3, "MB": 1e6, "GB": 1e9}
+    for unit in ("kB", "MB", "GB", "B"):
+        if size.endswith(unit):
+            return int(float(size[:-len(unit)]) * units[unit])
+    return 0
 
 
 # --------------------------------------------------------------------------- the conda test channel

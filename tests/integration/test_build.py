@@ -243,11 +243,3 @@ def test_an_image_derived_from_a_cell_is_never_taken_for_it(engine, cpu_build, d
         assert cpu_build.report()[Build.GOOD]["status"] == "not-built"
     finally:
         engine.tag(image_id, candidate)
-
-
-def test_fail_fast_starts_no_cell_after_a_failure(cpu_build):
-    result = cpu_build.run("build", "--fail-fast")
-    assert result.returncode == 1
-    rep = cpu_build.report()
-    assert rep[Build.BAD]["status"] == "build-failed"  # built first: product order puts mkl first
-    assert rep[Build.GOOD]["status"] == "skipped" and "--fail-fast" in rep[Build.GOOD]["error"]

@@ -1,13 +1,15 @@
 """The conda route for real: conda cells locked with `imagefactory lock` (py-rattler, no conda
-on this machine), built from their locks by both builders, and probed in every launch mode.
+on this machine), built from their locks by BuildKit, and probed in every launch mode. The classic
+builder's conda route is test_legacy_engine's (the OpenBLAS cell, on 20.10, with bench on it): each
+builder's route once, not both builders on both engines.
 
 conda-forge cannot be reached here, so the channel is made from this machine's packages
 (tests/conda_channel: its README says how faithful each package is and what it cannot prove)
 and served over loopback HTTP by a server in this process, which counts every request. The
 channel is built once and cached like the base images (a second run takes well under a second).
 
-Cost: the MKL and OpenBLAS cells share the base, the installer and its OS packages per builder;
-each builder installs each environment once (about 30-60 s a cell cold). The failing cases
+Cost: the MKL and OpenBLAS cells share the base, the installer and its OS packages;
+BuildKit installs each environment once (about 30-60 s a cell cold). The failing cases
 (wrong installer digest, a tampered lock line) stop within seconds of their step; the broken
 libblas switch is one more environment (BuildKit, from the cache mount). Cells are
 `compiler: false`: the conda route's torch is the same wheel the pip route compiles with
@@ -25,8 +27,10 @@ import pytest
 
 from tests.conda_channel import build as channel_build
 from tests.conda_channel.server import ChannelServer
+from imagefactory.config import recipe
 from tests.integration.helpers import (
-    TEST_REGISTRY, ModuleImages, buildx_or_skip, channel_matrix_text, NO_CONDA_PATH, report_of, run_cli)
+    TEST_REGISTRY, ModuleImages, buildkit_args, buildx_or_skip, channel_matrix_text, cold_engine, containerd_store,
+    image_layers, NO_CONDA_PATH, report_of, run_cli, unavailable)
 
 pytestmark = pytest.mark.docker
 
@@ -110,12 +114,6 @@ def built_buildkit(locked, engine, created_images) -> Project:
     return _build(locked, "buildkit")
 
 
-@pytest.fixture(scope="module")
-def built(built_buildkit, engine, created_images) -> Project:
-    """... and by the classic builder too."""
-    return _build(built_buildkit, "classic")
-
-
 def test_lock_solves_without_conda_and_pins_the_channel_files(locked, channel):
     info, _ = channel
     for cell, blas, torch_build in ((MKL, "mkl", "cpu_mkl"), (OPENBLAS, "openblas", "cpu_generic")):
@@ -132,9 +130,8 @@ def test_lock_solves_without_conda_and_pins_the_channel_files(locked, channel):
     assert f"{MKL}\tcurrent" in r.stdout and f"{OPENBLAS}\tcurrent" in r.stdout
 
 
-@pytest.mark.parametrize("builder", ["buildkit", "classic"])
-def test_both_cells_pass_every_launch_mode_from_their_locks(built_buildkit, builder, request):
-    built = built_buildkit if builder == "buildkit" else request.getfixturevalue("built")
+def test_both_cells_pass_every_launch_mode_from_their_locks(built_buildkit):
+    built, builder = built_buildkit, "buildkit"
     report = built.report(builder)
     for cell in (MKL, OPENBLAS):
         r = report[cell]
@@ -162,10 +159,10 @@ def test_the_mkl_cell_is_mkl_through_the_libblas_switch_with_one_intel_openmp(bu
     assert activation["verdict"] == "pass" and "MKL_INTERFACE_LAYER" in activation["expected"], activation
 
 
-def test_the_openblas_cell_loads_openblas_through_the_switch(built, engine):
-    found = _checks(built.report("classic"), OPENBLAS, "bare")
+def test_the_openblas_cell_loads_openblas_through_the_switch(built_buildkit, engine):
+    found = _checks(built_buildkit.report("buildkit"), OPENBLAS, "bare")
     assert found["numpy.blas"]["actual"] == "openblas", found["numpy.blas"]
-    image = built.report("classic")[OPENBLAS]["candidate"]
+    image = built_buildkit.report("buildkit")[OPENBLAS]["candidate"]
     out = engine.client.containers.run(image, ["python", "-c", (
         "import numpy, threadpoolctl, os; "
         "print([(i['internal_api'], os.path.realpath(i['filepath'])) "
@@ -240,20 +237,12 @@ def test_a_tampered_lock_line_fails_the_build_naming_the_download_and_both_diges
     assert url in tail and forged in tail and real in tail, tail
 
 
-def test_doctor_and_bench_on_the_conda_image(built, tmp_path):
-    r = built.cli("doctor", "--format", "json")
+def test_doctor_on_the_conda_cells(built_buildkit):
+    """(bench on a conda image: test_legacy_engine, which has the classic builder's, bench's image)"""
+    r = built_buildkit.cli("doctor", "--format", "json")
     assert r.returncode == 0, _out(r)
     cells = {c["cell"]: c for c in json.loads(r.stdout)["cells"]}
     assert cells[MKL]["verdict"] == cells[OPENBLAS]["verdict"] == "runs", cells
-    out = tmp_path / "bench.json"
-    # bench measures the classic builder's image (its content hash is the default builder's)
-    r = built.cli("bench", "--only", MKL, "--work-dir", str(tmp_path / "work"), "--out", str(out),
-                  "--budget", "20", timeout=900)  # bench runs on a conda image; test_doctor_bench judges its figures
-    assert r.returncode == 0, _out(r)
-    [measured] = json.loads(out.read_text())["cells"]
-    assert measured["status"] == "measured", measured
-    gemm = {f["name"]: f for f in measured["figures"] if f["container"] == "default"}["gemm.numpy"]
-    assert gemm["status"] == "ok" and gemm["candidate"]["value"] > 0, gemm
 
 
 def test_the_conda_meta_records_are_readable_by_the_image_user(built_buildkit, engine):
@@ -263,3 +252,29 @@ def test_the_conda_meta_records_are_readable_by_the_image_user(built_buildkit, e
                                        network_mode="none", remove=True, entrypoint=[], user="4242:4242").decode()
     assert out.strip() == "4242"
 
+
+
+def test_the_environment_is_split_and_a_cold_engine_builds_the_same_layers(built_buildkit, tmp_path):
+    """The OpenBLAS cell's layers by rate of change (torch and the BLAS apart from the rest), and
+    the same cell from the same lock on a cold engine (a dockerd of its own: no image, no build
+    cache) gives every layer the same diff id, the small ones too (the CA files, .condarc). The
+    pip route's comparison is test_layers'."""
+    if not containerd_store():
+        unavailable("the default engine is not Debian 13's with the containerd image store")
+    first = built_buildkit.report("buildkit")[OPENBLAS]
+    main_layers = image_layers(first["image_id"])
+    copies = [s for _, _, s in main_layers if "/imagefactory-layers/" in s and "plan.json" not in s]
+    assert [s.split("/imagefactory-layers/")[1].split("/")[0] for s in copies] == list(recipe.CONDA_LAYERS)
+    sizes = {step.split("/imagefactory-layers/")[1].split("/")[0]: size for _, size, step in main_layers
+             if step in copies}
+    assert sizes["4-torch"] > 100 * (1 << 20) and sizes["3-blas"] > (1 << 20)  # torch and the BLAS apart
+    with cold_engine() as host:
+        r = run_cli(*buildkit_args(tmp_path, built_buildkit.matrix, "--only", OPENBLAS),
+                    env={"DOCKER_HOST": host, "PATH": NO_CONDA_PATH}, timeout=1500)
+        assert r.returncode == 0, _out(r)
+        cold = report_of(tmp_path / "report.json")[OPENBLAS]
+        assert cold["status"] == "passed", cold["error"]
+        cold_layers = image_layers(cold["image_id"], host)
+    assert len(main_layers) == len(cold_layers)
+    differ = [(m[2], m[1]) for m, c in zip(main_layers, cold_layers) if m[0] != c[0]]
+    assert not differ, differ

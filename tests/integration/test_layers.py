@@ -2,8 +2,9 @@
 engine, then again on a cold second engine (a dockerd of its own: its own data root, no build
 cache, its own containerd namespace), compared layer by layer; a sibling cell (other threads)
 and the next release (one package added) pushed beside it, and what a node holding the first
-would fetch for each measured from the registry's manifests. The conda route the same way: one
-locked cell against the test channel (tests/conda_channel), built on both engines.
+would fetch for each measured from the registry's manifests. The conda route the same way is
+test_conda's (its BuildKit OpenBLAS cell rebuilt on a cold engine): the same cell is not built
+again here.
 
 The cold engine's build is the one cold build here (about two minutes of torch's install); the
 main engine's three take their venv stage's first step from the session's BuildKit cache.
@@ -12,13 +13,8 @@ main engine's three take their venv stage's first step from the session's BuildK
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
-import os
-import shutil
 import subprocess
-import tempfile
-import time
 import urllib.request
 from pathlib import Path
 
@@ -27,85 +23,16 @@ import pytest
 from imagefactory.config import recipe
 from imagefactory.engine import registry
 from imagefactory.render.contexts import environment
-from tests.conda_channel import build as channel_build
-from tests.conda_channel.server import ChannelServer
-from tests.integration.helpers import (RUN_ID, TEST_PASSWORD, TEST_REGISTRY, TEST_USER, ModuleImages,
-                                       buildkit_args, buildx_or_skip, channel_matrix_text, containerd_store, NO_CONDA_PATH,
-                                       matrix_text, run_cli, unavailable)
+from tests.integration.helpers import (RUN_ID, TEST_PASSWORD, TEST_REGISTRY, TEST_USER, ModuleImages, buildkit_args,
+                                       buildx_or_skip, cold_engine, containerd_store, image_layers, matrix_text,
+                                       run_cli, unavailable)
 
 OWN = ModuleImages(__name__)
 pytestmark = pytest.mark.docker
 
 CELL = "py3.11-cpu-openblas-pip"
-CURRENT_BIN = Path("/opt/imagefactory/engine-current/bin")
-CONTAINERD_SOCK = Path("/run/imagefactory-engine/containerd/containerd.sock")
 PUSH_ENV = {"IMAGEFACTORY_REGISTRY_USER": TEST_USER, "IMAGEFACTORY_REGISTRY_PASSWORD": TEST_PASSWORD}
 ONE_MB = 1 << 20
-
-
-@contextlib.contextmanager
-def cold_engine():
-    """A throwaway dockerd beside the current one (the same binaries and containerd, a namespace
-    and data root of its own): no image, no build cache. Yields its DOCKER_HOST; removed after."""
-    if not (CURRENT_BIN / "dockerd").exists() or not CONTAINERD_SOCK.exists():
-        unavailable("the current engine (Debian 13's dockerd and its containerd) is not running")
-    name = f"ifl{RUN_ID}"
-    root = Path(tempfile.mkdtemp(prefix="imagefactory-cold-", dir="/var/lib"))
-    run = Path(f"/run/{name}")  # short: a unix socket path has a length limit
-    run.mkdir()
-    (run / "daemon.json").write_text('{"features": {"containerd-snapshotter": true}}\n')
-    host = f"unix://{run}/docker.sock"
-    env = dict(os.environ, PATH=f"{CURRENT_BIN}:{os.environ['PATH']}")
-    log = open(run / "log", "wb")
-    proc = subprocess.Popen([str(CURRENT_BIN / "dockerd"), "--config-file", str(run / "daemon.json"),
-                             "--containerd", str(CONTAINERD_SOCK), "-H", host, "--data-root", str(root),
-                             "--exec-root", str(run / "exec"), "--pidfile", str(run / "dockerd.pid"),
-                             "--containerd-namespace", name, "--containerd-plugins-namespace", f"{name}-plugins",
-                             "--bridge=none", "--iptables=false", "--ip-forward=false", "--ip-masq=false"],
-                            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-                            start_new_session=True)
-    try:
-        for _ in range(120):
-            if subprocess.run(["docker", "-H", host, "version"], capture_output=True).returncode == 0:
-                break
-            time.sleep(0.5)
-        else:
-            pytest.fail(f"the cold engine did not answer: {(run / 'log').read_text()[-2000:]}")
-        yield host
-    finally:
-        # its images and build cache live in the shared containerd: pruned through it, or they stay
-        subprocess.run(["docker", "-H", host, "system", "prune", "-af"], capture_output=True, timeout=300)
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
-        subprocess.run(["umount", str(run / "exec" / "netns" / "default")], capture_output=True)
-        shutil.rmtree(root, ignore_errors=True)
-        shutil.rmtree(run, ignore_errors=True)
-
-
-def _layers(image_id: str, host: str | None = None) -> list[tuple[str, int, str]]:
-    """(diff id, size in bytes, step) of each layer of `image_id`, oldest first (sizes from the history)."""
-    cli = ["docker"] + (["-H", host] if host else [])
-    diff_ids = json.loads(subprocess.run(cli + ["image", "inspect", image_id, "--format", "{{json .RootFS.Layers}}"],
-                                         capture_output=True, text=True, check=True).stdout)
-    rows = subprocess.run(cli + ["history", "--no-trunc", "--format", "{{json .}}", image_id],
-                          capture_output=True, text=True, check=True).stdout.splitlines()
-    steps = [json.loads(r) for r in reversed(rows)]
-    sized = [s for s in steps if not s["CreatedBy"].startswith(("ENV", "LABEL", "USER", "CMD", "ENTRYPOINT",
-                                                                 "SHELL", "ARG"))]
-    return [(d, _bytes(s["Size"]), s["CreatedBy"][:90]) for d, s in zip(diff_ids, sized[-len(diff_ids):])]
-
-
-def _bytes(size: str) -> int:
-    units = {"B": 1, "kB": 1e3, "MB": 1e6, "GB": 1e9}
-    for unit in ("kB", "MB", "GB", "B"):
-        if size.endswith(unit):
-            return int(float(size[:-len(unit)]) * units[unit])
-    return 0
 
 
 def _manifest(ref: str) -> tuple[str, list[tuple[str, int]]]:
@@ -178,13 +105,13 @@ def builds(tmp_path_factory, base_registry, test_registry, wheelhouse):
     with cold_engine() as host:  # pushed to a repository of its own (the title label names only "layers")
         cold_image = f"{TEST_REGISTRY}/it-{RUN_ID}-cold/layers"
         cold = Built(root / "cold", text().replace(f"image: {image}", f"image: {cold_image}"), "--push", host=host)
-        cold_layers = _layers(cold.image_id, host)
+        cold_layers = image_layers(cold.image_id, host)
     return first, sibling, release, cold, cold_layers, image
 
 
 def test_a_cold_build_on_another_engine_gives_the_same_image(builds):
     first, _, _, cold, cold_layers, _ = builds
-    main_layers = _layers(first.image_id)
+    main_layers = image_layers(first.image_id)
     differ = [(m[2], m[1]) for m, c in zip(main_layers, cold_layers) if m[0] != c[0]]
     assert len(main_layers) == len(cold_layers) and not differ, differ  # every layer the same
     # and the image as pushed: the same layer blobs (compressed bytes), and the same config but for
@@ -200,14 +127,14 @@ def test_a_cold_build_on_another_engine_gives_the_same_image(builds):
 
 def test_the_environment_is_split_by_rate_of_change(builds):
     first = builds[0]
-    steps = [step for _, _, step in _layers(first.image_id)]
+    steps = [step for _, _, step in image_layers(first.image_id)]
     copies = [s for s in steps if "/imagefactory-layers/" in s and "plan.json" not in s]
     assert [s.split("/imagefactory-layers/")[1].split("/")[0] for s in copies] == list(recipe.VENV_LAYERS)
-    torch_layer = next(size for _, size, step in _layers(first.image_id) if "3-torch" in step)
+    torch_layer = next(size for _, size, step in image_layers(first.image_id) if "3-torch" in step)
     assert torch_layer > 200 * ONE_MB  # torch is in its own layer, not in the packages'
 
 
-def test_a_sibling_and_the_next_release_move_few_bytes(builds):
+def test_a_sibling_and_the_next_release_move_fewsize_bytes(builds):
     first, sibling, release, _, _, image = builds
     refs = {name: b.cell["pushed"][0]["ref"] for name, b in (("first", first), ("sibling", sibling),
                                                               ("release", release))}
@@ -218,45 +145,6 @@ def test_a_sibling_and_the_next_release_move_few_bytes(builds):
     assert sibling_share <= 0.20, sibling_share  # issue 34's goals
     assert release_share <= 0.05, release_share
     assert release_share > 0  # the added package is in a layer of its own making
-
-
-@pytest.fixture(scope="module")
-def conda_builds(tmp_path_factory, base_registry):
-    """The locked conda cell built on the current engine and on a cold one (the channel served
-    here, the same lock for both)."""
-    buildx_or_skip()
-    if not containerd_store():
-        unavailable("the default engine is not Debian 13's with the containerd image store")
-    root = tmp_path_factory.mktemp("conda-layers")
-    info = channel_build.build()
-    with ChannelServer(info.root) as server:
-        text = channel_matrix_text(info, server, image=f"{TEST_REGISTRY}/it-{RUN_ID}/conda-layers",
-                                   labels=OWN.labels, blas="[openblas]")
-        (root / "matrix.yaml").write_text(text)
-        locked = run_cli("lock", "--matrix", str(root / "matrix.yaml"), env={"PATH": NO_CONDA_PATH}, timeout=600)
-        assert locked.returncode == 0, locked.stdout[-2000:] + locked.stderr[-2000:]
-        for name in ("first", "cold"):
-            (root / name).mkdir()
-            shutil.copytree(root / "locks", root / name / "locks")
-        first = Built(root / "first", text, env={"PATH": NO_CONDA_PATH})
-        with cold_engine() as host:
-            cold = Built(root / "cold", text, host=host, env={"PATH": NO_CONDA_PATH})
-            cold_layers = _layers(cold.image_id, host)
-    return first, cold_layers
-
-
-def test_the_conda_environment_is_split_and_a_cold_build_gives_the_same_layers(conda_builds):
-    first, cold_layers = conda_builds
-    main_layers = _layers(first.image_id)
-    steps = [step for _, _, step in main_layers]
-    copies = [s for s in steps if "/imagefactory-layers/" in s and "plan.json" not in s]
-    assert [s.split("/imagefactory-layers/")[1].split("/")[0] for s in copies] == list(recipe.CONDA_LAYERS)
-    sizes = {step.split("/imagefactory-layers/")[1].split("/")[0]: size for _, size, step in main_layers
-             if step in copies}
-    assert sizes["4-torch"] > 100 * ONE_MB and sizes["3-blas"] > ONE_MB  # torch and the BLAS apart
-    assert len(main_layers) == len(cold_layers)
-    differ = [(m[2], m[1]) for m, c in zip(main_layers, cold_layers) if m[0] != c[0]]
-    assert not differ, differ  # every layer the same, the small ones too (the CA files, .condarc)
 
 
 def test_a_step_that_writes_at_once_still_gets_the_fixed_time(base_registry):

@@ -5,11 +5,13 @@ its own (IMAGEFACTORY_LEGACY_DOCKER_HOST). The rest of the suite drives the curr
 it is its config digest, and everything that asks for an image's id must hold in both.
 
 One pip cell and one conda cell (locked from the test channel, tests/conda_channel) are built,
-probed in every launch mode and pushed, once with each builder. The engine's own answers are
+probed in every launch mode and pushed: the pip cell by each builder, the conda cell by the
+classic builder (the conda route by BuildKit is test_conda's, on the current engine: each
+builder's conda route is proven once, not on both engines). The engine's own answers are
 the proof: the report's image id is the id the legacy engine gives the candidate tag (a config
 digest there), the pushed digest is what the registry serves under the tag.
 
-Cost: four cold builds on an engine with no cache (about 1-2 minutes each on 2 cores); the
+Cost: three cold builds on an engine with no cache (about 1-2 minutes each on 2 cores); the
 module removes its images and the BuildKit records it made from the legacy engine as it ends.
 """
 
@@ -84,9 +86,13 @@ def project(tmp_path_factory, legacy, base_registry, test_registry, wheelhouse, 
         yield root
 
 
+CELLS = {"classic": (PIP, CONDA), "buildkit": (PIP,)}
+
+
 def _build(project: Path, builder: str) -> tuple[subprocess.CompletedProcess, dict]:
     report = project / f"report-{builder}.json"
-    r = run_cli("build", "--builder", builder, "--push", "--plain", "--gpus", "none",
+    only = [arg for cell in CELLS[builder] for arg in ("--only", cell)]
+    r = run_cli("build", "--builder", builder, "--push", "--plain", "--gpus", "none", *only,
                 "--matrix", str(project / "matrix.yaml"), "--report", str(report),
                 "--work-dir", str(OWN.work_dir(project / f"work-{builder}")),
                 env={"DOCKER_HOST": LEGACY_HOST, "IMAGEFACTORY_REGISTRY_USER": TEST_USER,
@@ -94,13 +100,27 @@ def _build(project: Path, builder: str) -> tuple[subprocess.CompletedProcess, di
     return r, report_of(report) if report.exists() else {}
 
 
+@pytest.fixture(scope="module")
+def built(project):
+    """Each builder's build of the module's cells, once (the tests after the first read it)."""
+    done: dict[str, tuple[subprocess.CompletedProcess, dict]] = {}
+
+    def get(builder: str) -> tuple[subprocess.CompletedProcess, dict]:
+        if builder == "buildkit":
+            buildx_or_skip()
+        if builder not in done:
+            done[builder] = _build(project, builder)
+        return done[builder]
+
+    return get
+
+
 @pytest.mark.parametrize("builder", ["classic", "buildkit"])
-def test_pip_and_conda_cells_build_probe_and_push_on_the_graph_driver_store(project, legacy, builder):
-    if builder == "buildkit":
-        buildx_or_skip()
-    r, cells = _build(project, builder)
+def test_cells_build_probe_and_push_on_the_graph_driver_store(built, legacy, builder):
+    r, cells = built(builder)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    for name in (PIP, CONDA):
+    assert sorted(cells) == sorted(CELLS[builder])
+    for name in CELLS[builder]:
         cell = cells[name]
         assert cell["status"] == "passed" and cell["builder"] == builder, (name, cell["status"], cell["error"])
         assert cell["launches"] == ALL_PASS, [c for c in cell["checks"] if c["verdict"] == "fail"]
@@ -118,6 +138,21 @@ def test_pip_and_conda_cells_build_probe_and_push_on_the_graph_driver_store(proj
         for pushed in cell["pushed"]:
             repo, tag = pushed["ref"].split("/", 1)[1].rsplit(":", 1)
             assert registry_digest(TEST_REGISTRY, repo, tag) == pushed["digest"]
+
+
+def test_bench_on_the_conda_image(built, project, tmp_path):
+    """bench finds the classic builder's image (it has no --builder) and measures a conda image."""
+    r, cells = built("classic")
+    assert cells[CONDA]["status"] == "passed", r.stderr[-2000:]
+    out = tmp_path / "bench.json"
+    r = run_cli("bench", "--only", CONDA, "--matrix", str(project / "matrix.yaml"), "--work-dir",
+                str(tmp_path / "work"), "--out", str(out), "--budget", "20", env={"DOCKER_HOST": LEGACY_HOST},
+                timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    [measured] = json.loads(out.read_text())["cells"]
+    assert measured["status"] == "measured", measured
+    gemm = {f["name"]: f for f in measured["figures"] if f["container"] == "default"}["gemm.numpy"]
+    assert gemm["status"] == "ok" and gemm["candidate"]["value"] > 0, gemm
 
 
 def _whiteouts(attrs: dict, base_layers: int) -> list[str]:

@@ -132,3 +132,16 @@ def test_a_step_reads_only_the_settings_groups_its_command_takes():
     with pytest.raises(TypeError, match="^BenchOptions holds no Publishing settings$"):
         run.settings(Publishing)
     assert or_defaults(PushOptions(), Testing) == Testing() and or_defaults(TestOptions(jobs=2), Testing).jobs == 2
+
+
+def test_fail_fast_through_the_cli_skips_the_cells_after_a_failure(world, monkeypatch, capsys):
+    """`build --fail-fast` end to end on the fake engine (the integration suite's real-engine copy
+    rebuilt a failing cell's cold torch step for this alone): the cell after a failure is never
+    built, and the report says why."""
+    first, second = (c.id for c in matrix_mod.load("matrix.yaml").cells)
+    world.builds[first] = "error"
+    code, _, err = run_cli(monkeypatch, capsys, "build", "--plain", "--gpus", "none", "--fail-fast")
+    assert code == 1, err
+    cells = {c["cell"]: c for c in json.loads(open("build/report.json").read())["cells"]}
+    assert cells[first]["status"] == "build-failed" and cells[second]["status"] == "skipped"
+    assert "--fail-fast" in cells[second]["error"] and world.ops("build") == [first]
