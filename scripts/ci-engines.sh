@@ -121,17 +121,47 @@ start_legacy_engine() {
     wait_engine "$LEGACY_HOST" /tmp/dockerd-legacy.log
 }
 
+# stop_foreign_engine VERSION: the engine answering on the default socket is not ours (a GitHub
+# runner's Docker, a distribution's dockerd): stop it, when told to (IMAGEFACTORY_CI_REPLACE_ENGINE=1,
+# as .github/workflows/ci.yml does), so that the suite's engine takes the default socket. Under
+# systemd its units are stopped (the socket unit too, or the next client would start it again);
+# else the dockerd that listens on the socket gets TERM. Its data root and containerd stay.
+stop_foreign_engine() {
+    local found="$1" pid exe i
+    [[ "${IMAGEFACTORY_CI_REPLACE_ENGINE:-}" == 1 ]] ||
+        die "the engine on $CURRENT_SOCK is $found, not Debian 13's ${CURRENT_MAJOR}.x with the containerd image store: stop it first, or set IMAGEFACTORY_CI_REPLACE_ENGINE=1 to let this script stop it (a CI runner's engine)"
+    log "stopping the engine on $CURRENT_SOCK ($found): IMAGEFACTORY_CI_REPLACE_ENGINE=1"
+    if [[ -d /run/systemd/system ]] && systemctl is-active --quiet docker.service docker.socket 2>/dev/null; then
+        systemctl stop docker.socket docker.service || die "systemctl stop docker.socket docker.service failed"
+    fi
+    for pid in $(ss -xlpH "src $CURRENT_SOCK" 2>/dev/null | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -u); do
+        exe="$(readlink "/proc/$pid/exe" 2>/dev/null || true)"
+        [[ "$(basename "$exe")" == dockerd* ]] ||
+            die "$CURRENT_SOCK is served by pid $pid ($exe), not a dockerd: stop it first"
+        kill "$pid" 2>/dev/null || true
+        for ((i = 0; i < 60; i++)); do
+            kill -0 "$pid" 2>/dev/null || break
+            sleep 0.5
+        done
+        kill -0 "$pid" 2>/dev/null && die "the dockerd on $CURRENT_SOCK (pid $pid) did not stop within 30 s"
+    done
+    [[ -z "$(engine_answer "unix://${CURRENT_SOCK}" '{{.ServerVersion}}')" ]] ||
+        die "an engine still answers on $CURRENT_SOCK after stopping it"
+    rm -f "$CURRENT_SOCK"
+}
+
 # start_current_engine: its containerd, then its dockerd on the default socket, with the
-# containerd image store. Dies when something else answers there.
+# containerd image store. Another engine there is stopped when told to (stop_foreign_engine).
 start_current_engine() {
     local store version
     version="$(engine_answer "unix://${CURRENT_SOCK}" '{{.ServerVersion}}')"
     if [[ -n "$version" ]]; then
         store="$(engine_answer "unix://${CURRENT_SOCK}" '{{range .DriverStatus}}{{index . 0}}={{index . 1}} {{end}}')"
-        [[ "$version" == "${CURRENT_MAJOR}".* && "$store" == *"io.containerd.snapshotter.v1"* ]] ||
-            die "the engine on $CURRENT_SOCK is docker $version (${store:-no driver status}), not Debian 13's ${CURRENT_MAJOR}.x with the containerd image store: stop it first"
-        log "current engine already running (docker $version, containerd image store)"
-        return 0
+        if [[ "$version" == "${CURRENT_MAJOR}".* && "$store" == *"io.containerd.snapshotter.v1"* ]]; then
+            log "current engine already running (docker $version, containerd image store)"
+            return 0
+        fi
+        stop_foreign_engine "docker $version (${store:-no driver status})"
     fi
     mkdir -p "$CURRENT_DATA" "$CURRENT_RUN/containerd"
     local bin="${CURRENT_PREFIX}/bin" conf="${CURRENT_RUN}/containerd.toml"

@@ -17,6 +17,7 @@ from the build streams); nothing another run on the same engine made is touched.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -32,7 +33,7 @@ from imagefactory.errors import DockerUnavailable
 from tests.integration import services
 from tests.integration.helpers import (
     BASE_REGISTRY, CACHE, FIXTURES, INDEX_USER, PACKAGE, Background, BkBuild, DyingPush, Index, LEFTOVERS, Leftovers, ModuleImages, RUN_ID, RUN_LABEL, RUN_STARTED,
-    TEST_PASSWORD, TEST_REGISTRY, TEST_USER, TORCH_CPU, Build, arm64_matrix_text, binfmt_or_unavailable, buildkit_args,
+    TEST_PASSWORD, TEST_REGISTRY, TEST_USER, TORCH_CPU, Build, arm64_matrix_text, matrix_text, binfmt_or_unavailable, buildkit_args,
     buildx_or_skip, cuda_matrix_text, docker_cli, tiny_images,
     index_matrix, prune_build_cache, remove_run_images, remove_run_pushes, run_cli,
     unavailable)
@@ -403,26 +404,32 @@ def arm64_background(engine, base_registry, test_registry, tmp_path_factory, whe
 
 
 @pytest.fixture(scope="session")
-def cpu_auto_image(tmp_path_factory, engine, cpu_build, session_id, created_images) -> tuple:
-    """(cell, image): cpu_build's good cell with `threads: auto`. Only the runtime layers differ, so
-    it builds in seconds from cpu_build's layers (tests/integration/test_launch.py)."""
-    from imagefactory.config import matrix
-    from imagefactory.render import contexts as render
+def threads_auto(tmp_path_factory, cpu_build, wheelhouse, session_id, created_images) -> dict:
+    """The report of cpu_build's good cell with `threads: auto`, built and probed once for the session
+    (test_launch.py and test_train_fast.py judge the same image; each built its own copy before). Only
+    the runtime layers differ from cpu_build's, so it builds in seconds from its layers."""
+    root = tmp_path_factory.mktemp("threads-auto")
+    text = matrix_text(image=f"{TEST_REGISTRY}/it-{session_id}/auto", wheelhouse=wheelhouse)
+    assert "\nthreads: 2\n" in text
+    (root / "matrix.yaml").write_text(text.replace("\nthreads: 2\n", "\nthreads: auto\n"))
+    result = run_cli("build", "--matrix", str(root / "matrix.yaml"), "--plain", "--report", str(root / "report.json"),
+                     "--work-dir", str(root / "w"))
+    assert (root / "report.json").exists(), result.stdout[-3000:] + result.stderr[-3000:]
+    [cell] = json.loads((root / "report.json").read_text())["cells"]
+    if cell["candidate"]:
+        created_images.append(cell["candidate"])
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return {**cell, "matrix": str(root / "matrix.yaml")}
 
-    root = tmp_path_factory.mktemp("cpu-auto")
-    path = root / "matrix.yaml"
-    path.write_text(cpu_build.matrix.read_text().replace("\nthreads: 2\n", "\nthreads: auto\n"))
-    cell = matrix.load(path).cell(Build.GOOD)
+
+@pytest.fixture(scope="session")
+def cpu_auto_image(threads_auto) -> tuple:
+    """(cell, image) of threads_auto (tests/integration/test_launch.py)."""
+    from imagefactory.config import matrix
+
+    [cell] = matrix.load(Path(threads_auto["matrix"])).cells
     assert cell.threads == "auto"
-    (ctx,) = render.render(matrix.load(path), root / "contexts", cells=[cell])
-    tag = f"imagefactory-test/cpu-auto:{session_id}"
-    created_images.append(tag)
-    # a multi-stage build: its earlier stages' step images are nobody's parents once it ends,
-    # so they are noted for the session's end (they stayed on the engine before, 9 per run)
-    _, events = engine.client.images.build(path=str(ctx.path), tag=tag, rm=True, network_mode="host")
-    for _ in LEFTOVERS.from_events(events):
-        pass
-    return ctx.cell, tag
+    return cell, threads_auto["candidate"]
 
 
 @pytest.fixture(scope="session")

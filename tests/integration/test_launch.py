@@ -2,7 +2,8 @@
 ENTRYPOINT (Kubernetes `command:`, pyxis, `apptainer exec`), as an arbitrary UID on a read-only root,
 under only a cpuset or only a CPU quota, and under Charliecloud's ch-run, which applies neither the
 ENTRYPOINT nor the image's ENV. Real containers of the session's shared CPU image (cpu_build) and
-its `threads: auto` variant (cpu_auto_image, built in seconds from the same layers).
+its `threads: auto` variant (cpu_auto_image: conftest's threads_auto, which test_train_fast judges
+too, built in seconds from the same layers).
 """
 
 from __future__ import annotations

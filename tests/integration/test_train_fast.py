@@ -48,15 +48,6 @@ def build_variant(root: Path, text: str, created_images: list[str]) -> tuple[dic
 
 
 @pytest.fixture(scope="module")
-def threads_auto(tmp_path_factory, cpu_build, wheelhouse, session_id, created_images):
-    text = matrix_text(image=f"{TEST_REGISTRY}/it-{session_id}/auto", wheelhouse=wheelhouse)
-    assert "threads: 2\n" in text
-    cell, _ = build_variant(tmp_path_factory.mktemp("threads-auto"), text.replace("threads: 2\n", "threads: auto\n"),
-                            created_images)
-    return cell
-
-
-@pytest.fixture(scope="module")
 def no_compiler(tmp_path_factory, cpu_build, wheelhouse, session_id, created_images):
     text = matrix_text(image=f"{TEST_REGISTRY}/it-{session_id}/nocc", wheelhouse=wheelhouse) + "compiler: false\n"
     cell, path = build_variant(tmp_path_factory.mktemp("no-compiler"), text, created_images)

@@ -213,6 +213,10 @@ SHOW = ("import os, json, sys; h = sys.modules.get('imagefactory_launch'); print
 def _run_hooked(venv_root: Path, env: dict[str, str], n: int = 1, code: str = SHOW, stderr: str = ""):
     import json
 
+    # a temp dir of the test's own: with no HOME the hook makes its cache folders there, not in /tmp
+    tmp = venv_root.parent / "tmp"
+    tmp.mkdir(exist_ok=True)
+    env = {"TMPDIR": str(tmp), **env}
     r = subprocess.run([venv_root / "bin" / "python", "-c", code], env=env, capture_output=True, text=True,
                        timeout=60, preexec_fn=_pinned(n))
     assert r.returncode == 0 and r.stderr == stderr, r.stderr

@@ -107,7 +107,8 @@ def test_the_installed_hook_refuses_a_count_a_c_int_cannot_hold_and_says_it_once
 def test_the_hook_says_nothing_when_stderr_is_closed(hooked_venv, tmp_path):
     """A process started with fd 2 closed (sys.stderr is None) still starts and is still sized."""
     code = "import os, sys; print(os.environ['MKL_NUM_THREADS'], sys.modules['imagefactory_launch'].state['error'])"
-    r = subprocess.run([hooked_venv / "bin" / "python", "-c", code], env={"PATH": "/usr/bin", "OMP_NUM_THREADS": "abc"},
+    env = {"PATH": "/usr/bin", "OMP_NUM_THREADS": "abc", "TMPDIR": str(tmp_path)}  # its cache folders: not /tmp
+    r = subprocess.run([hooked_venv / "bin" / "python", "-c", code], env=env,
                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, timeout=60,
                        preexec_fn=lambda: (os.close(2), os.sched_setaffinity(0, {CPUS[0]})))
     assert (r.returncode, r.stdout) == (0, "1 None\n"), r

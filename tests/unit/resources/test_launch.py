@@ -212,11 +212,12 @@ def test_python_launcher_runs_the_environments_interpreter(hooked_venv, tmp_path
     launcher.write_text(text)
     launcher.chmod(0o755)
     code = "import sys; print(sys.prefix)"
-    r = subprocess.run([launcher, "-c", code], capture_output=True, text=True, env={"PATH": "/usr/bin"}, timeout=30)
+    env = {"PATH": "/usr/bin", "TMPDIR": str(tmp_path)}  # the hook's cache folders here, not in /tmp
+    r = subprocess.run([launcher, "-c", code], capture_output=True, text=True, env=env, timeout=30)
     assert r.stdout.strip() == str(hooked_venv)
     link = tmp_path / "link"
     link.symlink_to(hooked_venv / "bin" / "python")
-    r = subprocess.run([link, "-c", code], capture_output=True, text=True, env={"PATH": "/usr/bin"}, timeout=30)
+    r = subprocess.run([link, "-c", code], capture_output=True, text=True, env=env, timeout=30)
     assert r.stdout.strip() != str(hooked_venv)  # why a launcher: the symlink loses the venv
 
 
