@@ -236,6 +236,13 @@ def mkl_numpy_start(request):
     thread.start()
     yield thread, tag, errors
     thread.join(timeout=600)
+    if os.environ.get("IMAGEFACTORY_TEST_KEEP_IMAGES") != "1":  # a session that failed before its test came
+        import docker
+
+        try:
+            client.images.remove(tag, force=True)
+        except docker.errors.APIError:  # removed with the session's images already, or never built
+            pass
 
 
 @pytest.fixture(scope="session")
