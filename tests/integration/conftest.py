@@ -347,7 +347,12 @@ def _reclaim_cuda(build: Background) -> None:
         for cell in build.report() if build.report_path.exists() else []:
             if cell["candidate"]:
                 try:
-                    client.images.remove(cell["candidate"], force=True)
+                    # noprune: its untagged parents up to the first step it made are cpu_build's (the
+                    # final stage's SHELL step is the venv stage's too), and the containerd store
+                    # removes a parent that still has children: pruned, they made every later classic
+                    # build of the shared cell rebuild torch's step cold (198 s for test_digest_base).
+                    # The steps it made itself are the stage leftovers below.
+                    client.images.remove(cell["candidate"], force=True, noprune=True)
                 except docker.errors.NotFound:
                     pass
         stage = Leftovers()
