@@ -279,7 +279,10 @@ class ModuleImages:
         removed = 0
         for image in sorted(labelled, key=lambda i: i.attrs.get("Created", ""), reverse=True):
             try:
-                client.images.remove(image.id, force=True)
+                # noprune: an untagged parent may be a cached step of the session's shared build (the
+                # containerd store removes a parent that still has children); the module's own steps
+                # are the stage leftovers below
+                client.images.remove(image.id, force=True, noprune=True)
                 removed += 1
             except docker.errors.APIError:
                 pass
