@@ -276,13 +276,15 @@ class ModuleImages:
             if (work_dir / "logs").is_dir():
                 stages.from_work_dir(work_dir)
         labelled = client.images.list(all=True, filters={"label": f"{MODULE_LABEL}={self.key}"})
+        status = str(client.info().get("DriverStatus") or "")
+        noprune = "io.containerd.snapshotter" in status  # a graph-driver store keeps a parent with children
         removed = 0
         for image in sorted(labelled, key=lambda i: i.attrs.get("Created", ""), reverse=True):
             try:
                 # noprune: an untagged parent may be a cached step of the session's shared build (the
                 # containerd store removes a parent that still has children); the module's own steps
                 # are the stage leftovers below
-                client.images.remove(image.id, force=True, noprune=True)
+                client.images.remove(image.id, force=True, noprune=noprune)
                 removed += 1
             except docker.errors.APIError:
                 pass
