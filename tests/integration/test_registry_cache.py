@@ -49,7 +49,10 @@ def run(matrix, root, name: str, *args: str):
 
 def forget_locally(engine, cell: dict) -> None:
     """Remove the test's own image (every name it has): the engine no longer has this cell."""
-    engine.client.images.remove(cell["image_id"], force=True)
+    # noprune: its untagged parents are the shared build's cached steps up to its own env step (the
+    # containerd store removes a parent that still has children, and every later classic build of the
+    # shared cell rebuilt torch's step cold); its own steps go with the run's leftovers
+    engine.client.images.remove(cell["image_id"], force=True, noprune=True)
     assert engine.image_id(cell["image_id"]) is None
 
 
