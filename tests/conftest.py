@@ -89,7 +89,7 @@ def pytest_collection_finish(session):
     from tests import leaks
 
     if os.environ.get("IMAGEFACTORY_TEST_KEEP_IMAGES") != "1" and any(
-            "tests/integration/" in item.nodeid for item in session.items):
+            item.nodeid.startswith("tests/integration/") for item in session.items):
         leaks.Check.start(engines=True)
 
 

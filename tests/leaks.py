@@ -123,10 +123,10 @@ class Check:
 
     @classmethod
     def start(cls, engines: bool) -> None:
-        from tests.integration import helpers
-
         cls.readers = {str(TMP): _tmp}
         if engines:
+            from tests.integration import helpers  # (not before: its import makes a Docker config in /tmp)
+
             cls.readers = places({"the default engine": None, "the legacy engine": helpers.LEGACY_HOST,
                                   "podman": helpers.PODMAN_HOST},
                                  {f"registry {helpers.BASE_REGISTRY}": (helpers.BASE_REGISTRY, None),

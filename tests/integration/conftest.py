@@ -35,7 +35,7 @@ from tests.integration.helpers import (
     BASE_REGISTRY, CACHE, FIXTURES, INDEX_USER, PACKAGE, Background, BkBuild, DyingPush, Index, LEFTOVERS, Leftovers, ModuleImages, RUN_ID, RUN_LABEL, RUN_STARTED,
     TEST_PASSWORD, TEST_REGISTRY, TEST_USER, TORCH_CPU, Build, arm64_matrix_text, matrix_text, binfmt_or_unavailable, buildkit_args,
     buildx_or_skip, cuda_matrix_text, docker_cli, tiny_images,
-    index_matrix, prune_build_cache, remove_run_images, remove_run_pushes, run_cli,
+    build_record_ids, index_matrix, prune_build_cache, remove_run_images, remove_run_pushes, run_cli,
     unavailable)
 
 
@@ -86,7 +86,7 @@ def test_services(request, service_files):
     """The registry and the index of tests/services/compose.yaml, up and answering for the whole
     session (pytest-docker's docker_services; `down -v` removes them and their data after the
     session's last test). A session of unit tests alone, or with no engine, starts nothing."""
-    if not any("tests/integration/" in item.nodeid for item in request.session.items):
+    if not any(item.nodeid.startswith("tests/integration/") for item in request.session.items):
         yield None
         return
     try:
@@ -174,16 +174,19 @@ def created_images(engine, tmp_path_factory):
 def run_build_cache():
     """The BuildKit records this session made, pruned as it ends, whichever tests it ran (a
     session of one module too, that never asked for created_images). Set up first, so it is torn
-    down last: after the session's images are gone, when their records are no longer in use."""
-    yield
-    if os.environ.get("IMAGEFACTORY_TEST_KEEP_IMAGES") == "1":
-        return
+    down last: after the session's images are gone, when their records are no longer in use.
+    The session's records are those the engine did not hold as it started (their dates do not
+    tell: a layer of fixed time makes a record dated 1980)."""
     try:
         engine = Engine()
-    except DockerUnavailable:  # no engine: nothing was built on it
+    except DockerUnavailable:  # no engine: nothing will be built on it
+        yield
         return
+    keep = build_record_ids(engine.client)
+    yield
     try:
-        prune_build_cache(engine.client, RUN_STARTED)
+        if os.environ.get("IMAGEFACTORY_TEST_KEEP_IMAGES") != "1":
+            prune_build_cache(engine.client, RUN_STARTED, keep)
     finally:
         engine.client.close()
 
@@ -193,13 +196,21 @@ def module_images(request):
     """The module's own images (helpers.ModuleImages), removed as it ends."""
     since = time.time()
     images = ModuleImages(request.module.__name__)
+    keep = None
+    if images.prunes_build_cache:
+        try:
+            client = Engine().client
+            keep = build_record_ids(client)
+            client.close()
+        except DockerUnavailable:  # its tests say why
+            pass
     yield images
     if images.used and os.environ.get("IMAGEFACTORY_TEST_KEEP_IMAGES") != "1":
         import docker
 
         client = docker.from_env()
         try:
-            images.remove(client, since)
+            images.remove(client, since, keep)
         finally:
             client.close()
 

@@ -200,18 +200,31 @@ def _engine_time(stamp: str) -> float:
     return datetime.fromisoformat(head).replace(tzinfo=timezone.utc).timestamp() + float("0." + (frac or "0"))
 
 
-def prune_build_cache(client, since: float) -> int:
+def build_record_ids(client) -> set[str]:
+    """The ids of the BuildKit records the engine holds now."""
+    return {r["ID"] for r in client.df().get("BuildCache") or []}
+
+
+def prune_build_cache(client, since: float, keep: set[str] | None = None) -> int:
     """Remove the BuildKit cache records made since `since` (this run's, or one module's) that
     nothing uses now; records an earlier run or the quickstart made are kept even where this
-    run reused them. Returns the bytes reclaimed. (BuildKit keeps its cache beside the images:
-    a run's records were 11 GB here, and nothing else ever removed them.)"""
+    run reused them. With `keep` (the ids the engine held when the run or module started), a
+    record is this run's when its id is new: BuildKit dates a record made from a layer of fixed
+    time (SOURCE_DATE_EPOCH) with that time, 1980, so `since` alone kept those, and their parents
+    with them (8 records after a full run, 2026-12-06). Returns the bytes reclaimed. (BuildKit
+    keeps its cache beside the images: a run's records were 11 GB here, and nothing else ever
+    removed them.)"""
     import docker
+
+    def ours(record: dict) -> bool:
+        if keep is not None:
+            return record["ID"] not in keep
+        return _engine_time(record["CreatedAt"]) >= since - 1
 
     reclaimed = 0
     left: set[str] | None = None
     for _ in range(6):  # a record whose child was still there is refused; the next pass takes it
-        records = [r for r in client.df().get("BuildCache") or []
-                   if not r.get("InUse") and _engine_time(r["CreatedAt"]) >= since - 1]
+        records = [r for r in client.df().get("BuildCache") or [] if not r.get("InUse") and ours(r)]
         ids = {r["ID"] for r in records}
         if not ids or ids == left:  # nothing left, or a pass that removed nothing: stop
             break
@@ -262,14 +275,18 @@ class ModuleImages:
     def used(self) -> bool:
         return self.key in self._used
 
-    def remove(self, client, since: float | None = None) -> int:
+    @property
+    def prunes_build_cache(self) -> bool:
+        return self.key in self._build_cache
+
+    def remove(self, client, since: float | None = None, keep: set[str] | None = None) -> int:
         """Remove them (images built FROM them carry the label too: newest first), and, for a
-        `build_cache` module, the BuildKit cache records made `since` it started. Returns how
-        many images went."""
+        `build_cache` module, the BuildKit cache records made since it started (`since`, or every
+        record not in `keep`, the ids the engine held then). Returns how many images went."""
         import docker
 
         if self.key in self._build_cache and since is not None:
-            prune_build_cache(client, since)
+            prune_build_cache(client, since, keep)
 
         stages = Leftovers()
         for work_dir in self._used.pop(self.key, []):

@@ -134,6 +134,10 @@ def charliecloud_dir(engine, cpu_auto_image, tmp_path_factory):
     _, image = cpu_auto_image
     root = tmp_path_factory.mktemp("charliecloud")
     target, archive = root / "image", root / "image.tar"
+    # ch-run shares the host's /tmp, and the image's HOME is not there: the launch hook puts its
+    # cache folders (torch_uid0, triton_uid0) in the host's /tmp, as it would for a user. They are
+    # this module's to remove (the run's leak check named them).
+    caches_before = set(Path("/tmp").glob("*_uid*"))
     try:
         container = engine.client.containers.create(image, ["true"], network_mode="none")
         try:
@@ -148,6 +152,8 @@ def charliecloud_dir(engine, cpu_auto_image, tmp_path_factory):
         yield target
     finally:
         shutil.rmtree(root, ignore_errors=True)
+        for made in set(Path("/tmp").glob("*_uid*")) - caches_before:
+            shutil.rmtree(made, ignore_errors=True)
 
 
 @pytest.mark.slow

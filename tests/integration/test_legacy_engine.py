@@ -29,7 +29,7 @@ import pytest
 from tests.conda_channel import build as channel_build
 from tests.conda_channel.server import ChannelServer
 from tests.integration.helpers import (
-    LEGACY_HOST, TEST_PASSWORD, TEST_REGISTRY, TEST_USER, ModuleImages, buildx_or_skip, matrix_text, registry_digest,
+    LEGACY_HOST, TEST_PASSWORD, build_record_ids, TEST_REGISTRY, TEST_USER, ModuleImages, buildx_or_skip, matrix_text, registry_digest,
     report_of, run_cli, unavailable)
 
 pytestmark = pytest.mark.docker
@@ -54,8 +54,9 @@ def legacy():
     status = dict(tuple(pair) for pair in info.get("DriverStatus") or [] if len(pair) == 2)
     assert str(info.get("ServerVersion", "")).startswith("20.10"), info.get("ServerVersion")
     assert info.get("Driver") == "overlay2" and "driver-type" not in status, (info.get("Driver"), status)
+    keep = build_record_ids(client)
     yield client
-    OWN.remove(client, since)
+    OWN.remove(client, since, keep)
     client.close()
 
 
