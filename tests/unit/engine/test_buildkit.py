@@ -143,6 +143,20 @@ def test_command_line_carries_builder_platform_secret_and_host_network(tmp_path)
     assert "--progress=rawjson" in args and "--pull" in args
 
 
+@pytest.mark.parametrize("nocache", [False, True])
+@pytest.mark.parametrize("pull", [False, True])
+def test_every_build_gets_the_fixed_time_not_only_a_cold_one(tmp_path, nocache, pull):
+    """SOURCE_DATE_EPOCH is what fixes the image config's and history's times: an ordinary build
+    without it writes its own time there, and each build gets a new config digest."""
+    from imagefactory.config import recipe
+
+    request = BuildRequest("/ctx", "t:1", nocache=nocache, pull=pull, cache_from=("reg/x:1",))
+    args = buildkit.command("docker", request, tmp_path / "m.json", builder=None)
+    given = [args[i + 1] for i in range(len(args) - 1) if args[i] == "--build-arg"]
+    assert [a for a in given if a.startswith("SOURCE_DATE_EPOCH=")] == [f"SOURCE_DATE_EPOCH={recipe.SOURCE_DATE_EPOCH}"]
+    assert args.index("--build-arg") < args.index("/ctx")
+
+
 def test_the_image_is_loaded_with_gzip_forced(tmp_path):
     # force-compression is what keeps BuildKit's inline-cache export from listing every combination
     # of the layers' compression variants (dockerd at 24 GB once the layers had eStargz twins)
