@@ -43,6 +43,8 @@ ENV SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \
     PIP_CERT=/etc/ssl/certs/ca-certificates.crt
 
 # Miniforge 25.3.1-0, checked against its pinned SHA256 before it runs.
+# The dates in the history it writes become 1980-01-01's; an installer that writes none (a site's
+# own, micromamba-based one) leaves nothing to normalise.
 RUN curl -fsSL --retry 5 -o /tmp/conda-installer.sh https://github.com/conda-forge/miniforge/releases/download/25.3.1-0/Miniforge3-25.3.1-0-Linux-x86_64.sh \
  && actual="$(sha256sum /tmp/conda-installer.sh | cut -d ' ' -f 1)" \
  && if [ "$actual" != 376b160ed8130820db0ab0f3826ac1fc85923647f75c1b8231166e3d559ab768 ]; then \
@@ -53,7 +55,9 @@ RUN curl -fsSL --retry 5 -o /tmp/conda-installer.sh https://github.com/conda-for
  && bash /tmp/conda-installer.sh -b -p /opt/conda \
  && rm -f /tmp/conda-installer.sh \
  && /opt/conda/bin/conda clean -afy \
- && sed -i -E 's/^==> [0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2} <==$/==> 1980-01-01 00:00:00 <==/' /opt/conda/conda-meta/history \
+ && if [ -f /opt/conda/conda-meta/history ]; then \
+      sed -i -E 's/^==> [0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2} <==$/==> 1980-01-01 00:00:00 <==/' /opt/conda/conda-meta/history; \
+    fi \
  && find / -xdev \( -path /proc -o -path /sys -o -path /dev -o -path /tmp/imagefactory-stamp \) -prune \
       -o -newer /tmp/imagefactory-stamp -print0 | xargs -0r touch -h -d @315532800 \
  && rm /tmp/imagefactory-stamp \
@@ -179,7 +183,7 @@ LABEL com.example.team="ml-platform" \
       io.imagefactory.blas="mkl" \
       io.imagefactory.cell="py3.11-cpu-mkl-conda" \
       io.imagefactory.compiler="true" \
-      io.imagefactory.content-hash="411676cb62ca24fa5b81e0ff40ce5595a19cbce7fdcca7ce2150093b50ed40b9" \
+      io.imagefactory.content-hash="add4158408003dc6dce898b46a9edde8d429e48d124a292e1dc23fb520b31658" \
       io.imagefactory.cuda="none" \
       io.imagefactory.installer="conda" \
       io.imagefactory.python="3.11" \

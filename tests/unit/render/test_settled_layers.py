@@ -26,13 +26,17 @@ LOWER = 1_000_000_000  # a lower layer's file: older than any build, never touch
 SETTLED_RUN = '{% include "partials/stamp.j2" %}BODY \\\n{% include "partials/settle.j2" %}'
 
 
-def settled(body: str, root: Path) -> str:
-    """The shell of a settled RUN around `body`, as the Dockerfiles render it, with every absolute
-    path under `root` (the image's / there)."""
-    text = render.environment().from_string(SETTLED_RUN).render(source_date_epoch=EPOCH).replace("BODY", body)
-    moved = re.sub(r"(?<=\s)/", f"{root}/", text)
+def rooted(script: str, root: Path) -> str:
+    """`script` with every absolute path under `root` (the image's / there)."""
+    moved = re.sub(r"(?<=\s)/", f"{root}/", script)
     assert not re.search(rf"(?<=\s)/(?!{re.escape(str(root)[1:])}/)", moved), moved  # nothing left outside root
     return moved
+
+
+def settled(body: str, root: Path) -> str:
+    """The shell of a settled RUN around `body`, as the Dockerfiles render it, under `root`."""
+    return rooted(render.environment().from_string(SETTLED_RUN).render(source_date_epoch=EPOCH)
+                  .replace("BODY", body), root)
 
 
 def image_root(path: Path) -> Path:
@@ -100,3 +104,51 @@ def test_the_environment_layers_are_copied_in_the_plans_order(golden_matrix, bui
     for cell in cells:
         text = render.dockerfile_text(golden_matrix, cell, None, [], locked=False, builder=builder)
         assert copied_layers(text, stage) == list(plan), cell.id
+
+
+HISTORY = """\
+==> 2025-03-04 05:06:07 <==
+# cmd: constructor /opt/conda
++conda-forge/linux-64::python-3.12.9-h9e4cc4f_1_cpython
+==> 2025-03-04 05:06:59 <==
+# not a date line: ==> 2025-03-04 05:06:59 <== stays
+"""
+NORMALISED = HISTORY.replace("==> 2025-03-04 05:06:07 <==\n", "==> 1980-01-01 00:00:00 <==\n", 1) \
+    .replace("\n==> 2025-03-04 05:06:59 <==\n", "\n==> 1980-01-01 00:00:00 <==\n", 1)
+
+
+def installer_step(golden_matrix) -> str:
+    """The installer's RUN of a conda cell's Dockerfile from its stamp on: the installer, conda's
+    clean, the history's dates, the settle (the download and its checksum before it need a network)."""
+    cell = next(c for c in golden_matrix.cells if c.installer == "conda")
+    lines = render.dockerfile_text(golden_matrix, cell, None, [], locked=False).splitlines(keepends=True)
+    start = next(i for i, line in enumerate(lines) if line.startswith("RUN curl ") and "conda-installer.sh" in line)
+    end = next(i for i in range(start, len(lines)) if not lines[i].rstrip("\n").endswith("\\"))
+    run = "".join(lines[start:end + 1])
+    return run[run.index("touch /tmp/imagefactory-stamp"):]
+
+
+def fake_installer(root: Path, history: str | None) -> None:
+    """An installer made here: `-b -p PREFIX` gives a conda that does nothing, and `history` (or none)."""
+    write = "" if history is None else f"cat > \"$3/conda-meta/history\" <<'END'\n{history}END\n"
+    (root / "tmp" / "conda-installer.sh").write_text(
+        "set -e\nmkdir -p \"$3/bin\" \"$3/conda-meta\"\nprintf '#!/bin/sh\\nexit 0\\n' > \"$3/bin/conda\"\n"
+        f"chmod +x \"$3/bin/conda\"\n{write}")
+
+
+@pytest.mark.parametrize("history", [None, HISTORY], ids=["no-history", "history"])
+def test_the_installer_step_takes_an_installer_with_or_without_a_history(golden_matrix, history, tmp_path):
+    """A site's own installer (micromamba-based, a Miniforge fork) may write no conda-meta/history:
+    the step goes on without one; one that does gets its install dates made 1980-01-01's."""
+    root = image_root(tmp_path / "root")
+    fake_installer(root, history)
+    done = subprocess.run(["bash", "-o", "pipefail", "-c", rooted(installer_step(golden_matrix), root)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert (root / "opt" / "conda" / "bin" / "conda").is_file()
+    assert not (root / "tmp" / "conda-installer.sh").exists()
+    written = root / "opt" / "conda" / "conda-meta" / "history"
+    if history is None:
+        assert not written.exists()
+    else:
+        assert written.read_text() == NORMALISED and mtime(written) == EPOCH
