@@ -521,7 +521,7 @@ def _check_plain_http(data: dict[str, Any], problem) -> None:
     for keypath, url in urls:
         if url.lower().startswith("http://"):
             host = url[len("http://"):].split("/", 1)[0].rsplit("@", 1)[-1]
-            host = host if host.startswith("[") else host.split(":", 1)[0]
+            host = host.split("]", 1)[0] + "]" if host.startswith("[") else host.split(":", 1)[0]  # no port
             if not LOOPBACK_HOSTS.fullmatch(host.lower()):
                 problem(keypath, f"{url!r} is plain http off this machine: pip refuses it without "
                                  f"--trusted-host and anything on the way can change it; use https")

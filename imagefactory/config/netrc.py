@@ -17,6 +17,7 @@ has no secrets, so a cell that needs a login is refused under it, before anythin
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from dataclasses import dataclass
@@ -31,8 +32,10 @@ from imagefactory.config.model import Cell, Matrix
 SECRET_ID = "netrc"
 SECRET_PATH = "/run/secrets/imagefactory-netrc"  # inside the install RUN only
 MAX_BYTES = 64 * 1024
-# a netrc machine name: a host name or address (no port, no path)
-HOST_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\]")
+# a netrc machine name: a host name or IPv4 address (no port, no path), or an IPv6 address, bare or
+# in a URL's brackets (no zone: `%eth0` names no host a URL can)
+HOST_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")
+IPV6_RE = re.compile(r"\[?(?P<address>[0-9A-Fa-f:.]{2,45})\]?")
 ANY_HOST = "*"  # a `default` entry: a login for every host
 
 
@@ -132,8 +135,8 @@ def hosts(text: str) -> set[str]:
     lexer = _Lexer(text)
     while (word := lexer.word()) is not None:
         if word == "machine":
-            name = (lexer.word() or "").lower()
-            if HOST_RE.fullmatch(name):
+            name = machine_host(lexer.word() or "")
+            if name is not None:
                 found.add(name)
         elif word == "default":
             found.add(ANY_HOST)
@@ -145,6 +148,21 @@ def hosts(text: str) -> set[str]:
         elif word.startswith("#"):
             lexer.skip_past("\n")
     return found
+
+
+def machine_host(name: str) -> str | None:
+    """The host a netrc machine name stands for, as a URL's host is compared (urlsplit's hostname):
+    lower-case, an IPv6 address without brackets (`[::1]` and `::1` alike); None: it names none."""
+    if HOST_RE.fullmatch(name):
+        return name.lower()
+    m = IPV6_RE.fullmatch(name)
+    if m is None or (name[0] == "[") != (name[-1] == "]") or ":" not in m["address"]:
+        return None
+    try:
+        ipaddress.IPv6Address(m["address"])
+    except ValueError:
+        return None
+    return m["address"].lower()
 
 
 def _host(url: str) -> str | None:

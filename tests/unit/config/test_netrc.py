@@ -208,10 +208,46 @@ def test_a_machine_name_with_a_port_path_or_scheme_names_no_host(m, tmp_path, na
     assert len(said) == 1 and "names no host" in said[0] and SECRET not in said[0]
 
 
-@pytest.mark.parametrize("name", ["pkgs.example.com", "PKGS.Example.COM", '"pkgs.example.com"', "10.0.0.7", "[fd00::7]",
+@pytest.mark.parametrize("name", ["pkgs.example.com", "PKGS.Example.COM", '"pkgs.example.com"', "10.0.0.7",
                                   "a", "x-1.example.com"])
 def test_a_host_name_or_address_is_a_host(name):
     assert netrc.hosts(f"machine {name} login a password b\n") == {name.strip('"').lower()}
+
+
+IPV6_MATRIX = MATRIX.replace("https://pkgs.example.com:8443/simple", "http://[::1]:8080/simple")
+
+
+@pytest.mark.parametrize("name", ["[::1]", "::1", '"[::1]"'])
+def test_an_ipv6_index_host_matches_its_machine_with_or_without_brackets(tmp_path, name):
+    """A URL's IPv6 host is compared as urlsplit gives it, without brackets; a netrc may name it
+    either way (Python's netrc, in pip and conda, looks `::1` up; a client that keeps the brackets `[::1]`)."""
+    path = tmp_path / "matrix.yaml"
+    path.write_text(IPV6_MATRIX)
+    m = matrix.load(path)
+    assert "::1" in netrc.cell_hosts(m, m.cells[0])
+    loaded = netrc.load(write(tmp_path, f"machine {name} login a password {SECRET}\n"))
+    assert netrc.needs(loaded, m, m.cells[0])
+    said: list[str] = []
+    assert netrc.resolve(loaded.path, m, m.cells, buildkit=True, warn=said.append) == loaded and said == []
+    other = netrc.load(write(tmp_path, f"machine [::2] login a password {SECRET}\n"))
+    assert not netrc.needs(other, m, m.cells[0])
+
+
+@pytest.mark.parametrize("url", ["http://[::1]evil/simple", "https://[::1/simple", "https://[zz::1]/simple",
+                                 "https://[::1]:99999999/simple", "https://[::1]]/simple", "http://[fd00::7]:8080/simple"])
+def test_an_ipv6_index_url_is_checked_whole(tmp_path, url):
+    """Brackets only around an address right after the scheme, a port after them at most; plain http
+    only to loopback ([::1]), as for any other host."""
+    path = tmp_path / "matrix.yaml"
+    path.write_text(MATRIX.replace("https://pkgs.example.com:8443/simple", url))
+    with pytest.raises(ConfigError, match="extra_index_urls"):
+        matrix.load(path)
+
+
+@pytest.mark.parametrize("name", ["[::1", "::1]", "[fe80::1%eth0]", "[1.2.3.4]", "[:::]", "abc:8443", "[]",
+                                  "[::1]:8080", "[[::1]]"])
+def test_a_broken_ipv6_machine_names_no_host(name):
+    assert netrc.hosts(f"machine {name} login a password b\n") == set()
 
 
 def test_needs_matches_the_whole_host_only(m, tmp_path):
