@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from imagefactory.run.context import UI, BuildOptions, RunContext, Settings, Silent
 from imagefactory.config import platforms
-from imagefactory.engine.api import (Builder, BuildProgress, BuildRequest, ContainerEngine, EngineInfo, Manifest,
-                                     PushOutcome, RegistryClient, RunResult, is_transient, refuse_foreign)
+from imagefactory.engine.api import (Builder, BuildProgress, BuildRequest, ContainerEngine, EngineInfo, LocalImage,
+                                     Manifest, PushOutcome, RegistryClient, RunResult, is_transient, refuse_foreign)
 from imagefactory.errors import BuildError, Cancelled, EngineError, EngineGone, PushError, RegistryError
 from imagefactory.interrupt import Interrupt
 from imagefactory.pipeline.schedule import instructions
@@ -70,6 +70,9 @@ class World:
     images: dict[str, Image] = field(default_factory=dict)
     # image id -> its layers as a push sends them (layer_sizes; the registry's manifests of it)
     layers: dict[str, Measured] = field(default_factory=dict)
+    # local_image: image id -> its size in the store (1000 when unset); base ref -> its diff ids (None: not here)
+    sizes: dict[str, int] = field(default_factory=dict)
+    base_layers: dict[str, tuple[str, ...]] = field(default_factory=dict)
     registry: dict[str, str] = field(default_factory=dict)  # ref -> digest served (base images too)
     blobs: dict[str, Image] = field(default_factory=dict)  # digest -> the image a pull of it gives (pushes add)
     pull_fails: bool = False  # every pull fails (the registry refuses)
@@ -178,6 +181,19 @@ class FakeEngine:
     def image_platform(self, ref: str) -> str | None:
         image = self.world.image_by_ref(ref)
         return image.platform if image else None
+
+    def local_image(self, ref: str) -> LocalImage | None:
+        """A built image: `world.sizes` and the diff ids of `world.layers` (those of layer_sizes'
+        default when unset); a base: `world.base_layers`, else none."""
+        self.world.record("local_image", ref)
+        if ref in self.world.base_layers:
+            return LocalImage(5000, self.world.base_layers[ref])
+        image = self.world.image_by_ref(ref)
+        if image is None:
+            return None
+        measured = self.world.layers.get(image.id)
+        diff_ids = tuple(x.diff_id for x in measured.layers) if measured else ("sha256:" + "d" * 64,)
+        return LocalImage(self.world.sizes.get(image.id, 1000), diff_ids)
 
     def layer_sizes(self, ref: str) -> Measured:
         """`world.layers` of the image `ref` names (one 1000-byte layer when unset)."""

@@ -92,6 +92,15 @@ class Manifest:
 
 
 @dataclass(frozen=True)
+class LocalImage:
+    """A local image as the engine's store holds it: its size there (uncompressed, as `docker
+    images` shows it) and its layers' diff ids, base first."""
+
+    size: int
+    diff_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class EngineInfo:
     version: str
     api_version: str
@@ -146,6 +155,10 @@ class ContainerEngine(Protocol):
 
     def image_platform(self, ref: str) -> str | None:
         """The local image's os/architecture from its config ("linux/arm64"); None if there is none."""
+        ...
+
+    def local_image(self, ref: str) -> LocalImage | None:
+        """The local image `ref` names: its size in the store and its diff ids; None if there is none."""
         ...
 
     def layer_sizes(self, ref: str) -> Measured:

@@ -34,7 +34,7 @@ from imagefactory.engine.registry import HttpRegistry
 from imagefactory.config import platforms
 from imagefactory.config import refs
 from imagefactory.engine.api import (Builder, BuildProgress, BuildRequest, ContainerEngine, EngineFactory, EngineInfo,
-                                     PushOutcome, RegistryClient, RunResult, is_transient, refuse_foreign)
+                                     LocalImage, PushOutcome, RegistryClient, RunResult, is_transient, refuse_foreign)
 from imagefactory.engine.api import DOCKER, PODMAN
 from imagefactory.errors import (BuildError, Cancelled, DockerUnavailable, EngineError, EngineGone, ImageFactoryError,
                                  PushError)
@@ -228,6 +228,18 @@ class Engine:
         except _SDK_ERRORS as e:
             self._failed(f"could not inspect {ref}", e)
         return f"{attrs.get('Os') or '?'}/{attrs.get('Architecture') or '?'}"
+
+    def local_image(self, ref: str) -> LocalImage | None:
+        """The local image's size in the store (inspect's Size) and its rootfs diff ids; None if there is none."""
+        try:
+            attrs = self.client.images.get(ref).attrs
+        except docker.errors.ImageNotFound:
+            return None
+        except _SDK_ERRORS as e:
+            self._failed(f"could not inspect {ref}", e)
+        size = attrs.get("Size")
+        diff_ids = tuple(str(d) for d in (attrs.get("RootFS") or {}).get("Layers") or [])
+        return LocalImage(size if isinstance(size, int) and not isinstance(size, bool) and size >= 0 else 0, diff_ids)
 
     def layer_sizes(self, ref: str) -> layers.Measured:
         """The compressed layers a push of `ref` sends (engine/layers.py): exact on the containerd

@@ -198,12 +198,25 @@ def _over_budget(engine: ContainerEngine, r: CellReport, budget: int, ui: UI) ->
     """Measure the image before any push (publish/budget.py): True, the cell marked not published
     and why, when it is over its budget."""
     measured = engine.layer_sizes(r.image_id or r.candidate)
-    r.sizes = {"budget": size_budget.verdict(measured, budget)}
-    why = size_budget.refusal(measured, budget)
+    base = size_budget.base_of(measured, r.base_image, _base_layers(engine, r.base_image))
+    r.sizes = {**r.sizes, "budget": size_budget.verdict(measured, budget, base)}
+    why = size_budget.refusal(measured, budget, base)
     if why:
         r.publish, r.error = NOT_PUBLISHED, why
         ui.status(r.cell, why)
     return why is not None
+
+
+def _base_layers(engine: ContainerEngine, ref: str) -> tuple[str, ...] | None:
+    """The diff ids of the local base image `ref`; None when it is not here or the engine will not
+    say (a budget's message then names no base, never fails for it)."""
+    if not ref:
+        return None
+    try:
+        found = engine.local_image(ref)
+    except EngineError:
+        return None
+    return found.diff_ids if found is not None else None
 
 
 def _publish_cell(engine: ContainerEngine, r: CellReport, order: list[str], target: _Target,

@@ -78,14 +78,16 @@ def test_over_budget_names_the_packages_of_an_environment_layer_rather_than_its_
     assert budget.verdict(image, 1)["largest"][0]["packages"] == ["filelock==3.20.0", "torch==2.13.0"]
 
 
-def _run(write_matrix, layers: Measured, *, atomic: bool = False, **world_args) -> tuple[World, list[CellReport], str]:
+def _run(write_matrix, layers: Measured, *, atomic: bool = False, base_image: str = "",
+         **world_args) -> tuple[World, list[CellReport], str]:
     m = matrix.load(write_matrix(MATRIX))
     world = World(**world_args)
     reports = []
     for n, cell in enumerate(m.cells):
         world.images[f"img{n}"] = Image(f"img{n}", {}, cell=cell.id)
         world.layers[f"img{n}"] = layers
-        reports.append(CellReport(cell=cell.id, status=PASSED, content_hash=f"{n:02x}" * 32, image_id=f"img{n}"))
+        reports.append(CellReport(cell=cell.id, status=PASSED, content_hash=f"{n:02x}" * 32, image_id=f"img{n}",
+                                  base_image=base_image))
     out = io.StringIO()
     options = PushOptions(backoff=0, atomic=atomic)
     publish_mod.publish(m, reports, RunContext(options, Plain(out), world.interrupt, world.engine))
@@ -102,6 +104,35 @@ def test_a_cell_over_its_budget_is_not_pushed_and_one_within_its_own_is(write_ma
     assert big.publish == PUBLISHED  # 1540 <= 2000: its include entry's budget
     assert big.sizes["budget"] == {**budget.verdict(IMAGE, 2000)} and big.sizes["compressed"] == 1540
     assert world.ops("layer_sizes") == ["img0", "img1"]  # measured before pushing, by image id
+
+
+BASE = "python:3.11-slim-bookworm@sha256:" + "b" * 64
+DEBIAN, PYTHON = "sha256:" + "a1" * 32, "sha256:" + "a2" * 32  # the base's own layers
+WITH_BASE = Measured((Layer(72_200_000, DEBIAN, "sha256:" + "c1" * 32, step=""),
+                      Layer(900, PYTHON, "sha256:" + "c2" * 32, step="/bin/sh -c set -eux; make install"),
+                      Layer(50_000_000, "sha256:" + "a3" * 32, "sha256:" + "c3" * 32, step=""),
+                      Layer(800, "sha256:" + "a4" * 32, "sha256:" + "c4" * 32, step="COPY launch.conf /etc/ # buildkit")))
+
+
+def test_the_base_images_own_layers_are_named_by_the_base_in_the_message_and_the_report(write_matrix):
+    """The leading layers that are the local base's (its diff ids) are named by its reference, not
+    "step not recorded"; a layer after them that records no step still says so."""
+    world, (small, _), _ = _run(write_matrix, WITH_BASE, base_image=BASE, base_layers={BASE: (DEBIAN, PYTHON)})
+    assert "72.2 MB (base image python:3.11-slim-bookworm)" in small.error
+    assert "900 B (base image python:3.11-slim-bookworm)" in small.error
+    assert "50 MB (step not recorded)" in small.error and small.error.count("step not recorded") == 1
+    largest = small.sizes["budget"]["largest"]
+    assert [(x["size"], x["base"]) for x in largest] == [(72_200_000, BASE), (50_000_000, None), (900, BASE)]
+    assert BASE in world.ops("local_image")
+
+
+def test_a_base_that_is_not_here_or_shares_no_layer_names_no_layer_by_it(write_matrix):
+    for base_layers in ({}, {BASE: ("sha256:" + "ff" * 32, PYTHON)}):
+        _, (small, _), _ = _run(write_matrix, WITH_BASE, base_image=BASE, base_layers=base_layers)
+        assert "base image" not in small.error and "72.2 MB (step not recorded)" in small.error
+        assert all(x["base"] is None for x in small.sizes["budget"]["largest"])
+    assert budget.base_of(WITH_BASE, BASE, (DEBIAN, "sha256:" + "ff" * 32, PYTHON)) == budget.Base(BASE, 1)
+    assert budget.base_of(WITH_BASE, BASE, None) is None
 
 
 def test_the_budget_matrix_keys_reach_the_cells(write_matrix):
