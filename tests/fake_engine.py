@@ -70,7 +70,7 @@ class World:
     images: dict[str, Image] = field(default_factory=dict)
     # image id -> its layers as a push sends them (layer_sizes; the registry's manifests of it)
     layers: dict[str, Measured] = field(default_factory=dict)
-    # local_image: image id -> its size in the store (1000 when unset); base ref -> its diff ids (None: not here)
+    # local_image: image id (or cell id) -> its size in the store (1000 when unset); base ref -> its diff ids
     sizes: dict[str, int] = field(default_factory=dict)
     base_layers: dict[str, tuple[str, ...]] = field(default_factory=dict)
     registry: dict[str, str] = field(default_factory=dict)  # ref -> digest served (base images too)
@@ -183,8 +183,8 @@ class FakeEngine:
         return image.platform if image else None
 
     def local_image(self, ref: str) -> LocalImage | None:
-        """A built image: `world.sizes` and the diff ids of `world.layers` (those of layer_sizes'
-        default when unset); a base: `world.base_layers`, else none."""
+        """A built image: `world.sizes` (by image id, else by cell) and the diff ids of `world.layers`
+        (those of layer_sizes' default when unset); a base: `world.base_layers`, else none."""
         self.world.record("local_image", ref)
         if ref in self.world.base_layers:
             return LocalImage(5000, self.world.base_layers[ref])
@@ -193,7 +193,7 @@ class FakeEngine:
             return None
         measured = self.world.layers.get(image.id)
         diff_ids = tuple(x.diff_id for x in measured.layers) if measured else ("sha256:" + "d" * 64,)
-        return LocalImage(self.world.sizes.get(image.id, 1000), diff_ids)
+        return LocalImage(self.world.sizes.get(image.id, self.world.sizes.get(image.cell, 1000)), diff_ids)
 
     def layer_sizes(self, ref: str) -> Measured:
         """`world.layers` of the image `ref` names (one 1000-byte layer when unset)."""

@@ -36,7 +36,7 @@ from imagefactory.probe.checks import FAIL, Check
 from imagefactory.run.context import (UI, Building, Gpus, Network, Probing, Publishing, Pull, Reporting, RunContext,
                                       Settings, Testing, Workspace, need, or_defaults)
 from imagefactory.engine.api import Builder, BuildProgress, BuildRequest, ContainerEngine
-from imagefactory.errors import BuildError, Cancelled, ConfigError, EngineGone, ImageFactoryError
+from imagefactory.errors import BuildError, Cancelled, ConfigError, EngineError, EngineGone, ImageFactoryError
 from imagefactory.interrupt import GRACE_SECONDS, Interrupt
 from imagefactory.config.model import Cell, Matrix
 from imagefactory.report.summary import (BUILD_FAILED, BUILT, CACHED, CHECK_FAILED, INTERRUPTED, NOT_BUILT, PASSED,
@@ -268,6 +268,18 @@ class _Cell:
                                need(self.options, Reporting).report),
                  show=False)
 
+    def record_size(self, image: str) -> None:
+        """The image's size in the engine's store, in the report (sizes.local) whether or not it is
+        pushed; an engine that will not say leaves it out, never failing the cell."""
+        try:
+            found = self.engine.local_image(image)
+        except EngineGone:
+            raise
+        except EngineError:
+            return
+        if found is not None:
+            self.report.sizes["local"] = {"size": found.size}
+
     def close(self) -> None:
         self.log_file.close()
 
@@ -397,6 +409,8 @@ def build(matrix: Matrix, cells: list[Cell], run: RunContext) -> Outcome:
     def work(c: _Cell) -> bool:
         built = c.build()
         c.on_step(BUILD_ENDED)  # the cells that share its layers may start now
+        if built:
+            c.record_size(c.report.image_id)
         return built and c.test(c.report.image_id) and _attested(c)
 
     return _run(matrix, cells, run, work)
@@ -428,6 +442,7 @@ def test(matrix: Matrix, cells: list[Cell], run: RunContext) -> Outcome:
             c.log(f"found the image the {how.builder.value} builder built (content hash {how.content_hash[:12]})")
         r.image_id, r.cached, r.builder = image, True, how.builder.value
         c.engine.tag(image, r.candidate)
+        c.record_size(image)
         return c.test(image) and _attested(c)
 
     return _run(matrix, cells, run, work, keep_log=True)

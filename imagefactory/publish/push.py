@@ -196,10 +196,13 @@ def _judge_budgets(matrix: Matrix, budgeted: list[CellReport], engine: Container
 
 def _over_budget(engine: ContainerEngine, r: CellReport, budget: int, ui: UI) -> bool:
     """Measure the image before any push (publish/budget.py): True, the cell marked not published
-    and why, when it is over its budget."""
+    and why, when it is over its budget. The measure is the local image's compressed size too."""
     measured = engine.layer_sizes(r.image_id or r.candidate)
     base = size_budget.base_of(measured, r.base_image, _base_layers(engine, r.base_image))
-    r.sizes = {**r.sizes, "budget": size_budget.verdict(measured, budget, base)}
+    local = r.sizes.get("local")
+    local = local if isinstance(local, dict) else {}
+    r.sizes = {**r.sizes, "budget": size_budget.verdict(measured, budget, base),
+               "local": {**local, "compressed": measured.total, "how": "exact" if measured.exact else "estimated"}}
     why = size_budget.refusal(measured, budget, base)
     if why:
         r.publish, r.error = NOT_PUBLISHED, why

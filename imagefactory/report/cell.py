@@ -48,7 +48,8 @@ class CellReport:
     emulated: str = ""
     # what the image costs a pull (publish/sizes.py, publish/budget.py): "compressed", "layers",
     # "largest_layer" (bytes, from the registry's manifest), "fetch_after" {sibling cell: bytes},
-    # "previous" {"digest", "fetch"}, "budget" {"limit", "measured", "how", "over", "largest"}; {} when not pushed
+    # "previous" {"digest", "fetch"}, "budget" {"limit", "measured", "how", "over", "largest"} (when pushed);
+    # "local" {"size"; "compressed", "how" where measured} for every image the run built or found
     sizes: dict = field(default_factory=dict)
 
     @property
@@ -89,10 +90,21 @@ def _share(n: int, total: int | None) -> str:
     return human(n) + (f" ({100 * n / total:.1f}%)" if total else "")
 
 
+def _local_facts(local: object) -> list[tuple[str, str]]:
+    """The local image's size (and its compressed size where it was measured), when recorded."""
+    if not isinstance(local, dict) or _bytes(local.get("size")) is None:
+        return []
+    text = f"{human(local['size'])} in the engine's store"
+    packed = _bytes(local.get("compressed"))
+    if packed is not None:
+        text += f", {human(packed)} compressed ({'exact' if local.get('how') == 'exact' else 'estimated'})"
+    return [("image size", text)]
+
+
 def size_facts(sizes: dict) -> list[tuple[str, str]]:
     """(label, text) of what an image costs a pull, from CellReport.sizes (report.md and the
     catalogue); anything of the wrong type (an odd report.json) is left out, never shown raw."""
-    facts: list[tuple[str, str]] = []
+    facts = _local_facts(sizes.get("local"))
     total, count, top = (_bytes(sizes.get(k)) for k in ("compressed", "layers", "largest_layer"))
     if total is not None and count is not None and top is not None:
         how = str(sizes.get("compression", ""))[:20]

@@ -269,6 +269,24 @@ def test_a_failed_publish_makes_the_run_fail(m, world, tmp_path):
     assert (tmp_path / "report.json").exists()
 
 
+def test_an_image_that_is_not_pushed_reports_its_size_and_the_catalogue_shows_it(m, world, tmp_path, monkeypatch):
+    """Without --push (the quickstart) each built image still has a size: the engine's store's,
+    in report.json's `sizes` and on the catalogue's page; a cached image on a second run too."""
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+    world.sizes.update({A: 1_234_000_000, B: 987_000_000})
+    for run in ("built", "cached"):
+        outcome = run_build(m, world, tmp_path)
+        assert {r.status for r in outcome.reports} == {PASSED} and all(r.publish == "" for r in outcome.reports)
+        assert {r.cached for r in outcome.reports} == {run == "cached"}
+        cli._finish(outcome, tmp_path / "report.json", Interrupt())
+        doc = json.loads((tmp_path / "report.json").read_text())
+        assert {c["cell"]: c["sizes"] for c in doc["cells"]} == {A: {"local": {"size": 1_234_000_000}},
+                                                                 B: {"local": {"size": 987_000_000}}}, run
+        page = (tmp_path / "report.html").read_text()
+        assert "1.23 GB in the engine&#39;s store" in page and "987 MB in the engine&#39;s store" in page, run
+    assert not world.ops("push")
+
+
 def test_a_run_that_published_everything_succeeds(m, world, tmp_path, capsys):
     """_finish raises nothing (exit 0), and its report and summary say every cell passed and
     was published; the registry serves each release tag at the digest the report names."""

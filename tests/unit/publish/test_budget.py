@@ -104,6 +104,16 @@ def test_a_cell_over_its_budget_is_not_pushed_and_one_within_its_own_is(write_ma
     assert big.publish == PUBLISHED  # 1540 <= 2000: its include entry's budget
     assert big.sizes["budget"] == {**budget.verdict(IMAGE, 2000)} and big.sizes["compressed"] == 1540
     assert world.ops("layer_sizes") == ["img0", "img1"]  # measured before pushing, by image id
+    assert big.sizes["local"] == small.sizes["local"] == {"compressed": 1540, "how": "exact"}  # the local image's too
+
+
+def test_the_local_size_with_its_measured_compressed_size_is_shown():
+    from imagefactory.report.cell import size_facts
+
+    facts = dict(size_facts({"local": {"size": 4_100_000_000, "compressed": 1_540_000_000, "how": "estimated"}}))
+    assert facts["image size"] == "4.1 GB in the engine's store, 1.54 GB compressed (estimated)"
+    assert dict(size_facts({"local": {"size": 4_100_000_000}}))["image size"] == "4.1 GB in the engine's store"
+    assert size_facts({"local": {"size": "4 GB"}}) == [] and size_facts({"local": 7}) == []
 
 
 BASE = "python:3.11-slim-bookworm@sha256:" + "b" * 64
