@@ -141,38 +141,28 @@ trixie_download() {
 #     .deb against a trixie sources list kept apart from the system's (the
 #     system's apt state is never touched), unpack it, install the CLI plugin.
 # --------------------------------------------------------------------------
-readonly BUILDX_PLUGIN_DIR="/usr/libexec/docker/cli-plugins"
-install_buildx() {
-    if docker buildx version >/dev/null 2>&1; then
-        log "buildx present: $(docker buildx version 2>/dev/null | head -n1)"
+readonly CLI_PLUGIN_DIR="/usr/libexec/docker/cli-plugins"
+
+# install_trixie_cli_plugin NAME -> `docker NAME` answers: from Debian 13's
+# docker-NAME .deb (one Go binary, libc6 >= 2.34), unpacked into the CLI's
+# plugin folder, unless the plugin answers already.
+install_trixie_cli_plugin() {
+    local name="$1" work
+    if docker "$name" version >/dev/null 2>&1; then
+        log "$name present: $(docker "$name" version 2>/dev/null | head -n1)"
         return 0
     fi
-    local work
     work="$(mktemp -d)"
     CLEANUP_PATHS+=("$work")
-    trixie_download "$work" docker-buildx
-    dpkg-deb -x "$work"/docker-buildx_*.deb "$work/root"
-    install -D -m 0755 "$work/root/usr/libexec/docker/cli-plugins/docker-buildx" "${BUILDX_PLUGIN_DIR}/docker-buildx"
-    docker buildx version >/dev/null 2>&1 || die "docker buildx does not answer after install"
-    log "buildx installed: $(docker buildx version | head -n1)"
+    trixie_download "$work" "docker-$name"
+    dpkg-deb -x "$work/docker-${name}"_*.deb "$work/root"
+    install -D -m 0755 "$work/root/usr/libexec/docker/cli-plugins/docker-$name" "${CLI_PLUGIN_DIR}/docker-$name"
+    docker "$name" version >/dev/null 2>&1 || die "docker $name does not answer after install"
+    log "$name installed: $(docker "$name" version | head -n1)"
 }
 
-# 1b'. docker compose (the test session's services, through pytest-docker): Debian 13's
-#      docker-compose 2.x, one Go binary (libc6 >= 2.34), fetched and installed as buildx is.
-install_compose() {
-    if docker compose version >/dev/null 2>&1; then
-        log "compose present: $(docker compose version 2>/dev/null | head -n1)"
-        return 0
-    fi
-    local work
-    work="$(mktemp -d)"
-    CLEANUP_PATHS+=("$work")
-    trixie_download "$work" docker-compose
-    dpkg-deb -x "$work"/docker-compose_*.deb "$work/root"
-    install -D -m 0755 "$work/root/usr/libexec/docker/cli-plugins/docker-compose" "${BUILDX_PLUGIN_DIR}/docker-compose"
-    docker compose version >/dev/null 2>&1 || die "docker compose does not answer after install"
-    log "compose installed: $(docker compose version | head -n1)"
-}
+# 1b'. docker compose (the test session's services, through pytest-docker):
+#      Debian 13's docker-compose 2.x, installed the same way.
 
 # --------------------------------------------------------------------------
 # 1c. cosign (signing and verifying images, `--sign` / `imagefactory verify`):
@@ -652,8 +642,8 @@ main() {
     enable_binfmt
     install_current_engine
     start_engines
-    install_buildx
-    install_compose
+    install_trixie_cli_plugin buildx
+    install_trixie_cli_plugin compose
     install_cosign
     make_base_images
     make_foreign_base_images

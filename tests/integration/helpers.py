@@ -905,6 +905,14 @@ class BkBuild:
         return report_of(self.report_path)
 
 
+def buildkit_steps(log: str) -> dict[str, bool]:
+    """Each Dockerfile step of a BuildKit log (`#N [stage k/n] INSTRUCTION[ CACHED]`) -> cached."""
+    found = {}
+    for m in re.finditer(r"^#\d+ (\[[^\]]*\d+/\d+\] .*?)( CACHED)?$", log, re.M):
+        found[m[1]] = found.get(m[1], False) or bool(m[2])
+    return found
+
+
 def buildkit_args(root: Path, matrix: Path, *extra: str) -> list[str]:
     """`imagefactory build --builder buildkit` of `matrix`, with its report and work dir under `root`."""
     return ["build", "--builder", "buildkit", "--plain", "--gpus", "none", "--matrix", str(matrix),

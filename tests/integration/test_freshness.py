@@ -2,14 +2,15 @@
 outcome: which cell was rebuilt, which was probed, which digest was built on.
 
 The base is this session's own name, it-<session>/python:3.11-slim-bookworm, holding the shared
-base (127.0.0.1:5000/library/python:3.11-slim-bookworm, the base of the shared cpu_build), so
-the first build takes its venv stage from the shared image's layers. Then the tag moves: the
-registry is given a new manifest for it (the same image, its manifest written out anew), so the
-tag names a new digest, as after any re-push of a base. What this module proves is imagefactory's
-side: the new digest is pinned in FROM, the cell's content hash changes, the cell is built again
-and probed again. Which steps the engine can then take from its layer cache is the engine's
-business (here all of them: the image behind the new digest is the same), so the module makes no
-cold build. The shared library/* bases are never overwritten."""
+base (127.0.0.1:5000/library/python:3.11-slim-bookworm), and the cell is bk_build's (BuildKit, the
+protected index), so the first build takes its venv stage from bk_build's records. Then the tag
+moves: the registry is given a new manifest for it (the same image, its manifest written out
+anew), so the tag names a new digest, as after any re-push of a base. What this module proves is
+imagefactory's side: the new digest is pinned in FROM, the cell's content hash changes, the cell
+is built again and probed again. Which steps the engine can then take from its cache is the
+engine's business: BuildKit keys a base by its layers, so here all of them (the classic builder
+on the containerd store keys it by the new manifest's id and would install torch again, ~150 s).
+The module makes no cold build. The shared library/* bases are never overwritten."""
 
 from __future__ import annotations
 
@@ -20,11 +21,12 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.integration.helpers import BASE_REGISTRY, MANIFEST_TYPES, matrix_text, run_cli
+from tests.integration.helpers import BASE_REGISTRY, MANIFEST_TYPES, buildkit_steps, run_cli
 
 pytestmark = [pytest.mark.docker, pytest.mark.registry]
 
 BASE_TAG = "3.11-slim-bookworm"
+BUILT = "load build definition"  # in a BuildKit build's log
 
 
 def push_shared_base(engine, ref: str) -> str:
@@ -50,33 +52,35 @@ def move_tag(registry: str, repo: str, tag: str) -> str:
 
 
 class Runs:
-    def __init__(self, root: Path, matrix: Path, cache: Path):
+    def __init__(self, root: Path, matrix: Path, cache: Path, netrc: Path):
         self.root, self.matrix, self.env, self.n = root, matrix, {"IMAGEFACTORY_CACHE_DIR": str(cache)}, 0
+        self.netrc = netrc
 
     def __call__(self, command: str, *args: str, work: str = "work") -> tuple[dict, str]:
         self.n += 1
         report = self.root / f"report-{self.n}.json"
-        result = run_cli(command, "--matrix", str(self.matrix), "--plain", "--report", str(report),
-                         "--work-dir", str(self.root / work), *args, env=self.env)
+        logins = ("--netrc", str(self.netrc)) if command == "build" else ()
+        result = run_cli(command, "--builder", "buildkit", "--matrix", str(self.matrix), "--plain", "--report",
+                         str(report), "--work-dir", str(self.root / work), *logins, *args, env=self.env)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
         (cell,) = json.loads(report.read_text())["cells"]
         return cell, result.stdout + result.stderr
 
 
 @pytest.fixture(scope="module")
-def fresh(tmp_path_factory, engine, base_registry, wheelhouse, session_id, created_images, cpu_build):
+def fresh(tmp_path_factory, engine, base_registry, session_id, created_images, bk_build):
     root = tmp_path_factory.mktemp("fresh")
     repo = f"it-{session_id}/python"
     ref = f"{base_registry}/{repo}:{BASE_TAG}"
     created_images.append(ref)
     matrix = root / "matrix.yaml"
     # compiler: false: the module probes three times, and the torch.compile child (about 10 s a
-    # probe) is not what it is about. The venv stage still comes from cpu_build's layers.
-    matrix.write_text(matrix_text(image=f"127.0.0.1:5001/it-{session_id}/fresh", wheelhouse=wheelhouse)
-                      + f"base_images:\n  pip: {repo}:{BASE_TAG}\ncompiler: false\n")
+    # probe) is not what it is about. The venv stage still comes from bk_build's records.
+    text = re.sub(r"(?m)^image: .*$", f"image: 127.0.0.1:5001/it-{session_id}/fresh", bk_build.matrix.read_text())
+    matrix.write_text(text + f"base_images:\n  pip: {repo}:{BASE_TAG}\ncompiler: false\n")
     digest = push_shared_base(engine, ref)
     created_images.append(f"{base_registry}/{repo}@{digest}")  # the pull's record of the digest
-    yield engine, root, ref, digest, Runs(root, matrix, root / "cache"), created_images
+    yield engine, root, ref, digest, Runs(root, matrix, root / "cache", bk_build.netrc), created_images
     _delete_from_registry(base_registry, repo)
 
 
@@ -105,7 +109,7 @@ def test_base_digest_decides_rebuilds_and_passes_are_not_probed_twice(fresh):
     # Unchanged, from a fresh checkout (another work dir): not rebuilt, not probed.
     again, out = run("build", work="fresh-checkout")
     assert (again["cached"], again["verdicts"], again["verdicts_at"]) == (True, "cached", first["verdicts_at"])
-    assert again["content_hash"] == first["content_hash"] and "Step 1/" not in out
+    assert again["content_hash"] == first["content_hash"] and BUILT not in Path(again["log"]).read_text()
     assert "verdicts cached" in Path(again["log"]).read_text()
 
     retested, _ = run("test", "--retest")
@@ -123,7 +127,10 @@ def test_base_digest_decides_rebuilds_and_passes_are_not_probed_twice(fresh):
     assert moved["image_id"] != first["image_id"]
     dockerfile = (root / "work/contexts" / moved["cell"] / "Dockerfile").read_text()
     assert re.findall(r"^FROM (\S+)", dockerfile, re.M) == [f"{ref}@{digest_b}"] * 3  # venv, launch, final
-    assert "Step 1/" in out  # built (its steps from the layer cache: the image is the same)
+    # built, its steps from BuildKit's cache (the image behind the new digest is the same)
+    log = Path(moved["log"]).read_text()
+    assert BUILT in log and buildkit_steps(log), log[-3000:]
+    assert all(cached for step, cached in buildkit_steps(log).items() if "torch==" in step), log[-3000:]
 
     # --pull never: the local copy's digest, no registry; still cached. The local name is first
     # pulled anew, as a user would: the build's pull of the new digest left it where it was in the

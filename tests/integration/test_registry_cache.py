@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.helpers import (TEST_PASSWORD, TEST_REGISTRY, TEST_USER, Build, Registry, registry_digest,
-                                        run_cli)
+from tests.integration.helpers import (TEST_PASSWORD, TEST_REGISTRY, TEST_USER, Build, Registry, buildkit_steps,
+                                        registry_digest, run_cli)
 
 pytestmark = [pytest.mark.docker, pytest.mark.registry]
 
@@ -119,14 +119,6 @@ def _created(record: dict[str, str]) -> float:
     return dt.datetime.strptime(stamp[1], "%Y-%m-%d %H:%M:%S").replace(tzinfo=dt.timezone.utc).timestamp()
 
 
-def steps(log: str) -> dict[str, bool]:
-    """Each Dockerfile step of a BuildKit log (`#N [stage k/n] INSTRUCTION[ CACHED]`) -> cached."""
-    found = {}
-    for m in re.finditer(r"^#\d+ (\[[^\]]*\d+/\d+\] .*?)( CACHED)?$", log, re.M):
-        found[m[1]] = found.get(m[1], False) or bool(m[2])
-    return found
-
-
 def _warm_venv_stage(bk_build, root: Path, image: str, netrc: tuple[str, ...], created_images: list) -> None:
     """Make sure BuildKit holds the venv stage's records before the test starts its clock: a
     build of the cell with a final stage of its own (another env value), not pushed. With
@@ -170,7 +162,7 @@ def test_a_changed_cell_reuses_the_registrys_inline_cache_on_a_fresh_runner(bk_b
         created_images.extend(first["tags"])
         assert first["status"] == "passed" and first["publish"] == "published", result.stdout + result.stderr
         assert first["builder"] == "buildkit"
-        assert any("[venv " in s for s, cached in steps(log).items() if cached), log  # bk_build's venv stage
+        assert any("[venv " in s for s, cached in buildkit_steps(log).items() if cached), log  # bk_build's venv stage
         forget_locally(engine, first)
         assert prune_build_cache_since(started) > 0
 
@@ -180,7 +172,7 @@ def test_a_changed_cell_reuses_the_registrys_inline_cache_on_a_fresh_runner(bk_b
         created_images.extend(again["tags"])
         assert again["status"] == "passed" and not again["pulled"], result.stdout + result.stderr
         assert again["content_hash"] != first["content_hash"]
-        built = steps(log)
+        built = buildkit_steps(log)
         reused = [s for s, cached in built.items() if cached]
         # the user's layer exists only in the registry now (its uid is this test's): reused from the
         # pushed image's inline cache, and the venv copy after it too
