@@ -420,3 +420,15 @@ class FakeRegistry:
         self.world.manifests[ref] = manifest
         self.world.registry[ref] = manifest.digest
         return manifest.digest
+
+    def digest(self, ref: str, *, auth_config: dict[str, str] | None = None) -> str | None:
+        """The digest served under `ref` (a digest in it is its own), as World.served_digest records it."""
+        self.interrupt.check()
+        return ref.partition("@")[2] or self.world.served_digest(ref, auth_config)
+
+    def content(self, pinned: str, kind: str, digest: str, *, auth_config: dict[str, str] | None = None,
+                accept: str = "") -> bytes | None:
+        """The bytes of a manifest put under `digest` in `pinned`'s repository; no blobs are kept."""
+        self.interrupt.check()
+        put = self.world.manifests.get(f"{pinned.split('@', 1)[0]}@{digest}")
+        return put.body if put is not None and kind == "manifests" else None

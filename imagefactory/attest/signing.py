@@ -33,6 +33,7 @@ from pathlib import Path
 from imagefactory.files import bounded
 from imagefactory.files import terminal
 from imagefactory.config import refs
+from imagefactory.config.registries import Registry
 from imagefactory.config import tags
 from imagefactory.errors import ConfigError, ImageFactoryError
 
@@ -144,10 +145,6 @@ def ready(value: str, *, private: bool, flag: str) -> Key:
 
 # -- running cosign --------------------------------------------------------------------------------
 
-def auth_key(registry: str) -> str:
-    return "https://index.docker.io/v1/" if registry == refs.DOCKER_HUB else registry
-
-
 @contextmanager
 def docker_config(registry: str, auth: Auth | None) -> Iterator[Path | None]:
     """A temporary Docker config (0700 folder, 0600 file) holding `auth` for `registry` alone,
@@ -161,7 +158,7 @@ def docker_config(registry: str, auth: Auth | None) -> Iterator[Path | None]:
         token = base64.b64encode(f"{auth['username']}:{auth['password']}".encode()).decode()
         fd = os.open(folder / "config.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
-            json.dump({"auths": {auth_key(registry): {"auth": token}}}, f)
+            json.dump({"auths": {Registry(registry).auth_key: {"auth": token}}}, f)
         yield folder
     finally:
         shutil.rmtree(folder, ignore_errors=True)
@@ -240,7 +237,7 @@ def cosign_tag(tag: str) -> bool:
 
 def sign(key: Key, pinned: str, sbom: Path, predicate: Path, auth: Auth | None) -> Signed:
     """Sign `pinned` (repository@sha256:...) and attach the SBOM and the provenance predicate."""
-    registry = refs.registry(pinned) or refs.DOCKER_HUB
+    registry = Registry.of(pinned).host
     secrets = _secrets(auth)
     steps = [["sign", "--key", key.ref, "--tlog-upload=false", "-y", pinned]] + [
         ["attest", "--key", key.ref, "--tlog-upload=false", "-y", "--replace", "--type", kind,
@@ -270,7 +267,7 @@ def _triangulate(pinned: str, kind: str, env: dict[str, str], secrets: tuple[str
 
 def verify_signature(key: Key, pinned: str, auth: Auth | None) -> None:
     """Refused (one line) unless `pinned` carries a signature made with `key`."""
-    registry = refs.registry(pinned) or refs.DOCKER_HUB
+    registry = Registry.of(pinned).host
     with docker_config(registry, auth) as config:
         r = run(["verify", "--key", key.ref, "--insecure-ignore-tlog", "-o", "json", pinned],
                 environment(config, key, password=False), _secrets(auth))
@@ -285,7 +282,7 @@ def verify_signature(key: Key, pinned: str, auth: Auth | None) -> None:
 def verified_statements(key: Key, pinned: str, kind: str, auth: Auth | None) -> list[dict]:
     """The in-toto statements of `kind` attached to `pinned` whose signatures `key` verifies;
     Refused when there is none or cosign refuses them."""
-    registry = refs.registry(pinned) or refs.DOCKER_HUB
+    registry = Registry.of(pinned).host
     with docker_config(registry, auth) as config:
         r = run(["verify-attestation", "--key", key.ref, "--insecure-ignore-tlog", "--type", kind, pinned],
                 environment(config, key, password=False), _secrets(auth))

@@ -23,18 +23,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from imagefactory.engine import logins
 from imagefactory.attest import provenance
-from imagefactory.config import refs
-from imagefactory.engine import registry as registry_http
 from imagefactory.attest import sbom
 from imagefactory.attest import signing
-from imagefactory.errors import ImageFactoryError
+from imagefactory.config import refs
 from imagefactory.config.recipe import HASH_LABEL
+from imagefactory.config.registries import Registry
+from imagefactory.engine import logins
+from imagefactory.engine.api import DIGEST_RE, INDEX_TYPES, MANIFEST_TYPES, RegistryClient
+from imagefactory.engine.registry import HttpRegistry
+from imagefactory.errors import ImageFactoryError
+from imagefactory.interrupt import Interrupt
 
-DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
 HASH_RE = re.compile(r"[0-9a-f]{64}")
-MANIFEST_TYPES, INDEX_TYPES, MAX_BYTES = registry_http.MANIFEST_TYPES, registry_http.INDEX_TYPES, registry_http.MAX_BYTES
 Auth = dict[str, str]
 
 
@@ -54,43 +55,32 @@ class Verdict:
         return {"ref": self.ref, "ok": self.ok, "digest": self.digest, "kind": self.kind, "line": self.line}
 
 
-# -- the registry: digests and labels (its HTTP API: engine/registry.py) ------------------------
+# -- the registry: digests and labels, read through its client (engine/registry.py) ---------------
 
-_scheme, _api = registry_http.scheme, registry_http.api
-
-
-def _get(url: str, auth: Auth | None, accept: str = "", method: str = "GET") -> registry_http.Reply:
-    """One registry request (a challenge answered once), its body bounded."""
-    return registry_http.request(method, url, auth, accept)
+def client() -> RegistryClient:
+    """The registry client verify reads with: no run to interrupt it, no login but the one given."""
+    return HttpRegistry(Interrupt())
 
 
 def manifest_digest(ref: str, auth: Auth | None) -> str | None:
-    parsed = refs.parse(ref)
-    if parsed is None:
-        return None
-    if parsed.digest:
-        return parsed.digest
-    url = f"{_api(parsed.registry)}/{parsed.path}/manifests/{parsed.tag or 'latest'}"
-    r = _get(url, auth, ", ".join(MANIFEST_TYPES + INDEX_TYPES), method="HEAD")
-    digest = r.headers.get("Docker-Content-Digest", "") if r.status_code == 200 else ""
-    return digest if DIGEST_RE.fullmatch(digest) else None
+    return client().digest(ref, auth_config=auth)
 
 
-def _by_digest(url: str, digest: str, auth: Auth | None, accept: str = "") -> registry_http.Reply | None:
-    """The registry's answer for a content-addressed `url`; None when it gives none (or too much).
-    Refused when its bytes are not the ones `digest` names: the labels and config judged are then
-    those of the image the signature was checked on, whatever the registry says."""
-    r = _get(url, auth, accept)
-    if r.status_code != 200 or len(r.content) > MAX_BYTES:
+def _by_digest(pinned: str, kind: str, digest: str, auth: Auth | None, accept: str = "") -> bytes | None:
+    """The registry's bytes for `digest` (a manifest or a blob of `pinned`'s repository); None when it
+    gives none (or too much). Refused when they are not the bytes `digest` names: the labels and
+    config judged are then those of the image the signature was checked on, whatever the registry says."""
+    body = client().content(pinned, kind, digest, auth_config=auth, accept=accept)
+    if body is None:
         return None
-    got = "sha256:" + hashlib.sha256(r.content).hexdigest()
+    got = "sha256:" + hashlib.sha256(body).hexdigest()
     if got != digest:
         raise signing.Refused("registry", f"the registry serves other bytes for {digest} (their digest is {got})")
-    return r
+    return body
 
 
-def _object(r: registry_http.Reply | None) -> dict:
-    return _dict(r.json() if r is not None else {})
+def _object(body: bytes | None) -> dict:
+    return _dict(json.loads(body) if body is not None else {})
 
 
 def _dict(value: Any) -> dict:
@@ -103,20 +93,18 @@ def image_config(pinned: str, auth: Auth | None) -> tuple[str, dict[str, str]]:
     manifest and the config read by digest and checked against its bytes."""
     parsed = refs.parse(pinned)
     assert parsed is not None and parsed.digest is not None
-    api = f"{_api(parsed.registry)}/{parsed.path}"
-    doc = _object(_by_digest(f"{api}/manifests/{parsed.digest}", parsed.digest, auth,
-                             ", ".join(MANIFEST_TYPES + INDEX_TYPES)))
+    doc = _object(_by_digest(pinned, "manifests", parsed.digest, auth, ", ".join(MANIFEST_TYPES + INDEX_TYPES)))
     if doc.get("manifests"):  # an index: the platform imagefactory builds
         manifests = doc["manifests"] if isinstance(doc["manifests"], list) else []
         entry: dict = next((m for m in map(_dict, manifests) if _dict(m.get("platform")).get("architecture") == "amd64"),
                            {})
         digest = str(entry.get("digest", ""))
-        doc = _object(_by_digest(f"{api}/manifests/{digest}", digest, auth, ", ".join(MANIFEST_TYPES))
+        doc = _object(_by_digest(pinned, "manifests", digest, auth, ", ".join(MANIFEST_TYPES))
                       if DIGEST_RE.fullmatch(digest) else None)
     config = str(_dict(doc.get("config")).get("digest", ""))
     if not DIGEST_RE.fullmatch(config):
         raise signing.Refused("registry", f"the registry gave no image manifest for {parsed.digest}")
-    blob = _by_digest(f"{api}/blobs/{config}", config, auth)
+    blob = _by_digest(pinned, "blobs", config, auth)
     if blob is None:
         raise signing.Refused("registry", f"the registry gave no image config {config}")
     labels = _dict(_dict(_object(blob).get("config")).get("Labels"))
@@ -131,7 +119,7 @@ def docker_config_auth(registry: str) -> Auth | None:
     folder = Path(os.environ.get("DOCKER_CONFIG") or Path.home() / ".docker")
     try:
         auths = json.loads((folder / "config.json").read_text()).get("auths") or {}
-        token = (auths.get(signing.auth_key(registry)) or {}).get("auth", "")
+        token = (auths.get(Registry(registry).auth_key) or {}).get("auth", "")
         user, _, password = base64.b64decode(token).decode().partition(":")
     except (OSError, ValueError, AttributeError):
         return None
@@ -213,12 +201,11 @@ def matrix_targets(matrix: Any, cells: list[Any]) -> list[tuple[str, Auth | None
     out = []
     for cell in cells:
         for tag in cell.tags:
-            registry = refs.registry(tag) or refs.DOCKER_HUB
+            registry = Registry.of(tag).host
             out.append((tag, creds.get(registry) or docker_config_auth(registry)))
     return out
 
 
 def one_target(ref: str) -> list[tuple[str, Auth | None]]:
 
-    registry = refs.registry(ref) or refs.DOCKER_HUB
-    return [(ref, logins.credentials() or docker_config_auth(registry))]
+    return [(ref, logins.credentials() or docker_config_auth(Registry.of(ref).host))]

@@ -31,12 +31,12 @@ from imagefactory.files import yamlfile
 from imagefactory.files.store import Store
 from imagefactory.config import platforms
 from imagefactory.config import refs
-from imagefactory.config import sizes
+from imagefactory.config import registries
 from imagefactory.config import tags as tagging
 from imagefactory.errors import ConfigError
 from imagefactory.files.yamlfile import Located as _Located
 from imagefactory.files.yamlfile import Problem
-from imagefactory.config.model import Cell, CondaSettings, InstallerPin, Matrix, PipSettings, TagList
+from imagefactory.config.model import Cell, CondaSettings, InstallerPin, Matrix, PipSettings, TagList, parse_size
 
 if TYPE_CHECKING:
     import jsonschema
@@ -331,7 +331,7 @@ def _compression(data: dict[str, Any], problem) -> dict[str, Any]:
     """The Matrix fields of `compression` and `tags.compression`: each registry named there is
     image's or one under tags.registries (a setting for a registry nothing is pushed to is a typo)."""
     tags_cfg = data.get("tags", {})
-    allowed = tagging.registries(data["image"], tuple(tags_cfg.get("registries", [])))
+    allowed = registries.allowed(data["image"], tuple(tags_cfg.get("registries", [])))
     per = {refs.normal_registry(r): how for r, how in tags_cfg.get("compression", {}).items()}
     for registry, given in zip(per, tags_cfg.get("compression", {})):
         if registry not in allowed:
@@ -349,7 +349,7 @@ def _budget(combo: dict[str, Any], data: dict[str, Any], where: tuple[Any, ...],
     else:
         return None
     try:
-        return sizes.parse(value)
+        return parse_size(value)
     except ValueError as e:
         problem(keypath, str(e))
         return None
@@ -429,8 +429,8 @@ def _tags(data: dict[str, Any], cells: list[Cell], sources: list[tuple[Any, ...]
     image = data["image"]
     tag_template = tags_cfg.get("template", Matrix.tag_template)
     hash_template = tags_cfg.get("hash_template", Matrix.hash_tag_template)
-    allowed = tagging.registries(image, tuple(tags_cfg.get("registries", [])))
-    for why in tagging.credential_clashes(allowed):
+    allowed = registries.allowed(image, tuple(tags_cfg.get("registries", [])))
+    for why in registries.credential_clashes(allowed):
         problem(("tags", "registries"), why)
     resolved, lists = _resolve_tags(cells, image, tag_template, hash_template, tags_cfg.get("extra", []), allowed,
                                     problem, sources=sources, set_keys=set(tags_cfg))

@@ -5,7 +5,9 @@ matrix.py builds these from a file; nothing else constructs them except tests.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Literal, Union
 
@@ -41,7 +43,7 @@ class Cell:
     # what the image is built for (platforms.py); a cell of any other than the default has its
     # architecture in its id, before the variant: py3.11-cpu-openblas-pip-arm64
     platform: Platform = platforms.DEFAULT
-    # the most compressed bytes its image may have (size_budget, config/sizes.py); None: no budget,
+    # the most compressed bytes its image may have (size_budget, parse_size); None: no budget,
     # and nothing measured before a push
     size_budget: int | None = None
 
@@ -138,3 +140,37 @@ class Matrix:
     @property
     def directory(self) -> Path:
         return self.path.parent
+
+
+# -- sizes in bytes as a matrix writes them (`size_budget: 6GB`, `900MiB`, or an integer) and as a
+# -- report shows them. The schema's pattern (resources/matrix.schema.json, $defs.size_budget) admits
+# -- the text; `parse_size` is the one reader of it, SIZE_RE the same pattern matched whole.
+
+SIZE_UNITS = {"B": 1, "kB": 1000, "KB": 1000, "MB": 1000 ** 2, "GB": 1000 ** 3, "TB": 1000 ** 4,
+         "KiB": 1024, "MiB": 1024 ** 2, "GiB": 1024 ** 3, "TiB": 1024 ** 4}
+SIZE_RE = re.compile(r"(?P<number>(?:0|[1-9][0-9]{0,12})(?:\.[0-9]{1,3})?) ?(?P<unit>" + "|".join(SIZE_UNITS) + ")")
+MAX_SIZE = 1 << 40  # 1 TiB: no image is larger; a budget above it is a typo
+
+
+def parse_size(value: int | str) -> int:
+    """Bytes of `value` (an integer, or a number and a unit, whole); ValueError saying why not."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ValueError(f"expected bytes or a size such as 6GB, got {type(value).__name__}")
+    if isinstance(value, int):
+        n = value
+    else:
+        m = SIZE_RE.fullmatch(value)
+        if m is None:
+            raise ValueError(f"{value[:40]!r} is not a size (a number and a unit: {', '.join(SIZE_UNITS)}; e.g. 6GB)")
+        n = int(Decimal(m["number"]) * SIZE_UNITS[m["unit"]])
+    if not 1 <= n <= MAX_SIZE:
+        raise ValueError(f"{value!r} is {n} bytes: a size budget is between 1 byte and 1 TiB")
+    return n
+
+
+def human(n: int) -> str:
+    """`n` bytes for people: 1.43 GB, 220 MB, 512 B (decimal units, as registries show them)."""
+    for unit, size in (("TB", 1000 ** 4), ("GB", 1000 ** 3), ("MB", 1000 ** 2), ("kB", 1000)):
+        if abs(n) >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n} B"

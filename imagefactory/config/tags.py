@@ -1,4 +1,5 @@
-"""Tag names: computed from the matrix before anything is built, validated as references.
+"""Tag names: computed from the matrix before anything is built, validated as references (which
+registries they may name, and how each is compressed, is registries.py's).
 
 Release tags are applied (publish/push.py) only to cells whose build and checks passed.
 
@@ -16,6 +17,7 @@ import re
 import string
 
 from imagefactory.config import refs
+from imagefactory.config import registries
 from imagefactory.config.model import Cell, Matrix, TagList
 from imagefactory.config.platforms import Platform
 
@@ -80,52 +82,6 @@ def hash_tag(template: str, image: str, cell: Cell, content_hash: str) -> str:
     return _format("hash_template", template, HASH_FIELDS, {**_fields(image, cell), "hash": content_hash[:12]})
 
 
-def registries(image: str, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
-    """The registries tags may point at: `image`'s first, then those the matrix names (normalised)."""
-    own = refs.registry(image) or refs.DOCKER_HUB
-    return tuple(dict.fromkeys([own] + [refs.normal_registry(r) for r in extra]))
-
-
-def env_suffix(registry: str) -> str:
-    """The <HOST> of a registry's credential variables (IMAGEFACTORY_REGISTRY_USER_<HOST>):
-    'ghcr.io' -> 'GHCR_IO', 'reg.example.com:5000' -> 'REG_EXAMPLE_COM_5000'."""
-    return re.sub(r"[^A-Z0-9]", "_", registry.upper())
-
-
-def credential_clashes(allowed: tuple[str, ...]) -> list[str]:
-    """Registries under tags.registries whose names map to one credential variable (they differ
-    only in '.', '-' or ':'): one would be sent the other's login, so the matrix is refused."""
-    seen: dict[str, str] = {}
-    out = []
-    for registry in allowed[1:]:  # allowed[0], image's registry, uses the variables without a suffix
-        suffix = env_suffix(registry)
-        if suffix in seen:
-            out.append(f"registries {seen[suffix]} and {registry} would share the credential variables "
-                       f"IMAGEFACTORY_REGISTRY_USER_{suffix}/PASSWORD_{suffix}, so one would get the other's "
-                       f"login; publish to one of them from this matrix")
-        seen.setdefault(suffix, registry)
-    return out
-
-
-def allowed_registries(matrix: Matrix) -> tuple[str, ...]:
-    return registries(matrix.image, matrix.registries)
-
-
-def compressed_with(matrix: Matrix, how: str) -> list[str]:
-    """The registries this matrix pushes `how` layers to (`compression`, `tags.compression`)."""
-    return [r for r in allowed_registries(matrix) if matrix.compression_for(r) == how]
-
-
-# The compressions BuildKit recompresses a tested image's layers to at push time (gzip is the
-# engine's own push); with "gzip", the schema's `compression` enum.
-RECOMPRESSED = ("zstd", "estargz")
-
-
-def recompressed(matrix: Matrix) -> dict[str, list[str]]:
-    """{zstd | estargz: its registries}: the pushes BuildKit recompresses (gzip: the engine's own)."""
-    return {how: found for how in RECOMPRESSED if (found := compressed_with(matrix, how))}
-
-
 def refusal(ref: str, allowed: tuple[str, ...]) -> str | None:
     """Why `ref` cannot be a tag to push (None when it can): not a reference, a digest in it, or a
     registry the matrix did not name. allowed[0] is the registry of `image`."""
@@ -138,10 +94,7 @@ def refusal(ref: str, allowed: tuple[str, ...]) -> str | None:
     if parsed.tag and SIG_TAG_RE.fullmatch(parsed.tag):
         return (f"{ref!r}: tag {parsed.tag} has the form of cosign's signature and attestation tags "
                 f"(sha256-<digest>.sig/.att/.sbom); a release tag may not take their place")
-    if parsed.registry not in allowed:
-        return (f"{ref!r} points at registry {parsed.registry}, not {allowed[0]} (the registry of image); "
-                f"list it under tags.registries to publish there (it then gets only its own credentials)")
-    return None
+    return registries.not_allowed(ref, parsed.registry, allowed)
 
 
 def extra_tags(release: str, kinds: tuple[str, ...], *, today: _dt.date | None = None,

@@ -17,6 +17,7 @@ when the engine stopped answering), and Cancelled once the engine's Interrupt is
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -77,10 +78,21 @@ class PushOutcome:
     layers_existing: list[str]
 
 
+# The media types of what a RegistryClient reads and puts: image manifests and lists (indexes).
+DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
+OCI_INDEX = "application/vnd.oci.image.index.v1+json"
+MANIFEST_TYPES = (OCI_MANIFEST, DOCKER_MANIFEST)
+INDEX_TYPES = (OCI_INDEX, DOCKER_LIST)
+MAX_MANIFEST_BYTES = 4 << 20  # the manifest size every registry must accept (OCI distribution spec)
+DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
+
+
 @dataclass(frozen=True)
 class Manifest:
     """A manifest or index as the registry serves it: its media type, its digest (the sha256 of
-    `body`, checked) and its bytes (at most registry_http.MAX_BYTES)."""
+    `body`, checked) and its bytes (at most MAX_MANIFEST_BYTES)."""
 
     media_type: str
     digest: str
@@ -124,6 +136,17 @@ class RegistryClient(Protocol):
 
     def put_manifest(self, ref: str, manifest: Manifest, *, auth_config: dict[str, str] | None = None) -> str:
         """PUT `manifest` (a list) under `ref`; the digest stored."""
+        ...
+
+    def digest(self, ref: str, *, auth_config: dict[str, str] | None = None) -> str | None:
+        """The digest the registry serves `ref` as now (a digest in `ref` is its own); None when it
+        names none. The connection's own errors (OSError) are the caller's."""
+        ...
+
+    def content(self, pinned: str, kind: str, digest: str, *, auth_config: dict[str, str] | None = None,
+                accept: str = "") -> bytes | None:
+        """The bytes served for `digest` (`kind`: manifests or blobs) in `pinned`'s repository, for the
+        caller to check against `digest`; None when the registry gives none (or too much)."""
         ...
 
 

@@ -36,8 +36,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Callable
 
 from imagefactory.config import recipe
-from imagefactory.config.tags import RECOMPRESSED
-from imagefactory.config import refs
+from imagefactory.config.registries import RECOMPRESSED, Registry
 from imagefactory.engine import identity
 from imagefactory.files import terminal
 from imagefactory.engine.api import PODMAN, Builder, BuildProgress, BuildRequest
@@ -421,7 +420,7 @@ class BuildxBuilder:
 
     def push_recompressed(self, engine: Engine, ref: str, compression: str, auth: dict[str, str] | None) -> str:
         """Push the local image `ref` with `compression` layers (push_recompressed); its digest."""
-        return push_recompressed(ref, refs.registry(ref) or refs.DOCKER_HUB, compression, auth, engine.interrupt)
+        return push_recompressed(ref, Registry.of(ref).host, compression, auth, engine.interrupt)
 
     def build(self, engine: Engine, request: BuildRequest, *, log: Callable[[str], None] = lambda line: None,
               progress: Callable[[BuildProgress], None] = lambda p: None) -> str:

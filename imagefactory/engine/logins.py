@@ -12,13 +12,11 @@ from __future__ import annotations
 import os
 
 from imagefactory.config import refs
-from imagefactory.config import tags as tagging
+from imagefactory.config import registries
+from imagefactory.config import tags
 from imagefactory.config.model import Matrix
+from imagefactory.config.registries import PASSWORD_ENV, USER_ENV, Registry
 from imagefactory.errors import ConfigError, PushError
-
-USER_ENV = "IMAGEFACTORY_REGISTRY_USER"
-PASSWORD_ENV = "IMAGEFACTORY_REGISTRY_PASSWORD"
-
 
 Auth = dict[str, str]
 
@@ -38,25 +36,22 @@ def credentials() -> Auth | None:
     return _pair(USER_ENV, PASSWORD_ENV)
 
 
-env_suffix = tagging.env_suffix  # one mapping: the matrix refuses registries it would confuse
-
-
 def registry_credentials(matrix: Matrix) -> dict[str, Auth | None]:
     """Credentials per registry, as Docker's config keeps them: IMAGEFACTORY_REGISTRY_USER/PASSWORD
     belong to `image`'s registry alone; a registry under tags.registries gets
-    IMAGEFACTORY_REGISTRY_USER_<HOST>/PASSWORD_<HOST> (env_suffix), or None (`docker login`)."""
-    own, *extra = tagging.allowed_registries(matrix)
+    IMAGEFACTORY_REGISTRY_USER_<HOST>/PASSWORD_<HOST> (Registry.credential_variables), or None
+    (`docker login`)."""
+    own, *extra = registries.allowed_registries(matrix)
     found: dict[str, Auth | None] = {own: credentials()}
     for registry in extra:
-        suffix = env_suffix(registry)
-        found[registry] = _pair(f"{USER_ENV}_{suffix}", f"{PASSWORD_ENV}_{suffix}")
+        found[registry] = _pair(*Registry(registry).credential_variables(own=False))
     return found
 
 
 def auth_for(ref: str, creds: dict[str, Auth | None]) -> Auth | None:
     """The credentials that may go with a push of `ref`: its own registry's, and only for a
     registry the matrix allows (anything else is refused, never sent another registry's)."""
-    why = tagging.refusal(ref, tuple(creds))
+    why = tags.refusal(ref, tuple(creds))
     if why:
         raise PushError(f"not pushed: {why}", transient=False)
     registry = refs.registry(ref)

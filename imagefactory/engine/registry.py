@@ -1,8 +1,8 @@
 """The registry HTTP API (distribution's /v2/), in one place: what the engine cannot do through the
 Docker daemon (read a manifest as the registry serves it, PUT a list) and what `verify` reads.
 
-- Loopback registries (127.0.0.0/8, localhost, [::1]) are plain HTTP, as Docker trusts them; every
-  other one is HTTPS. Docker Hub's API is registry-1.docker.io.
+- Where a registry's API is (its scheme, host and paths: loopback registries are plain HTTP, Docker
+  Hub's API is registry-1.docker.io) is config/registries.py's `Registry`.
 - A 401 is answered once: Basic with the registry's own credentials, or Bearer through the token
   realm the challenge names (an https URL, or http on loopback only; its service and scope checked
   whole). The token is checked whole before it goes into a header.
@@ -23,20 +23,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from imagefactory.config import refs
-from imagefactory.engine.api import Manifest
+from imagefactory.config.registries import Registry, host_of, is_loopback
+from imagefactory.engine.api import DIGEST_RE, INDEX_TYPES, MANIFEST_TYPES, Manifest
+from imagefactory.engine.api import MAX_MANIFEST_BYTES as MAX_BYTES
 from imagefactory.errors import RegistryError
 from imagefactory.interrupt import Interrupt
 
-DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
-OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
-DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
-OCI_INDEX = "application/vnd.oci.image.index.v1+json"
-MANIFEST_TYPES = (OCI_MANIFEST, DOCKER_MANIFEST)
-INDEX_TYPES = (OCI_INDEX, DOCKER_LIST)
-MAX_BYTES = 4 << 20  # the manifest size every registry must accept (OCI distribution spec)
 TIMEOUT = (5, 20)  # connect, read (s): an interrupt is seen between requests, so keep them short
-DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
-_LOOPBACK_RE = re.compile(r"localhost|\[::1\]|127(?:\.[0-9]{1,3}){3}")
 _REALM_RE = re.compile(rf"(?P<scheme>https?)://(?P<host>{refs._DOMAIN})(?P<path>/[A-Za-z0-9._~/-]*)?", re.ASCII)
 _PARAM_RE = re.compile(r"[A-Za-z0-9._:/,*@+-]{1,512}", re.ASCII)  # service, scope
 _TOKEN_RE = re.compile(r"[A-Za-z0-9._~+/=-]{1,16384}", re.ASCII)
@@ -61,19 +54,6 @@ def shown(text: object, limit: int = 80) -> str:
     return ascii(str(text)[:limit])
 
 
-def _host(registry: str) -> str:
-    return registry.split("]", 1)[0] + "]" if registry.startswith("[") else registry.rsplit(":", 1)[0]
-
-
-def scheme(registry: str) -> str:
-    return "http" if _LOOPBACK_RE.fullmatch(_host(registry)) else "https"
-
-
-def api(registry: str) -> str:
-    host = "registry-1.docker.io" if registry == refs.DOCKER_HUB else registry
-    return f"{scheme(registry)}://{host}/v2"
-
-
 def _bounded(response: Any) -> bytes:
     body = b""
     for chunk in response.iter_content(65536):
@@ -96,7 +76,7 @@ def _token(challenge: str, basic: tuple[str, str] | None) -> str | None:
     """The Bearer token the challenge's realm gives, or None when the challenge is not one to follow."""
     params = dict(re.findall(r'(\w+)="([^"]*)"', challenge))
     realm = _REALM_RE.fullmatch(params.pop("realm", ""))
-    if realm is None or (realm["scheme"] == "http" and not _LOOPBACK_RE.fullmatch(_host(realm["host"]))):
+    if realm is None or (realm["scheme"] == "http" and not is_loopback(host_of(realm["host"]))):
         return None
     query = {k: v for k, v in params.items() if k in ("service", "scope") and _PARAM_RE.fullmatch(v)}
     import requests
@@ -132,9 +112,9 @@ def _url(ref: str) -> tuple[str, str]:
     parsed = refs.parse(ref)
     if parsed is None:
         raise RegistryError(f"{shown(ref, 200)} is not an image reference", transient=False)
-    path = parsed.path if parsed.registry != refs.DOCKER_HUB or "/" in parsed.path else f"library/{parsed.path}"
+    registry = Registry(parsed.registry)
     reference = parsed.digest or parsed.tag or "latest"
-    return f"{api(parsed.registry)}/{path}/manifests/{reference}", reference
+    return f"{registry.api}/{registry.path(parsed.path)}/manifests/{reference}", reference
 
 
 def _failure(what: str, r: Reply) -> RegistryError:
@@ -197,6 +177,33 @@ def put_manifest(ref: str, manifest: Manifest, auth: Auth | None) -> str:
     return stored
 
 
+def served_digest(ref: str, auth: Auth | None) -> str | None:
+    """The digest the registry serves `ref` as now (a HEAD of its tag; a digest in `ref` is its own);
+    None for a non-reference or when the registry names none. The path is `ref`'s as written.
+    requests' errors (OSErrors) go to the caller."""
+    parsed = refs.parse(ref)
+    if parsed is None:
+        return None
+    if parsed.digest:
+        return parsed.digest
+    url = f"{Registry(parsed.registry).api}/{parsed.path}/manifests/{parsed.tag or 'latest'}"
+    r = request("HEAD", url, auth, ", ".join(MANIFEST_TYPES + INDEX_TYPES))
+    digest = r.headers.get("Docker-Content-Digest", "") if r.status_code == 200 else ""
+    return digest if DIGEST_RE.fullmatch(digest) else None
+
+
+def content(pinned: str, kind: str, digest: str, auth: Auth | None, accept: str = "") -> bytes | None:
+    """The bytes the registry serves for `digest` (`kind`: manifests or blobs) in `pinned`'s repository
+    (its path as written), unchecked: the caller holds them against `digest`. None when it gives none,
+    or more than MAX_BYTES. requests' errors (OSErrors) go to the caller."""
+    parsed = refs.parse(pinned)
+    assert parsed is not None
+    r = request("GET", f"{Registry(parsed.registry).api}/{parsed.path}/{kind}/{digest}", auth, accept)
+    if r.status_code != 200 or len(r.content) > MAX_BYTES:
+        return None
+    return r.content
+
+
 class HttpRegistry:
     """The registry's HTTP API as a client of its own (implements engine.api.RegistryClient): what
     the engine cannot read or write through the daemon. `login(ref)`: the credentials a call without
@@ -218,3 +225,16 @@ class HttpRegistry:
         stored = put_manifest(ref, manifest, auth_config or self._login(ref))
         self.interrupt.check()
         return stored
+
+    def digest(self, ref: str, *, auth_config: Auth | None = None) -> str | None:
+        self.interrupt.check()
+        found = served_digest(ref, auth_config or self._login(ref))
+        self.interrupt.check()
+        return found
+
+    def content(self, pinned: str, kind: str, digest: str, *, auth_config: Auth | None = None,
+                accept: str = "") -> bytes | None:
+        self.interrupt.check()
+        found = content(pinned, kind, digest, auth_config or self._login(pinned), accept)
+        self.interrupt.check()
+        return found

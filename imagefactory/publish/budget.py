@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from imagefactory.config.sizes import human
+from imagefactory.config.model import human
 from imagefactory.engine.layers import Layer, Measured
 
 SHOWN = 3  # the largest layers a message names

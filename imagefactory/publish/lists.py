@@ -29,12 +29,12 @@ import json
 from typing import Callable
 
 from imagefactory.config import refs
-from imagefactory.engine import registry as registry_http
+from imagefactory.engine.registry import shown
 from imagefactory.config import tags as tagging
 from imagefactory.report.cell import (INTERRUPTED, NOT_PUBLISHED, PASSED, PUBLISH_FAILED, PUBLISHED, CellReport,
                                      ListReport)
 from imagefactory.run.context import Publishing, RunContext
-from imagefactory.engine.api import ContainerEngine, Manifest, RegistryClient
+from imagefactory.engine.api import DOCKER_LIST, DOCKER_MANIFEST, MANIFEST_TYPES, OCI_INDEX, ContainerEngine, Manifest, RegistryClient
 from imagefactory.errors import Cancelled, EngineError, PushError, RegistryError
 from imagefactory.interrupt import Interrupt
 from imagefactory.config.model import Matrix, TagList
@@ -122,7 +122,7 @@ def _member(registry: RegistryClient, m: dict, auth: dict[str, str] | None) -> d
     if served is None or served.digest != m["digest"]:
         raise RegistryError(f"the registry serves {served.digest if served else 'nothing'} for {m['tag']}, not "
                             f"the {m['digest']} pushed for {m['cell']}", transient=False)
-    if served.media_type not in registry_http.MANIFEST_TYPES:
+    if served.media_type not in MANIFEST_TYPES:
         raise RegistryError(f"{m['tag']} is a {served.media_type}, not one image's manifest", transient=False)
     os_, architecture = m["platform"].split("/", 1)
     return {"mediaType": served.media_type, "digest": served.digest, "size": served.size,
@@ -132,8 +132,8 @@ def _member(registry: RegistryClient, m: dict, auth: dict[str, str] | None) -> d
 def index(descriptors: list[dict]) -> Manifest:
     """The list of `descriptors`: a Docker manifest list when every member is a Docker schema 2
     manifest (what dockerd pushes), else an OCI image index."""
-    docker = all(d["mediaType"] == registry_http.DOCKER_MANIFEST for d in descriptors)
-    media_type = registry_http.DOCKER_LIST if docker else registry_http.OCI_INDEX
+    docker = all(d["mediaType"] == DOCKER_MANIFEST for d in descriptors)
+    media_type = DOCKER_LIST if docker else OCI_INDEX
     body = json.dumps({"schemaVersion": 2, "mediaType": media_type, "manifests": descriptors},
                       indent=2).encode() + b"\n"
     return Manifest(media_type, "sha256:" + hashlib.sha256(body).hexdigest(), body)
@@ -153,7 +153,7 @@ def mismatch(tag: str, put: Manifest, served: Manifest | None, members: list[dic
         return f"the registry's index for {tag} cannot be read"
     wanted = {m["platform"]: m["digest"] for m in members}
     if len(entries) != len(members) or resolved != wanted:
-        return (f"the registry's index for {tag} resolves {registry_http.shown(resolved, 300)}, not the members "
+        return (f"the registry's index for {tag} resolves {shown(resolved, 300)}, not the members "
                 f"{wanted}")
     return ""
 

@@ -23,6 +23,7 @@ from imagefactory.publish import budget as size_budget
 from imagefactory.publish import lists as publish_lists
 from imagefactory.publish import sizes
 from imagefactory.config import refs
+from imagefactory.config import registries
 from imagefactory.config import tags as tagging
 from imagefactory.run.context import UI, Publishing, Releasing, RunContext
 from imagefactory.engine import identity
@@ -132,13 +133,13 @@ class _Target:
     platform: str
 
     def compression(self, ref: str) -> str:
-        return self.matrix.compression_for(refs.registry(ref) or refs.DOCKER_HUB)
+        return registries.compression_for(self.matrix, ref)
 
 
 def _can_compress(matrix: Matrix, engine: ContainerEngine) -> ContainerEngine:
     """`engine`, once it can push what the matrix asks: zstd and eStargz need BuildKit (buildx) and the
     containerd image store; ConfigError (exit 2) naming the fix otherwise, before anything is pushed."""
-    asked = tagging.recompressed(matrix)
+    asked = registries.recompressed(matrix)
     if not asked:
         return engine
     what = "; ".join(f"compression {how} (for {', '.join(where)})" for how, where in asked.items())

@@ -14,14 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from imagefactory.config import refs
-from imagefactory.engine.api import Manifest, RegistryClient
-from imagefactory.engine.registry import DIGEST_RE, INDEX_TYPES, MANIFEST_TYPES
+from imagefactory.config import registries
+from imagefactory.config.registries import ESTARGZ_TOC
+from imagefactory.engine.api import DIGEST_RE, INDEX_TYPES, MANIFEST_TYPES, Manifest, RegistryClient
 from imagefactory.errors import RegistryError
-
-ZSTD_TYPES = ("application/vnd.oci.image.layer.v1.tar+zstd",)
-# An eStargz layer is a gzip layer whose descriptor names its table of contents (BuildKit's
-# compression=estargz; stargz-snapshotter's key): any launcher pulls it as gzip.
-ESTARGZ_TOC = "containerd.io/snapshot/stargz/toc.digest"
 
 
 @dataclass(frozen=True)
@@ -110,7 +106,7 @@ def read_quietly(registry: RegistryClient, ref: str, platform: str, auth: dict[s
 def record(image: Pulled) -> dict[str, Any]:
     """The report's figures of one pushed image (CellReport.sizes)."""
     largest = image.largest
-    kinds = {"zstd" if b.media_type in ZSTD_TYPES else "estargz" if b.estargz else "gzip" for b in image.layers}
+    kinds = {registries.layer_compression(b.media_type, b.estargz) for b in image.layers}
     return {"digest": image.digest, "compressed": image.total, "layers": len(image.layers),
             "largest_layer": largest.size if largest else 0, "largest_layer_digest": largest.digest if largest else "",
             "compression": "+".join(sorted(kinds)) or "none", "fetch_after": {}}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from imagefactory.config.sizes import human
+from imagefactory.config.model import human
 from imagefactory.probe.checks import Check, launches
 
 # Cell states, in pipeline order.

@@ -495,9 +495,9 @@ def diagnose(matrix: Matrix | None, *, engine_factory: EngineFactory | None = No
 
 
 def _compressed(matrix: Matrix | None, how: str) -> list[str]:
-    from imagefactory.config import tags as tagging
+    from imagefactory.config import registries
 
-    return tagging.compressed_with(matrix, how) if matrix else []
+    return registries.compressed_with(matrix, how) if matrix else []
 
 
 def text(report: Report) -> str:

@@ -568,9 +568,9 @@ def test_doctor_verify_fails_the_exit_code_and_prints_each_line():
                                               ("[::1]:5000", "http"), ("ghcr.io", "https"),
                                               ("127.0.0.1.evil.example:5000", "https"), ("localhost.evil", "https")])
 def test_verify_reads_plain_http_only_from_loopback_registries(registry, scheme):
-    from imagefactory.attest import verify
+    from imagefactory.config.registries import Registry
 
-    assert verify._scheme(registry) == scheme
+    assert Registry(registry).scheme == scheme
 
 
 def test_the_probes_inventory_survives_an_unreadable_conda_meta(tmp_path, monkeypatch):

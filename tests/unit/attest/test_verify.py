@@ -27,7 +27,7 @@ def digest_of(body: bytes) -> str:
 
 
 class Registry:
-    """A registry as verify asks it (verify._get): tags that can be re-pushed, manifests and blobs
+    """A registry as verify asks it (through engine/registry.py's `request`): tags that can be re-pushed, manifests and blobs
     by digest (or, for the hostile cases, other bytes under a digest), and what was asked."""
 
     def __init__(self) -> None:
@@ -61,7 +61,7 @@ class Registry:
 @pytest.fixture
 def registry(monkeypatch):
     reg = Registry()
-    monkeypatch.setattr(verify, "_get", reg.get)
+    monkeypatch.setattr(registry_http, "request", lambda method, url, auth, accept="": reg.get(url, auth, accept, method))
     return reg
 
 
@@ -181,6 +181,6 @@ def test_a_registry_without_the_tag_or_unreachable_is_one_line(registry, cosign,
 
     def down(*args, **kwargs):
         raise ConnectionError("refused")
-    monkeypatch.setattr(verify, "_get", down)
+    monkeypatch.setattr(registry_http, "request", down)
     v = verify.verify_ref(f"{REPO}:1", KEY, None)
     assert not v.ok and v.kind == "registry" and v.line == f"{REPO}:1: FAILED: registry unreachable (ConnectionError)"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 
+from imagefactory.config import registries
 from imagefactory.config import tags
 from imagefactory.engine.docker import is_transient, split_tag
 from imagefactory.config.model import Cell
@@ -85,7 +86,7 @@ def test_a_registry_named_under_tags_registries_is_allowed(write_matrix):
     text = ONE_CELL + 'tags: {template: "Other.Example.NET/x/{id}", registries: [other.example.net]}\n'
     m = matrix.load(write_matrix(text))
     assert m.cell(CELL_HT).tags == ("Other.Example.NET/x/" + CELL_HT,)
-    assert tagging.allowed_registries(m) == ("registry.example.com", "other.example.net")
+    assert registries.allowed_registries(m) == ("registry.example.com", "other.example.net")
 
 
 def test_tags_registries_entries_are_hosts(write_matrix):
@@ -131,11 +132,11 @@ def test_an_extra_tag_of_one_cell_equal_to_another_cells_release_tag_is_refused(
 def test_tags_registries_names_are_normalised(project):
     from imagefactory.config import tags
 
-    assert tags.registries("registry.example.com/ml/train", ("Other.Example.NET", "index.docker.io")) == (
+    assert registries.allowed("registry.example.com/ml/train", ("Other.Example.NET", "index.docker.io")) == (
         "registry.example.com", "other.example.net", "docker.io")
     text = PIP + ('tags:\n  registries: [Other.Example.NET, index.docker.io]\n'
                   '  template: "other.example.net/ml/train:{torch}-py{python}"\n')
     m = matrix.load(write(project, text))
     assert m.cells[0].tags == ("other.example.net/ml/train:2.13.0-py3.11",)
-    assert tags.refusal("docker.io/ml/train:x", tags.allowed_registries(m)) is None
-    assert tags.refusal("OTHER.example.net/ml/train:x", tags.allowed_registries(m)) is None
+    assert tags.refusal("docker.io/ml/train:x", registries.allowed_registries(m)) is None
+    assert tags.refusal("OTHER.example.net/ml/train:x", registries.allowed_registries(m)) is None

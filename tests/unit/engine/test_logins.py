@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from imagefactory.engine import logins
 from imagefactory.config import matrix
 from tests.unit.helpers import HARDENING_PIP as PIP, hardening_project, list_refused as refused, write_matrix_text as write
 
@@ -20,8 +19,8 @@ def test_registries_that_map_to_one_credential_variable_are_refused(project, mon
 
 
 def test_the_credential_mapping_is_one_to_one_for_a_loaded_matrix(project):
-    from imagefactory.config import tags
+    from imagefactory.config import registries
 
     m = matrix.load(write(project, PIP + "tags:\n  registries: [a.example.com, b.example.com:5000, Other.Example.NET]\n"))
-    suffixes = [tags.env_suffix(r) for r in tags.allowed_registries(m)[1:]]
-    assert len(set(suffixes)) == len(suffixes) and logins.env_suffix is tags.env_suffix
+    suffixes = [registries.Registry(r).env_suffix for r in registries.allowed_registries(m)[1:]]
+    assert len(set(suffixes)) == len(suffixes)

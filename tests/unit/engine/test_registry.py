@@ -14,10 +14,10 @@ import hashlib
 import pytest
 
 from imagefactory.engine import registry as registry_http
-from imagefactory.engine.api import Manifest
+from imagefactory.engine.api import DOCKER_MANIFEST, Manifest
 from imagefactory.errors import RegistryError
 
-DOCKER = registry_http.DOCKER_MANIFEST
+DOCKER = DOCKER_MANIFEST
 REPO = "127.0.0.1:5000/ml/train"
 API = "http://127.0.0.1:5000/v2/ml/train/manifests/"
 BODY = b'{"schemaVersion": 2, "config": {"digest": "sha256:' + b"a" * 64 + b'"}}'

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from imagefactory.engine import registry as registry_http
-from imagefactory.engine.api import Manifest
+from imagefactory.engine.api import OCI_INDEX, Manifest
 from imagefactory.engine.registry import HttpRegistry
 from imagefactory.errors import Cancelled
 from imagefactory.interrupt import Interrupt
@@ -24,7 +24,7 @@ def http(monkeypatch) -> list[tuple]:
 
     def get(ref, auth):
         asked.append(("get", ref, auth))
-        return Manifest(registry_http.OCI_INDEX, DIGEST, b"{}")
+        return Manifest(OCI_INDEX, DIGEST, b"{}")
 
     def put(ref, manifest, auth):
         asked.append(("put", ref, auth))
@@ -39,7 +39,7 @@ def test_a_call_without_credentials_gets_the_login_and_given_ones_win(http):
     logins: list[str] = []
     client = HttpRegistry(Interrupt(), lambda ref: logins.append(ref) or LOGIN)
     assert client.manifest("r.example/a:1").digest == DIGEST
-    assert client.put_manifest("r.example/a:2", Manifest(registry_http.OCI_INDEX, DIGEST, b"{}"),
+    assert client.put_manifest("r.example/a:2", Manifest(OCI_INDEX, DIGEST, b"{}"),
                                auth_config=GIVEN) == DIGEST
     assert http == [("get", "r.example/a:1", LOGIN), ("put", "r.example/a:2", GIVEN)]
     assert logins == ["r.example/a:1"]  # the login is asked only where no credentials were given
@@ -57,7 +57,7 @@ def test_an_interrupted_run_asks_the_registry_nothing(http):
     with pytest.raises(Cancelled):
         client.manifest("r.example/a:1")
     with pytest.raises(Cancelled):
-        client.put_manifest("r.example/a:1", Manifest(registry_http.OCI_INDEX, DIGEST, b"{}"))
+        client.put_manifest("r.example/a:1", Manifest(OCI_INDEX, DIGEST, b"{}"))
     assert http == []
 
 
@@ -92,7 +92,7 @@ def test_the_fake_engine_and_the_fake_registry_share_one_world():
     pushed = engine.push("r.example/a:1")
     served = engine.registry.manifest("r.example/a:1")
     assert served is not None and served.digest == pushed.digest
-    index = Manifest(registry_http.OCI_INDEX, DIGEST, b"{}")
+    index = Manifest(OCI_INDEX, DIGEST, b"{}")
     assert world.engine().registry.put_manifest("r.example/a:list", index) == DIGEST
     assert engine.registry_digest("r.example/a:list") == DIGEST
     assert world.ops("registry_manifest") == ["r.example/a:1"] and world.ops("put_manifest") == ["r.example/a:list"]

@@ -96,7 +96,7 @@ def test_the_fake_and_the_http_registry_client_implement_the_whole_interface():
     from tests.fake_engine import FakeRegistry
 
     methods = [n for n, f in vars(RegistryClient).items() if callable(f) and not n.startswith("_")]
-    assert set(methods) == {"manifest", "put_manifest"}
+    assert set(methods) == {"manifest", "put_manifest", "digest", "content"}
     for name in methods:
         wanted = list(inspect.signature(getattr(RegistryClient, name)).parameters)
         for impl in (HttpRegistry, FakeRegistry):

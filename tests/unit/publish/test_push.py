@@ -6,6 +6,7 @@ import io
 from dataclasses import replace
 from typing import Any
 import pytest
+from imagefactory.config import registries
 from imagefactory.engine import logins
 from imagefactory.run.context import PushOptions, RunContext
 from imagefactory.config import matrix
@@ -112,4 +113,4 @@ def test_half_the_credentials_of_an_extra_registry_is_a_config_error(write_matri
     clean_env.setenv(logins.USER_ENV + "_OTHER_EXAMPLE_NET", "other")
     with pytest.raises(ConfigError, match="IMAGEFACTORY_REGISTRY_PASSWORD_OTHER_EXAMPLE_NET"):
         logins.registry_credentials(m)
-    assert logins.env_suffix("reg.example.com:5000") == "REG_EXAMPLE_COM_5000"
+    assert registries.env_suffix("reg.example.com:5000") == "REG_EXAMPLE_COM_5000"

@@ -1,4 +1,4 @@
-"""config/sizes.py and the matrix keys it reads: size_budget (file and include entry) and compression
+"""config/model.py's sizes (parse_size, human) and the matrix keys it reads: size_budget (file and include entry) and compression
 (file and tags.compression), each mistake one located line."""
 
 from __future__ import annotations
@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from imagefactory.config import matrix, sizes
+from imagefactory.config import matrix
+from imagefactory.config.model import human, parse_size
 from imagefactory.errors import ConfigError
 from tests.unit.helpers import ONE_PIP_CELL
 
@@ -18,18 +19,18 @@ BASE = "\n" + ONE_PIP_CELL
                                            ("900MiB", 900 << 20), ("1.5 GiB", 3 << 29), ("0.5kB", 500),
                                            ("1TiB", 1 << 40)])
 def test_sizes_parse_whole(text, expected):
-    assert sizes.parse(text) == expected
+    assert parse_size(text) == expected
 
 
 @pytest.mark.parametrize("text", ["6 GBs", "6gb", "GB", "6GB\n", " 6GB", "-1", "1e9", "0B", "2TB", 0, True,
                                   "01GB", "1.2345GB", 2 << 40])
 def test_other_sizes_are_refused(text):
     with pytest.raises(ValueError):
-        sizes.parse(text)
+        parse_size(text)
 
 
 def test_human_sizes():
-    assert [sizes.human(n) for n in (512, 1540, 220_073_746, 1_430_000_000)] == ["512 B", "1.54 kB", "220 MB", "1.43 GB"]
+    assert [human(n) for n in (512, 1540, 220_073_746, 1_430_000_000)] == ["512 B", "1.54 kB", "220 MB", "1.43 GB"]
 
 
 def _error(write_matrix, text: str) -> str:
@@ -72,9 +73,9 @@ def test_a_compression_for_a_registry_nothing_goes_to_or_an_unknown_one_is_refus
 def test_the_schema_offers_gzip_and_exactly_the_compressions_buildkit_is_asked_for():
     import json
 
-    from imagefactory.config import tags
+    from imagefactory.config import registries
     from imagefactory.engine import buildkit
 
     schema = json.loads((Path(matrix.__file__).parent.parent / "resources" / "matrix.schema.json").read_text())
-    assert tuple(schema["$defs"]["compression"]["enum"]) == ("gzip", *tags.RECOMPRESSED)
-    assert buildkit.RECOMPRESSED is tags.RECOMPRESSED  # the one list push's check and buildx's guard read
+    assert tuple(schema["$defs"]["compression"]["enum"]) == ("gzip", *registries.RECOMPRESSED)
+    assert buildkit.RECOMPRESSED is registries.RECOMPRESSED  # the one list push's check and buildx's guard read
