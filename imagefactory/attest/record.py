@@ -13,7 +13,7 @@ from imagefactory.attest import provenance, sbom
 from imagefactory.config.model import Cell, Matrix
 from imagefactory.files import fsutil
 from imagefactory.lock import lockfile
-from imagefactory.report.summary import CellReport
+from imagefactory.run.results import CellReport
 
 
 def record(matrix: Matrix, cell: Cell, report: CellReport, probes: dict | None, report_path: Path) -> str:

@@ -21,7 +21,7 @@ from imagefactory.attest import signing
 from imagefactory.run.context import Releasing, RunContext
 from imagefactory.errors import ImageFactoryError
 from imagefactory.config.model import Matrix
-from imagefactory.report.summary import PASSED, PUBLISH_FAILED, PUBLISHED, CellReport
+from imagefactory.run.results import PASSED, PUBLISH_FAILED, PUBLISHED, CellReport
 
 SIGNED, SIGN_FAILED, NOT_SIGNED = "signed", "sign-failed", "not-signed"
 

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from imagefactory.config import matrix as matrix_mod  # imported by the commands that read a matrix, not by --help
     from imagefactory.engine.api import ContainerEngine
     from imagefactory.config.model import Cell
-    from imagefactory.report.summary import CellReport, ListReport
+    from imagefactory.run.results import CellReport, ListReport
 
 # Each command imports the pipeline steps it runs (build, render, publish, lock, the engine, Jinja2,
 # tenacity) when it runs: `imagefactory --help` and `imagefactory list` import none of them, and

@@ -1,4 +1,4 @@
-"""Step 1: matrix file -> validated, expanded cells.
+"""Step 2 (config/): matrix file -> validated, expanded cells.
 
 Every problem is collected (not just the first) and reported as
 ``FILE:LINE: key.path: what is wrong (allowed: ...)``; nothing downstream runs

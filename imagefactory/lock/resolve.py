@@ -1,4 +1,4 @@
-"""Step 1b: cells -> lock files (locks/<cell-id>.txt next to the matrix), resolved on the host.
+"""Step 3 (lock/): cells -> lock files (locks/<cell-id>.txt next to the matrix), resolved on the host.
 
 The resolver is the route's own installer, asked for a plan instead of an install:
 

@@ -1,1 +1,1 @@
-"""Step 11 of the package's layout, the steps run in order, cell by cell (docs/architecture.md)."""
+"""Step 10 of the package's layout, the steps run in order, cell by cell (docs/architecture.md)."""

@@ -1,4 +1,4 @@
-"""Step 3: build contexts -> candidate images, each proven by the smoke tests.
+"""Step 10 (pipeline/): build contexts -> candidate images, each proven by the smoke tests.
 
 Cells build one at a time by default (-j N for more). A failing cell never stops
 the others unless fail-fast is asked for; cells not started then are reported as
@@ -39,8 +39,7 @@ from imagefactory.engine.api import Builder, BuildProgress, BuildRequest, Contai
 from imagefactory.errors import BuildError, Cancelled, ConfigError, EngineError, EngineGone, ImageFactoryError
 from imagefactory.interrupt import GRACE_SECONDS, Interrupt
 from imagefactory.config.model import Cell, Matrix
-from imagefactory.report.summary import (BUILD_FAILED, BUILT, CACHED, CHECK_FAILED, INTERRUPTED, NOT_BUILT, PASSED,
-                                 SKIPPED, CellReport, ListReport)
+from imagefactory.run.results import BUILD_FAILED, BUILT, CACHED, CHECK_FAILED, INTERRUPTED, NOT_BUILT, PASSED, SKIPPED, CellReport, ListReport
 
 
 BUILD_ENDED = 1 << 30  # a step number past any build's last: opens the cell's gate

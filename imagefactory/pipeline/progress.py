@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from imagefactory.engine.api import BuildProgress
 from imagefactory.files.terminal import printable_text
-from imagefactory.report.summary import BUILD_FAILED, BUILT, CACHED, PASSED, CellReport
+from imagefactory.run.results import BUILD_FAILED, BUILT, CACHED, PASSED, CellReport
 
 if TYPE_CHECKING:  # rich is imported only for the live display: start-up counts on CI
     from rich.console import Console

@@ -1,4 +1,4 @@
-"""The registry as a cache (part of step 3, build): what a fresh CI runner reuses from the
+"""The registry as a cache (part of step 10, pipeline/): what a fresh CI runner reuses from the
 target registry instead of building.
 
 - **Content tag already pushed.** A cell's immutable content-hash tag (tags.hash_tag) names

@@ -1,4 +1,4 @@
-"""Step 4: prove an image in-container, the ways GPU nodes launch it.
+"""Step 6 (probe/): prove an image in-container, the ways GPU nodes launch it.
 
 The probe (resources/probe.py, standard library plus what it inspects) runs inside
 the image with no network and a timeout; the host parses its JSON and judges it against

@@ -1,1 +1,1 @@
-"""Step 10 of the package's layout, passing images -> pushed tags (docs/architecture.md)."""
+"""Step 9 of the package's layout, passing images -> pushed tags (docs/architecture.md)."""

@@ -1,4 +1,4 @@
-"""Step 5b: merge the per-arch tags of each list (model.TagList) into one image index, as
+"""Step 9 (publish/): merge the per-arch tags of each list (model.TagList) into one image index, as
 jupyter/docker-stacks' merge_tags does, after every per-arch push of the run.
 
 The rule: a list is published only when every platform of it passed. Each member cell must have
@@ -31,7 +31,7 @@ from typing import Callable
 from imagefactory.config import refs
 from imagefactory.engine.registry import shown
 from imagefactory.config import tags as tagging
-from imagefactory.report.cell import (INTERRUPTED, NOT_PUBLISHED, PASSED, PUBLISH_FAILED, PUBLISHED, CellReport,
+from imagefactory.run.results import (INTERRUPTED, NOT_PUBLISHED, PASSED, PUBLISH_FAILED, PUBLISHED, CellReport,
                                      ListReport)
 from imagefactory.run.context import Publishing, RunContext
 from imagefactory.engine.api import DOCKER_LIST, DOCKER_MANIFEST, MANIFEST_TYPES, OCI_INDEX, ContainerEngine, Manifest, RegistryClient

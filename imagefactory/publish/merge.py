@@ -1,4 +1,4 @@
-"""Step 5c: merge the lists from other jobs' reports (`imagefactory merge`). A team with native
+"""Step 9 (publish/): merge the lists from other jobs' reports (`imagefactory merge`). A team with native
 arm64 runners builds each cell in a CI job of its own, on a runner of its platform
 (`build --only CELL --push --report build/report-CELL.json`); one merge job then reads those
 report.json files and publishes each list of the matrix, as jupyter/docker-stacks' merge job does.
@@ -31,7 +31,7 @@ from imagefactory.files import terminal
 from imagefactory.publish import lists as publish_lists
 from imagefactory.config import refs
 from imagefactory.config import tags as tagging
-from imagefactory.report.cell import (BUILD_FAILED, BUILT, CACHED, CHECK_FAILED, INTERRUPTED, NOT_BUILT, NOT_PUBLISHED,
+from imagefactory.run.results import (BUILD_FAILED, BUILT, CACHED, CHECK_FAILED, INTERRUPTED, NOT_BUILT, NOT_PUBLISHED,
                                      PASSED, PUBLISH_FAILED, PUBLISHED, SKIPPED, CellReport, ListReport)
 from imagefactory.run.context import Publishing, RunContext
 from imagefactory.errors import ConfigError

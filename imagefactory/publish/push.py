@@ -1,4 +1,4 @@
-"""Step 5: tag and push the cells that passed, and nothing else.
+"""Step 9 (publish/): tag and push the cells that passed, and nothing else.
 
 Release tags are applied only to cells whose build and checks passed; with
 `atomic`, nothing is published unless every cell passed. Pushes stream through
@@ -32,8 +32,7 @@ from imagefactory.engine.logins import Auth, auth_for, redact, registry_credenti
 from imagefactory.errors import Cancelled, ConfigError, EngineError, PushError
 from imagefactory.interrupt import Interrupt
 from imagefactory.config.model import Matrix
-from imagefactory.report.summary import (INTERRUPTED, NOT_PUBLISHED, PASSED, PUBLISH_FAILED, PUBLISHED, CellReport,
-                                 ListReport)
+from imagefactory.run.results import INTERRUPTED, NOT_PUBLISHED, PASSED, PUBLISH_FAILED, PUBLISHED, CellReport, ListReport
 
 if TYPE_CHECKING:
     import tenacity

@@ -1,4 +1,4 @@
-"""Step 2: cells -> build contexts (a Dockerfile and every file it copies).
+"""Step 5 (render/): cells -> build contexts (a Dockerfile and every file it copies).
 
 recipe.py decides the values; the Jinja2 templates in dockerfiles/ hold every line of
 Dockerfile text; this module writes them, with the files they copy, into one context per cell.

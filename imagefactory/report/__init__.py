@@ -1,1 +1,1 @@
-"""Step 7 of the package's layout, what a run says (docs/architecture.md)."""
+"""Step 12 of the package's layout, what a run says (docs/architecture.md)."""

@@ -24,7 +24,7 @@ from imagefactory.config import refs
 from imagefactory.render import rendered
 from imagefactory.probe.checks import Check
 from imagefactory.errors import ConfigError
-from imagefactory.report.cell import CellReport, size_facts
+from imagefactory.run.results import CellReport, size_facts
 
 MAX_REPORT = 64 * 1024 * 1024  # bytes of report.json (or bench.json) read at most
 _TEMPLATES = Path(__file__).parents[1] / "templates"

@@ -1,4 +1,4 @@
-"""Step 6: the report. One JSON document for tools, one Markdown summary for people
+"""Step 12 (report/): the report. One JSON document for tools, one Markdown summary for people
 (ready for a GitHub step summary), and the image catalogue page (catalog.py)."""
 
 from __future__ import annotations
@@ -12,11 +12,7 @@ from typing import Sequence
 from imagefactory.files import fsutil
 from imagefactory.probe.checks import Check
 
-# The cell states and CellReport live in report/cell.py (the catalogue reads them too); they are
-# re-exported here, where every step of the pipeline has always found them.
-from imagefactory.report.cell import (  # noqa: E402,F401
-    BUILD_FAILED, BUILT, CACHED, CHECK_FAILED, INTERRUPTED, NOT_BUILT, NOT_PUBLISHED, PASSED, PUBLISH_FAILED,
-    PUBLISHED, SKIPPED, CellReport, ListReport, size_facts)
+from imagefactory.run.results import CACHED, PUBLISHED, CellReport, ListReport, size_facts
 
 
 def write(reports: list[CellReport], path: Path, *, gpus: bool,
@@ -24,7 +20,7 @@ def write(reports: list[CellReport], path: Path, *, gpus: bool,
     """report.json, the Markdown summary beside it (.md, also appended to GITHUB_STEP_SUMMARY),
     and the image catalogue beside both (.html, catalog.py). `lists`: the lists publishing merged
     or refused (publish/lists.py), under the key "lists" (added beside "cells", nothing changed)."""
-    from imagefactory.report import catalog  # catalog reads CellReport from report/cell.py, never from here
+    from imagefactory.report import catalog
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

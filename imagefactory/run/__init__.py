@@ -1,1 +1,1 @@
-"""Step 8 of the package's layout, one run's settings (docs/architecture.md)."""
+"""Step 7 of the package's layout, one run's settings and its record (docs/architecture.md)."""

@@ -28,7 +28,7 @@ from imagefactory.probe.limits import DEFAULT_PROBE_SHM, DEFAULT_PROBE_TIMEOUT
 if TYPE_CHECKING:  # annotations only: the engines, the netrc reader and the report are a run's, not --help's
     from imagefactory.engine.api import BuildProgress, EngineFactory
     from imagefactory.config.netrc import Netrc
-    from imagefactory.report.summary import CellReport
+    from imagefactory.run.results import CellReport
 
 DEFAULT_PUSH_TRIES = 4  # tries per tag, the first included
 DEFAULT_RETRY_DELAY = 2.0  # seconds before the first push retry; doubles each time, at most 60 s

@@ -1,1 +1,1 @@
-"""Step 12 of the package's layout, beside the pipeline (docs/architecture.md)."""
+"""Step 11 of the package's layout, beside the pipeline (docs/architecture.md)."""

@@ -17,7 +17,7 @@ from imagefactory.config import tags
 from imagefactory.run.context import PushOptions, RunContext, Silent
 from imagefactory.interrupt import Interrupt
 from imagefactory.config.model import Cell, Matrix
-from imagefactory.report.summary import CHECK_FAILED, PASSED, CellReport
+from imagefactory.run.results import CHECK_FAILED, PASSED, CellReport
 from tests.integration.helpers import (RUN_ID, TEST_PASSWORD, TEST_REGISTRY, TEST_USER, assert_pulls_its_cell, served_list)
 
 pytestmark = [pytest.mark.docker, pytest.mark.registry]

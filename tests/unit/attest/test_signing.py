@@ -30,7 +30,7 @@ from imagefactory.config import tags
 from imagefactory.run.context import BuildOptions, PushOptions, TestOptions
 from imagefactory.errors import ConfigError
 from imagefactory.lock.lockfile import Lock, Pin
-from imagefactory.report.summary import PASSED, PUBLISHED, CellReport
+from imagefactory.run.results import PASSED, PUBLISHED, CellReport
 from tests.fake_engine import World
 from tests.unit.helpers import BASE_DIGESTS, CPU_OPENBLAS, TWO_PIP_CELLS, good_probe
 

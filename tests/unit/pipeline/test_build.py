@@ -31,14 +31,13 @@ from imagefactory.errors import (BuildError, Cancelled, CellFailure, ConfigError
                                  EngineGone, Interrupted)
 from imagefactory.interrupt import Interrupt
 from imagefactory.pipeline.progress import Plain
-from imagefactory.report.summary import (BUILD_FAILED, CHECK_FAILED, INTERRUPTED, NOT_PUBLISHED, PASSED,
-                                 PUBLISH_FAILED, PUBLISHED, SKIPPED)
+from imagefactory.run.results import BUILD_FAILED, CHECK_FAILED, INTERRUPTED, NOT_PUBLISHED, PASSED, PUBLISH_FAILED, PUBLISHED, SKIPPED
 from tests.conftest import REPO
 from tests.fake_engine import World
 from tests.unit.helpers import CELL_A, CELL_B, TWO_PIP_CELLS, good_probe
 from imagefactory.run.context import BuildOptions, PushOptions, RunContext
 from imagefactory.engine.api import RunResult
-from imagefactory.report.summary import CACHED, NOT_BUILT
+from imagefactory.run.results import CACHED, NOT_BUILT
 from tests.fake_engine import FakeEngine, Image
 from imagefactory.pipeline import build
 from imagefactory.pipeline import freshness

@@ -9,7 +9,7 @@ from rich.console import Console
 from imagefactory.probe.checks import Check
 from imagefactory.engine.docker import BuildProgress
 from imagefactory.pipeline.progress import Live, Plain
-from imagefactory.report.summary import CellReport
+from imagefactory.run.results import CellReport
 
 
 def failed_build() -> CellReport:

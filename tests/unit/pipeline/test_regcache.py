@@ -15,7 +15,8 @@ from imagefactory.publish import push as publish
 from imagefactory.pipeline import regcache
 from imagefactory.render import contexts as render
 from imagefactory.config import tags
-from imagefactory.report.summary import PASSED, summary
+from imagefactory.run.results import PASSED
+from imagefactory.report.summary import summary
 from imagefactory.run.context import BuildOptions
 from tests.fake_engine import Image, World
 from tests.unit.helpers import BASE_DIGESTS, TWO_PIP_CELLS, good_probe

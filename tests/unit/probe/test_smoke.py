@@ -12,6 +12,7 @@ import pytest
 
 from imagefactory.probe import checks
 from imagefactory.report import summary as report
+from imagefactory.run import results
 from imagefactory.probe import smoke
 from imagefactory.errors import ConfigError
 from tests.fake_engine import Image, World, as_launched
@@ -24,7 +25,7 @@ from imagefactory.config import platforms
 from imagefactory.render import contexts as render
 from imagefactory.config import tags
 from imagefactory.probe import verdicts
-from imagefactory.report.cell import PASSED, CellReport
+from imagefactory.run.results import PASSED, CellReport
 from imagefactory.engine.docker import Engine
 from imagefactory.engine.api import RunResult
 from imagefactory.run.context import BenchOptions, BuildOptions
@@ -193,9 +194,9 @@ def test_compile_on_a_noexec_cache_place_names_the_fix():
 def test_report_gives_each_cell_its_launches_and_names_failing_modes(tmp_path):
     probes = all_modes()
     probes["hpc"]["compute"]["gloo_all_reduce"]["ok"] = False
-    r = report.CellReport("py3.11-cpu-openblas-pip", status=report.CHECK_FAILED,
+    r = results.CellReport("py3.11-cpu-openblas-pip", status=results.CHECK_FAILED,
                           checks=smoke.judge(CPU_OPENBLAS, probes, gpu_required=False))
-    untested = report.CellReport("py3.12-cpu-openblas-pip", status=report.BUILD_FAILED)
+    untested = results.CellReport("py3.12-cpu-openblas-pip", status=results.BUILD_FAILED)
     path, md = report.write([r, untested], tmp_path / "report.json", gpus=False)
     cells = json.loads(path.read_text())["cells"]
     assert cells[0]["launches"] == {"docker": "pass", "bare": "pass", "hpc": "fail"}

@@ -106,3 +106,20 @@ def test_a_backward_import_is_caught(tmp_path, importer, target):
     modules = {**package_modules(), name: planted}
     found = backward_imports(folders(MAP.read_text()), modules)
     assert any(line.startswith(f"{name}:1 imports ") for line in found), found
+
+
+STEP = re.compile(r'^"""Step (\d+)[ :(]')
+
+
+def test_one_numbering_the_maps_headings_are_the_docstrings_steps():
+    """A module's docstring that names its step names its folder's number on the map: one numbering,
+    the order data flows (which the import rule above holds against the import graph)."""
+    number = {name: i for i, name in enumerate(folders(MAP.read_text()), 1)}
+    wrong = {}
+    for name, path in package_modules().items():
+        parts = name.split(".")
+        found = STEP.match(path.read_text(encoding="utf-8"))
+        if len(parts) > 1 and parts[1] in number and found and int(found.group(1)) != number[parts[1]]:
+            wrong[name] = (found.group(1), number[parts[1]])
+    assert wrong == {}
+    assert all(STEP.match((PACKAGE_DIR / folder / "__init__.py").read_text()) for folder in number)

@@ -11,7 +11,7 @@ from imagefactory.engine.layers import Layer, Measured
 from imagefactory.pipeline.progress import Plain
 from imagefactory.publish import budget
 from imagefactory.publish import push as publish_mod
-from imagefactory.report.summary import NOT_PUBLISHED, PASSED, PUBLISHED, CellReport
+from imagefactory.run.results import NOT_PUBLISHED, PASSED, PUBLISHED, CellReport
 from imagefactory.run.context import PushOptions, RunContext
 from tests.fake_engine import Image, World
 from tests.unit.helpers import ONE_PIP_CELL
@@ -108,7 +108,7 @@ def test_a_cell_over_its_budget_is_not_pushed_and_one_within_its_own_is(write_ma
 
 
 def test_the_local_size_with_its_measured_compressed_size_is_shown():
-    from imagefactory.report.cell import size_facts
+    from imagefactory.run.results import size_facts
 
     facts = dict(size_facts({"local": {"size": 4_100_000_000, "compressed": 1_540_000_000, "how": "estimated"}}))
     assert facts["image size"] == "4.1 GB in the engine's store, 1.54 GB compressed (estimated)"
@@ -197,7 +197,7 @@ def test_with_atomic_a_cell_over_budget_keeps_every_cell_from_being_pushed(write
 
 
 def test_an_image_that_cannot_be_measured_is_not_pushed_and_fails(write_matrix):
-    from imagefactory.report.summary import PUBLISH_FAILED
+    from imagefactory.run.results import PUBLISH_FAILED
 
     m = matrix.load(write_matrix(MATRIX))
     world = World()
@@ -209,7 +209,7 @@ def test_an_image_that_cannot_be_measured_is_not_pushed_and_fails(write_matrix):
 
 
 def test_an_interrupt_while_measuring_marks_the_cells_interrupted_and_pushes_nothing(write_matrix):
-    from imagefactory.report.summary import INTERRUPTED
+    from imagefactory.run.results import INTERRUPTED
 
     def stop(op, arg):
         if op == "layer_sizes":

@@ -13,7 +13,7 @@ from imagefactory.config import matrix
 from imagefactory.publish import push as publish_mod
 from imagefactory.errors import ConfigError
 from imagefactory.pipeline.progress import Plain
-from imagefactory.report.summary import PASSED, PUBLISH_FAILED, PUBLISHED, CellReport
+from imagefactory.run.results import PASSED, PUBLISH_FAILED, PUBLISHED, CellReport
 from tests.fake_engine import Image, World
 
 

@@ -16,7 +16,7 @@ from imagefactory.engine.api import DOCKER_MANIFEST, OCI_INDEX
 from imagefactory.pipeline.progress import Plain
 from imagefactory.publish import push as publish_mod
 from imagefactory.publish import sizes
-from imagefactory.report.summary import PASSED, PUBLISHED, CellReport
+from imagefactory.run.results import PASSED, PUBLISHED, CellReport
 from imagefactory.run.context import PushOptions, RunContext
 from tests.fake_engine import FakeRegistry, Image, World
 

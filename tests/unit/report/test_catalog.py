@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from imagefactory.report import catalog
 from imagefactory.report import summary as report
+from imagefactory.run import results
 from imagefactory.cli.app import app
 from imagefactory.errors import ConfigError
 
@@ -24,7 +25,7 @@ GOOD, BAD = "py3.11-cpu-openblas-pip", "py3.12-cpu-openblas-pip"
 
 
 @pytest.fixture
-def reports() -> list[report.CellReport]:
+def reports() -> list[results.CellReport]:
     return catalog.read_report(FIXTURE / "report.json")
 
 
@@ -105,7 +106,7 @@ def test_a_field_a_newer_cell_report_declares_is_read_by_its_declared_kind(tmp_p
     import dataclasses
 
     @dataclasses.dataclass
-    class Newer(report.CellReport):
+    class Newer(results.CellReport):
         signatures: list[dict] = dataclasses.field(default_factory=list)
         note: "str | None" = None
 

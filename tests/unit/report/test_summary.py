@@ -11,21 +11,22 @@ from pathlib import Path
 import pytest
 
 from imagefactory.report import summary as report
+from imagefactory.run import results
 
 FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "report"
 GOOD, BAD = "py3.11-cpu-openblas-pip", "py3.12-cpu-openblas-pip"
 
 
-def load(path: Path) -> list[report.CellReport]:
+def load(path: Path) -> list[results.CellReport]:
     """The cells of a report.json, as the pipeline had them before writing it."""
-    known = {f.name for f in dataclasses.fields(report.CellReport)}
-    return [report.CellReport(**{k: v for k, v in c.items() if k in known and k != "checks"},
+    known = {f.name for f in dataclasses.fields(results.CellReport)}
+    return [results.CellReport(**{k: v for k, v in c.items() if k in known and k != "checks"},
                               checks=[report.Check(**ch) for ch in c["checks"]])
             for c in json.loads(path.read_text())["cells"]]
 
 
 @pytest.fixture
-def reports() -> list[report.CellReport]:
+def reports() -> list[results.CellReport]:
     return load(FIXTURE / "report.json")
 
 
@@ -112,7 +113,7 @@ def test_write_gives_json_and_markdown_and_keeps_the_json_as_it_was(reports, tmp
 
 
 def test_a_failed_build_shows_its_step_error_and_log_tail_in_a_fence_it_cannot_close():
-    r = report.CellReport("py3.11-cpu-mkl-pip", status=report.BUILD_FAILED, failed_step="step 9/31: RUN pip install",
+    r = results.CellReport("py3.11-cpu-mkl-pip", status=results.BUILD_FAILED, failed_step="step 9/31: RUN pip install",
                           error="exit | 1", log_tail=["ERROR: no such package", "```", "# not a heading"])
     md = report.summary([r])
     # no cell was probed: no mode columns, and the row has as many cells as the header

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from imagefactory.report import catalog, summary
-from imagefactory.report.cell import PASSED, PUBLISHED, CellReport, size_facts
+from imagefactory.run.results import PASSED, PUBLISHED, CellReport, size_facts
 
 SIZES = {"compressed": 425_500_000, "layers": 14, "largest_layer": 220_073_746, "compression": "gzip",
          "fetch_after": {"py3.11-cpu-openblas-pip-b": 4_255_000},
