@@ -145,36 +145,3 @@ class Store:
                 os.unlink(old)
             except FileNotFoundError:
                 pass  # another run pruned it first
-
-
-# -- for engine/docker.py's API-version cache (its own lane drops it): the pre-Store helpers it uses.
-def path(name: str) -> Path | None:
-    """The cache file or folder `name`, or None where there is no cache folder (no HOME)."""
-    try:
-        return fsutil.cache_root() / name
-    except ConfigError:
-        return None
-
-
-def read_kept(file: Path | None, limit: int) -> str | None:
-    """A kept file's text: a regular file of at most `limit` bytes, never through a link, UTF-8."""
-    try:
-        if file is None or file.is_symlink() or not file.exists():
-            return None
-        return bounded.read_regular(file, limit).decode("utf-8")
-    except (OSError, ValueError):
-        return None
-
-
-def keep(file: Path | None, text: str, suffix: str, kept: int) -> None:
-    """Write a kept file atomically, the `kept` newest *`suffix` files of its folder staying."""
-    if file is None:
-        return
-    try:
-        file.parent.mkdir(parents=True, exist_ok=True)
-        fsutil.atomic_write(file, text)
-        files = sorted((e.stat().st_mtime_ns, e.path) for e in os.scandir(file.parent) if e.name.endswith(suffix))
-        for _, old in files[:-kept]:
-            os.unlink(old)
-    except OSError:
-        pass
