@@ -114,7 +114,7 @@ class Engine:
     def __init__(self, client: docker.DockerClient | None = None, *, timeout: int = 600,
                  interrupt: Interrupt | None = None, shared: dict[str, Any] | None = None,
                  registry: RegistryClient | None = None, builder: ImageBuilder | None = None):
-        """`shared`: what the engines of one run (engines.docker_factory, one per worker) learn
+        """`shared`: what the engines of one run (select.docker_factory, one per worker) learn
         once: the API version the first agreed with the engine (_connect), and `docker info`
         (its runtimes and architecture do not change within a run), asked in the background
         from the first engine on (_info). `registry`: the registry HTTP API client that goes with

@@ -26,7 +26,7 @@ from typing import Callable
 
 from imagefactory.pipeline import freshness
 from imagefactory.files import fsutil
-from imagefactory.render import contexts as render
+from imagefactory.render.contexts import HASH_LABEL, Context, Variant, render, variants
 from imagefactory.pipeline import schedule
 from imagefactory.probe import smoke
 from imagefactory.config import tags
@@ -68,11 +68,11 @@ def find_built(engine: ContainerEngine, matrix: Matrix, cell: Cell, content_hash
     the registry as a cache source) counts. The candidate name is asked first (one inspect);
     every image with the label is listed only when it gives none."""
     candidate = tags.candidate(cell, content_hash)
-    found = engine.labelled_image(candidate, render.HASH_LABEL, content_hash)
+    found = engine.labelled_image(candidate, HASH_LABEL, content_hash)
     if found is not None:  # the name an earlier run gave this content's image: no listing of every image
         return found
     names = {candidate, *cell.tags, tags.hash_tag(matrix.hash_tag_template, matrix.image, cell, content_hash)}
-    for image_id, image_tags in engine.images_with_label(render.HASH_LABEL, content_hash).items():
+    for image_id, image_tags in engine.images_with_label(HASH_LABEL, content_hash).items():
         if names & set(image_tags):
             return image_id
     return None
@@ -94,7 +94,7 @@ class _Cell:
     the probe (Probing; Testing, whose defaults for push), the report (Reporting) and, in a build
     only, Building and Publishing."""
 
-    def __init__(self, matrix: Matrix, ctx: render.Context, options: Settings, ui: UI, engine: ContainerEngine,
+    def __init__(self, matrix: Matrix, ctx: Context, options: Settings, ui: UI, engine: ContainerEngine,
                  gpus: bool, keep_log: bool = False):
         self.matrix, self.ctx, self.options, self.ui, self.engine, self.gpus = matrix, ctx, options, ui, engine, gpus
         self.probing, self.testing = need(options, Probing), or_defaults(options, Testing)
@@ -291,7 +291,7 @@ def _run(matrix: Matrix, cells: list[Cell], run: RunContext, work: Callable[[_Ce
     options, ui, interrupt, engine_factory = run.options, run.ui, run.interrupt, run.engines()
     where, testing = run.settings(Workspace), or_defaults(options, Testing)  # push: Testing's defaults
     first = engine_factory()
-    contexts: list[render.Context] | None = None
+    contexts: list[Context] | None = None
     try:
         netrc = or_defaults(options, Building).netrc  # test, push: no netrc (they build nothing)
         contexts = render_pinned(matrix, cells, where.work_dir, first, testing.pull, interrupt,
@@ -315,7 +315,7 @@ def _run(matrix: Matrix, cells: list[Cell], run: RunContext, work: Callable[[_Ce
         finally:
             gates.release(index)
 
-    def one_cell(ctx: render.Context, index: int) -> CellReport:
+    def one_cell(ctx: Context, index: int) -> CellReport:
         if stop.is_set() or interrupt.is_set():
             why = "the run was interrupted" if interrupt.is_set() else "an earlier cell failed and --fail-fast is set"
             skipped = CellReport(cell=ctx.cell.id, status=SKIPPED, content_hash=ctx.content_hash,
@@ -361,16 +361,16 @@ def netrc_cells(matrix: Matrix, cells: list[Cell], netrc: netrc_mod.Netrc | None
 
 def render_pinned(matrix: Matrix, cells: list[Cell], work_dir: Path, engine: ContainerEngine,
                   pull: Pull | str, interrupt: Interrupt | None = None, *, builder: Builder = Builder.classic,
-                  netrc_cells: frozenset[str] = frozenset()) -> list[render.Context]:
+                  netrc_cells: frozenset[str] = frozenset()) -> list[Context]:
     """The cells' contexts with each base image pinned to the digest it resolves to now
     (freshness.py): the content hashes every step that looks for a cell's image must use.
     Raises Cancelled once `interrupt` is set."""
     bases = freshness.resolve(engine, [c.base_image for c in cells], Pull(pull))
-    return render.render(matrix, work_dir / "contexts", cells, bases={ref: b.pinned for ref, b in bases.items()},
+    return render(matrix, work_dir / "contexts", cells, bases={ref: b.pinned for ref, b in bases.items()},
                          interrupt=interrupt, builder=builder, netrc_cells=netrc_cells)
 
 
-def _pool(contexts: list[render.Context], order: list[int], one: Callable[[int], CellReport], jobs: int,
+def _pool(contexts: list[Context], order: list[int], one: Callable[[int], CellReport], jobs: int,
           interrupt: Interrupt) -> list[CellReport]:
     """`one(index)` for each context, started in `order`, on `jobs` worker threads. Once
     interrupted, the workers get GRACE_SECONDS to wind down; cells still running then are
@@ -390,7 +390,7 @@ def _pool(contexts: list[render.Context], order: list[int], one: Callable[[int],
             else _unfinished(ctx, INTERRUPTED, "interrupted") for i, ctx in enumerate(contexts)]
 
 
-def _unfinished(ctx: render.Context, status: str, error: str) -> CellReport:
+def _unfinished(ctx: Context, status: str, error: str) -> CellReport:
     return CellReport(cell=ctx.cell.id, status=status, content_hash=ctx.content_hash,
                       candidate=tags.candidate(ctx.cell, ctx.content_hash), error=error)
 
@@ -415,11 +415,11 @@ def build(matrix: Matrix, cells: list[Cell], run: RunContext) -> Outcome:
     return _run(matrix, cells, run, work)
 
 
-def find_built_by_any(engine: ContainerEngine, matrix: Matrix, ctx: render.Context) -> \
-        tuple[str, render.Variant] | None:
-    """The local image built from the cell's current content by either builder (render.variants:
+def find_built_by_any(engine: ContainerEngine, matrix: Matrix, ctx: Context) -> \
+        tuple[str, Variant] | None:
+    """The local image built from the cell's current content by either builder (variants:
     the hash this run's builder renders first), and how it was built; None when there is none."""
-    for variant in render.variants(matrix, ctx):
+    for variant in variants(matrix, ctx):
         image = find_built(engine, matrix, ctx.cell, variant.content_hash)
         if image is not None:
             return image, variant

@@ -255,7 +255,7 @@ class Silent:
 @dataclass
 class RunContext:
     """One run: its options, its display, its cancellation and where its engines come from.
-    The engines `engine_factory` makes must share `interrupt` (engines.docker_factory does)."""
+    The engines `engine_factory` makes must share `interrupt` (select.docker_factory does)."""
 
     options: Settings = field(default_factory=Settings)
     ui: UI = field(default_factory=Silent)
@@ -263,9 +263,9 @@ class RunContext:
     engine_factory: EngineFactory | None = None
 
     def engines(self) -> EngineFactory:
-        from imagefactory.engine import select as engines
+        from imagefactory.engine import select
 
-        return self.engine_factory or engines.docker_factory(self.interrupt)
+        return self.engine_factory or select.docker_factory(self.interrupt)
 
     def settings(self, group: type[S]) -> S:
         """This run's settings as `group` (need): a step reads only what its command takes."""

@@ -13,8 +13,8 @@ import threading
 import pytest
 
 from imagefactory.pipeline import build as build_mod
-from imagefactory.cli import app as cli
-from imagefactory.engine import select as engines
+from imagefactory.cli import app
+from imagefactory.engine import select
 from imagefactory.config import matrix as matrix_mod
 from imagefactory.run.context import Gpus, TestOptions
 from imagefactory.errors import Cancelled, ConfigError
@@ -39,8 +39,8 @@ def world(tmp_path, monkeypatch) -> World:
     def exit_now(code: int) -> None:
         raise SystemExit(code)
 
-    monkeypatch.setattr(engines, "docker_engine", engine)
-    monkeypatch.setattr(cli.os, "_exit", exit_now)
+    monkeypatch.setattr(select, "docker_engine", engine)
+    monkeypatch.setattr(app.os, "_exit", exit_now)
     monkeypatch.chdir(tmp_path)
     return w
 
@@ -48,7 +48,7 @@ def world(tmp_path, monkeypatch) -> World:
 def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
     monkeypatch.setattr(sys, "argv", ["imagefactory", *args])
     try:
-        cli.main()
+        app.main()
         code = 0
     except SystemExit as e:
         code = int(e.code or 0)
