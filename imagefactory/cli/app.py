@@ -22,7 +22,7 @@ from imagefactory.cli.preflight import engine_environment as _engine_environment
 from imagefactory.run import context
 from imagefactory.files import bounded
 from imagefactory.engine import environment
-from imagefactory.files import terminal
+from imagefactory import terminal
 from imagefactory.files import yamlfile
 from imagefactory.run.context import BenchOptions, Builders, Publishing, Reporting, RunContext, Workspace
 from imagefactory.run.context import need, or_defaults
@@ -171,7 +171,7 @@ def _run(inv: Invocation, output: Path) -> Iterator[RunContext]:
     """The run context of an engine-driving command: the work dir and `output` locked (a second
     run on either stops at once), the engine reached, the settings printed, SIGINT/SIGTERM
     turned into the run's cancellation while the block runs."""
-    from imagefactory.pipeline import build as build_mod
+    from imagefactory.files import fsutil
     from imagefactory.engine import select as select_mod
     from imagefactory.pipeline import progress as progress_mod
 
@@ -180,7 +180,7 @@ def _run(inv: Invocation, output: Path) -> Iterator[RunContext]:
     # merge and bench have no flag for some of these: the groups' defaults (build/, the classic builder)
     work_dir = or_defaults(inv.options, Workspace).work_dir
     builders = or_defaults(inv.options, Builders)
-    with build_mod.locked(work_dir, output):
+    with fsutil.locked(work_dir, output):
         factory = select_mod.docker_factory(interrupt, builder=builders.builder,
                                              buildx_builder=builders.buildx_builder)
         first: list[ContainerEngine] = [factory()]  # DockerUnavailable before anything is printed
@@ -442,7 +442,7 @@ def lock_cmd(
     --require-hashes --no-deps, conda from an @EXPLICIT file, without a solve. A second `lock`
     of the same matrix stops at once (exit 2); SIGINT/SIGTERM stop the resolver and write no
     lock (exit 130 / 143)."""
-    from imagefactory.pipeline import build as build_mod
+    from imagefactory.files import fsutil
     from imagefactory.lock import resolve as resolve_mod
 
     m, cells = inv.matrix, inv.cells
@@ -464,7 +464,7 @@ def lock_cmd(
     options = resolve_mod.Options(upgrade=upgrade, packages=tuple(packages or ()), netrc=found.path if found else None)
     interrupt = Interrupt()
     try:  # two `lock` runs on one matrix would write the same locks: the second stops at once
-        with build_mod.exclusive(m.path, f"--matrix {m.path}", own_file=False, hint="lock another matrix"), \
+        with fsutil.exclusive(m.path, f"--matrix {m.path}", own_file=False, hint="lock another matrix"), \
                 interrupt.raising():
             outcomes = resolve_mod.lock(m, cells, options, say=progress)
     except Cancelled:

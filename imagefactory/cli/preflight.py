@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from imagefactory.engine import environment
 from imagefactory.errors import ConfigError
-from imagefactory.files import bounded, terminal
+from imagefactory import terminal
+from imagefactory.files import bounded
 from imagefactory.run import context
 from imagefactory.run.context import Builder
 

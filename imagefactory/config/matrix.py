@@ -25,8 +25,8 @@ from imagefactory.config import expand
 from imagefactory.config.bases import DEFAULT_BASE_IMAGES
 from imagefactory.config.bases import apply_base_registry as apply_base_registry  # matrix.apply_base_registry
 from imagefactory.files import bounded
-from imagefactory.files import credentials
-from imagefactory.files import terminal
+from imagefactory import credentials
+from imagefactory import terminal
 from imagefactory.files import yamlfile
 from imagefactory.files.store import Store
 from imagefactory.config import platforms

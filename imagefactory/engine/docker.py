@@ -41,7 +41,7 @@ from imagefactory.errors import (BuildError, Cancelled, DockerUnavailable, Engin
 from imagefactory.interrupt import Interrupt
 
 if TYPE_CHECKING:
-    from imagefactory.engine import layers
+    from imagefactory.engine.layer_sizes import Measured
 
 STEP_RE = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
 # The classic builder runs each RUN step in a container and names it in the stream.
@@ -241,17 +241,17 @@ class Engine:
         diff_ids = tuple(str(d) for d in (attrs.get("RootFS") or {}).get("Layers") or [])
         return LocalImage(size if isinstance(size, int) and not isinstance(size, bool) and size >= 0 else 0, diff_ids)
 
-    def layer_sizes(self, ref: str) -> layers.Measured:
-        """The compressed layers a push of `ref` sends (engine/layers.py): exact on the containerd
+    def layer_sizes(self, ref: str) -> Measured:
+        """The compressed layers a push of `ref` sends (engine/layer_sizes.py): exact on the containerd
         store (its blobs), gzip estimates on the graph-driver store (kept by diff id)."""
-        from imagefactory.engine import layers  # only a push measures: a build loads no layer reader
+        from imagefactory.engine import layer_sizes  # only a push measures: a build loads no layer reader
 
         try:
             attrs = self.client.images.get(ref).attrs
             diff_ids = [str(d) for d in (attrs.get("RootFS") or {}).get("Layers") or []]
             estimates = identity.store(self._info()) != identity.CONTAINERD
             with self._streaming():
-                return layers.measured(diff_ids, lambda: self.api.get_image(ref), estimates=estimates)
+                return layer_sizes.measured(diff_ids, lambda: self.api.get_image(ref), estimates=estimates)
         except docker.errors.ImageNotFound:
             raise EngineError(f"cannot measure {ref}: no such image") from None
         except (ValueError, tarfile.TarError) as e:

@@ -11,21 +11,15 @@ name cannot swap the image under this one.
 
 from __future__ import annotations
 
-import errno
-import fcntl
-import os
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from imagefactory.pipeline import freshness
-from imagefactory.files import fsutil
 from imagefactory.render.contexts import HASH_LABEL, Context, Variant, render, variants
 from imagefactory.pipeline import schedule
 from imagefactory.probe import smoke
@@ -36,7 +30,7 @@ from imagefactory.probe.checks import FAIL, Check
 from imagefactory.run.context import (UI, Building, Gpus, Network, Probing, Publishing, Pull, Reporting, RunContext,
                                       Settings, Testing, Workspace, need, or_defaults)
 from imagefactory.engine.api import Builder, BuildProgress, BuildRequest, ContainerEngine
-from imagefactory.errors import BuildError, Cancelled, ConfigError, EngineError, EngineGone, ImageFactoryError
+from imagefactory.errors import BuildError, Cancelled, EngineError, EngineGone, ImageFactoryError
 from imagefactory.interrupt import GRACE_SECONDS, Interrupt
 from imagefactory.config.model import Cell, Matrix
 from imagefactory.run.results import BUILD_FAILED, BUILT, CACHED, CHECK_FAILED, INTERRUPTED, NOT_BUILT, PASSED, SKIPPED, CellReport, ListReport
@@ -445,39 +439,3 @@ def test(matrix: Matrix, cells: list[Cell], run: RunContext) -> Outcome:
         return c.test(image) and _attested(c)
 
     return _run(matrix, cells, run, work, keep_log=True)
-
-
-@contextmanager
-def locked(work_dir: Path, report: Path) -> Iterator[None]:
-    """Hold exclusive locks on the work dir and on the report for the whole run, so that a
-    second run on either stops at once instead of overwriting this run's files."""
-    with exclusive(Path(work_dir) / ".imagefactory.lock", f"--work-dir {work_dir}"), \
-            exclusive(Path(report).with_name(f".{Path(report).name}.lock"), f"--report {report}"):
-        yield
-
-
-@contextmanager
-def exclusive(lock_path: Path, what: str, *, own_file: bool = True,
-              hint: str = "give this run its own --work-dir and --report") -> Iterator[None]:
-    """Hold an exclusive lock on `lock_path` while the block runs; ConfigError naming `what` (and
-    the holder's pid) when another run holds it. `own_file`: the lock file is ours (created, the
-    pid written in it); else an existing file (the matrix) is locked as it is, read-only."""
-    if own_file:
-        lock_path.parent.mkdir(parents=True, exist_ok=True)
-    fd = fsutil.open_lock(lock_path, what) if own_file else os.open(lock_path, os.O_RDONLY)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            if e.errno not in (errno.EAGAIN, errno.EACCES):
-                raise
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() if own_file else ""
-            holder = holder if holder.isdigit() else "?"
-            raise ConfigError(f"{what}: another imagefactory run (pid {holder}) is using it; wait for it to "
-                              f"end, or {hint}") from None
-        if own_file:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        yield
-    finally:
-        os.close(fd)

@@ -27,7 +27,7 @@ from typing import Any
 
 from imagefactory.engine import logins
 from imagefactory.files import bounded
-from imagefactory.files import terminal
+from imagefactory import terminal
 from imagefactory.publish import lists as publish_lists
 from imagefactory.config import refs
 from imagefactory.config import tags

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable
 import yaml
 from tests.unit.helpers import run_cli
-from imagefactory.files import terminal
+from imagefactory import terminal
 from imagefactory.files import yamlfile
 from imagefactory.render import contexts
 from tests.unit.helpers import HARDENING_PIP as PIP_III, hardening_project, list_refused as refused, one_error, write_matrix_text as write

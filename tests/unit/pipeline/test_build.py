@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from imagefactory.files import fsutil
 from imagefactory.engine import logins
 from imagefactory.pipeline import build as build_mod
 from imagefactory.cli import app
@@ -549,17 +550,17 @@ def test_a_bad_github_sha_stops_the_run_before_any_build(tmp_path):
 def test_a_second_run_on_the_same_work_dir_stops_at_once(tmp_path):
     (tmp_path / "matrix.yaml").write_text(MATRIX)
     work, report = tmp_path / "work", tmp_path / "report.json"
-    with build_mod.locked(work, report):
+    with fsutil.locked(work, report):
         with pytest.raises(ConfigError, match="another imagefactory run"):
-            with build_mod.locked(work, tmp_path / "other.json"):
+            with fsutil.locked(work, tmp_path / "other.json"):
                 pass
         with pytest.raises(ConfigError, match="--report"):
-            with build_mod.locked(tmp_path / "other-work", report):
+            with fsutil.locked(tmp_path / "other-work", report):
                 pass
         r = _cli("test", "--plain", "--matrix", str(tmp_path / "matrix.yaml"), "--work-dir", str(work),
                  "--report", str(tmp_path / "r2.json"))
         assert r.returncode == 2 and f"pid {os.getpid()}" in r.stderr, r.stderr
-    with build_mod.locked(work, report):  # released with the run
+    with fsutil.locked(work, report):  # released with the run
         pass
 
 

@@ -7,7 +7,7 @@ import io
 
 from imagefactory.config import matrix
 from imagefactory.engine.api import EngineInfo
-from imagefactory.engine.layers import Layer, Measured
+from imagefactory.engine.layer_sizes import Layer, Measured
 from imagefactory.pipeline.progress import Plain
 from imagefactory.publish import budget
 from imagefactory.publish import push

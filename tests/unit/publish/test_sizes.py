@@ -11,7 +11,7 @@ import pytest
 
 from imagefactory.config import matrix
 from imagefactory.engine.api import Manifest
-from imagefactory.engine.layers import Layer, Measured
+from imagefactory.engine.layer_sizes import Layer, Measured
 from imagefactory.engine.api import DOCKER_MANIFEST, OCI_INDEX
 from imagefactory.pipeline.progress import Plain
 from imagefactory.publish import push

@@ -12,7 +12,7 @@ import threading
 
 import pytest
 
-from imagefactory.pipeline import build as build_mod
+from imagefactory.files import fsutil
 from imagefactory.cli import app
 from imagefactory.engine import select
 from imagefactory.config import matrix as matrix_mod
@@ -75,7 +75,7 @@ def test_choices_are_checked_once_into_enums():
 
 
 def test_bench_holds_the_work_dir_lock(world, tmp_path, monkeypatch, capsys):
-    with build_mod.locked(tmp_path / "build", tmp_path / "build" / "report.json"):  # a build is running
+    with fsutil.locked(tmp_path / "build", tmp_path / "build" / "report.json"):  # a build is running
         code, _, err = run_cli(monkeypatch, capsys, "bench", "--work-dir", "build")
     assert code == 2 and "--work-dir build: another imagefactory run" in err, err
     assert world.calls == []
@@ -113,7 +113,7 @@ def test_raising_scope_turns_sigterm_into_cancelled_in_the_main_thread():
 
 
 def test_a_second_lock_of_the_same_matrix_stops_before_resolving(world, tmp_path, monkeypatch, capsys):
-    with build_mod.exclusive(tmp_path / "matrix.yaml", "a running lock", own_file=False):
+    with fsutil.exclusive(tmp_path / "matrix.yaml", "a running lock", own_file=False):
         code, _, err = run_cli(monkeypatch, capsys, "lock")
     assert code == 2 and "another imagefactory run" in err and "resolving" not in err, err
     assert not (tmp_path / "locks").exists() and (tmp_path / "matrix.yaml").read_text() == MATRIX

@@ -1,10 +1,10 @@
-"""files/terminal.py: what reaches the terminal is escaped and bounded (listings, paths, warnings)."""
+"""terminal.py: what reaches the terminal is escaped and bounded (listings, paths, warnings)."""
 
 from __future__ import annotations
 
 import pytest
 from imagefactory.cli import app
-from imagefactory.files import terminal
+from imagefactory import terminal
 from tests.unit.helpers import run_cli
 from tests.unit.helpers import hardening_project
 
