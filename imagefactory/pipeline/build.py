@@ -218,7 +218,7 @@ class _Cell:
         r.emulated = str(emulation or "")
         if emulation:
             self.log(f"probed emulated: {emulation}; speed checks not judged")
-        vdir = self.testing.verdicts_dir or verdicts.cache_dir()
+        vdir = self.testing.verdicts_dir  # None: the cache folder's (verdicts.VERDICTS)
         vkey = verdicts.key(r.image_id or self.engine.image_id(image) or "", cell, gpus=self.gpus,
                             shm=self.testing.probe_shm, emulation=emulation, product=self.engine.product())
         hit = None if self.testing.retest else verdicts.lookup(vdir, vkey, cell)

@@ -141,7 +141,7 @@ class Testing(Settings):
     pull: Pull = Pull.missing  # how base images are resolved (freshness.py)
     retest: bool = False  # probe even when a verdict for this image is cached (verdicts.py)
     probe_shm: str = DEFAULT_PROBE_SHM  # /dev/shm of the probe containers: a size, host or default
-    verdicts_dir: Path | None = None  # None: verdicts.cache_dir()
+    verdicts_dir: Path | None = None  # None: the cache folder's (verdicts.VERDICTS)
 
 
 @dataclass(frozen=True)
