@@ -220,9 +220,7 @@ def build(inv: Invocation) -> None:
     def steps(run: RunContext) -> build_mod.Outcome:
         outcome = build_mod.build(inv.matrix, inv.cells, run)
         if run.settings(Publishing).push:  # after an interrupt: marks every cell not published
-            from imagefactory.publish import push as push_mod  # a build that pushes nothing loads no publish code
-
-            outcome.lists = push_mod.publish(inv.matrix, outcome.reports, run)
+            outcome = build_mod.publish_step(inv.matrix, outcome, run)  # a build that pushes nothing loads no publish code
         return outcome
 
     _pipeline(inv, steps)
@@ -240,12 +238,9 @@ def push(inv: Invocation) -> None:
     and credential helpers."""
 
     from imagefactory.pipeline import build as build_mod
-    from imagefactory.publish import push as push_mod
 
     def steps(run: RunContext) -> build_mod.Outcome:
-        outcome = build_mod.test(inv.matrix, inv.cells, run)
-        outcome.lists = push_mod.publish(inv.matrix, outcome.reports, run)
-        return outcome
+        return build_mod.publish_step(inv.matrix, build_mod.test(inv.matrix, inv.cells, run), run)
 
     _pipeline(inv, steps)
 

@@ -389,22 +389,69 @@ def _unfinished(ctx: Context, status: str, error: str) -> CellReport:
                       candidate=tags.candidate(ctx.cell, ctx.content_hash), error=error)
 
 
-def _attested(c: _Cell) -> bool:
-    """After a cell passed its probe, the pipeline's attest step (a run that publishes); True (the
-    cell passed)."""
+# -- the pipeline, step by step ------------------------------------------------------------------
+# Each cell: build_step (`build`; `test` and `push` take found_step instead) -> probe_step ->
+# attest_step, on the workers _run starts. Then, once every cell has its report, publish_step
+# (build --push, push). A failed step ends the cell's sequence; its report says why.
+
+
+def build_step(c: _Cell) -> bool:
+    """Build the cell's image, or reuse it (a local image of this content, or the registry's);
+    the cells that share its leading layers may start once it ends. True: an image to probe."""
+    built = c.build()
+    c.on_step(BUILD_ENDED)  # the cells that share its layers may start now
+    if built:
+        c.record_size(c.report.image_id)
+    return built
+
+
+def found_step(matrix: Matrix, c: _Cell) -> str | None:
+    """`test` and `push` build nothing: the image already built for the cell's current content,
+    by either builder (find_built_by_any), given its candidate name; None: not built."""
+    r, found = c.report, find_built_by_any(c.engine, matrix, c.ctx)
+    if found is None:
+        r.status = NOT_BUILT
+        r.error = "no image for this cell's current content; run `imagefactory build` first"
+        return None
+    image, how = found
+    if how.content_hash != r.content_hash:  # built by the other builder: its hash names it
+        r.content_hash, r.candidate = how.content_hash, tags.candidate(c.ctx.cell, how.content_hash)
+        c.log(f"found the image the {how.builder.value} builder built (content hash {how.content_hash[:12]})")
+    r.image_id, r.cached, r.builder = image, True, how.builder.value
+    c.engine.tag(image, r.candidate)
+    c.record_size(image)
+    return image
+
+
+def probe_step(c: _Cell, image: str) -> bool:
+    """Smoke-test the image in every launch mode (probe/smoke.py), or take the verdicts kept for
+    it (probe/verdicts.py). True: it passed."""
+    return c.test(image)
+
+
+def attest_step(c: _Cell) -> None:
+    """The passing image's SBOM and provenance, in a run that publishes (attest/record.py)."""
     c.attest()
-    return True
+
+
+def publish_step(matrix: Matrix, outcome: Outcome, run: RunContext) -> Outcome:
+    """After every cell: tag and push the cells that passed, then the lists (publish/push.py);
+    after an interrupt, every cell marked not published. Only a run that pushes calls it, and
+    only it loads the publish code."""
+    from imagefactory.publish import push
+
+    outcome.lists = push.publish(matrix, outcome.reports, run)
+    return outcome
 
 
 def build(matrix: Matrix, cells: list[Cell], run: RunContext) -> Outcome:
     """Render, build (or reuse) and smoke-test every cell."""
 
     def work(c: _Cell) -> bool:
-        built = c.build()
-        c.on_step(BUILD_ENDED)  # the cells that share its layers may start now
-        if built:
-            c.record_size(c.report.image_id)
-        return built and c.test(c.report.image_id) and _attested(c)
+        if not build_step(c) or not probe_step(c, c.report.image_id):
+            return False
+        attest_step(c)
+        return True
 
     return _run(matrix, cells, run, work)
 
@@ -424,18 +471,10 @@ def test(matrix: Matrix, cells: list[Cell], run: RunContext) -> Outcome:
     """Re-test the images already built for the cells' current content, whichever builder built them."""
 
     def work(c: _Cell) -> bool:
-        r, found = c.report, find_built_by_any(c.engine, matrix, c.ctx)
-        if found is None:
-            r.status = NOT_BUILT
-            r.error = "no image for this cell's current content; run `imagefactory build` first"
+        image = found_step(matrix, c)
+        if image is None or not probe_step(c, image):
             return False
-        image, how = found
-        if how.content_hash != r.content_hash:  # built by the other builder: its hash names it
-            r.content_hash, r.candidate = how.content_hash, tags.candidate(c.ctx.cell, how.content_hash)
-            c.log(f"found the image the {how.builder.value} builder built (content hash {how.content_hash[:12]})")
-        r.image_id, r.cached, r.builder = image, True, how.builder.value
-        c.engine.tag(image, r.candidate)
-        c.record_size(image)
-        return c.test(image) and _attested(c)
+        attest_step(c)
+        return True
 
     return _run(matrix, cells, run, work, keep_log=True)
