@@ -4,9 +4,9 @@ its own option declarations only; each command imports its pipeline steps when i
 
 
 def main() -> None:
-    from imagefactory.cli import app as cli
+    from imagefactory.cli import app
 
-    cli.main()
+    app.main()
 
 
 if __name__ == "__main__":

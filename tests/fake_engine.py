@@ -26,7 +26,7 @@ from imagefactory.interrupt import Interrupt
 from imagefactory.pipeline.schedule import instructions
 
 if TYPE_CHECKING:  # like the real engine's: only a push measures layers
-    from imagefactory.engine.layers import Measured
+    from imagefactory.engine.layer_sizes import Measured
 
 LABEL_RE = re.compile(r'(\S+)="([^"]*)"')
 ENGINE_INFO = EngineInfo("27.3.1", "1.47", ("runc",), (), cpus=16, architecture="x86_64")
@@ -202,7 +202,7 @@ class FakeEngine:
         image = self.world.image_by_ref(ref)
         if image is None:
             raise EngineError(f"cannot measure {ref}: no such image")
-        from imagefactory.engine.layers import Layer, Measured
+        from imagefactory.engine.layer_sizes import Layer, Measured
 
         return self.world.layers.get(image.id, Measured((Layer(1000, "sha256:" + "d" * 64, "sha256:" + "d" * 64),)))
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from imagefactory.files import bounded
-from imagefactory.files import terminal
+from imagefactory import terminal
 from imagefactory.config import refs
 from imagefactory.config.registries import Registry
 from imagefactory.config import tags

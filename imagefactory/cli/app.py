@@ -22,7 +22,7 @@ from imagefactory.cli.preflight import engine_environment as _engine_environment
 from imagefactory.run import context
 from imagefactory.files import bounded
 from imagefactory.engine import environment
-from imagefactory.files import terminal
+from imagefactory import terminal
 from imagefactory.files import yamlfile
 from imagefactory.run.context import BenchOptions, Builders, Publishing, Reporting, RunContext, Workspace
 from imagefactory.run.context import need, or_defaults
@@ -132,13 +132,13 @@ def render(
     """Write one build context per cell to OUT/<cell-id>/ (Dockerfile and every file it copies).
 
     Same matrix in, same bytes out; nothing is written unless every cell renders."""
-    from imagefactory.render import contexts as render_mod
+    from imagefactory.render import contexts as contexts_mod
 
     bounded.check_output(out, "--out", folder=True, keep=(inv.matrix.path,))
     interrupt = Interrupt()
     try:
         with interrupt.signals():
-            contexts = render_mod.render(inv.matrix, out, inv.cells, interrupt=interrupt)
+            contexts = contexts_mod.render(inv.matrix, out, inv.cells, interrupt=interrupt)
     except Cancelled:
         print("interrupted: render wrote nothing", file=sys.stderr)
         raise typer.Exit(128 + (interrupt.signum or signal.SIGINT)) from None
@@ -147,10 +147,10 @@ def render(
 
 
 def _finish(outcome: build_mod.Outcome, report_path: Path, interrupt: Interrupt) -> None:
-    from imagefactory.report import summary as report_mod
+    from imagefactory.report import summary as summary_mod
 
     reports = outcome.reports
-    json_path, md_path = report_mod.write(reports, report_path, gpus=outcome.gpus, lists=outcome.lists)
+    json_path, md_path = summary_mod.write(reports, report_path, gpus=outcome.gpus, lists=outcome.lists)
     failed = [r for r in reports if not r.ok]
     lists = [lr.ref for lr in outcome.lists if not lr.ok]  # a list that failed to merge (publish/lists.py)
     print(f"report: {json_path} and {md_path}", file=sys.stderr)
@@ -171,8 +171,8 @@ def _run(inv: Invocation, output: Path) -> Iterator[RunContext]:
     """The run context of an engine-driving command: the work dir and `output` locked (a second
     run on either stops at once), the engine reached, the settings printed, SIGINT/SIGTERM
     turned into the run's cancellation while the block runs."""
-    from imagefactory.pipeline import build as build_mod
-    from imagefactory.engine import select as engines_mod
+    from imagefactory.files import fsutil
+    from imagefactory.engine import select as select_mod
     from imagefactory.pipeline import progress as progress_mod
 
     interrupt = Interrupt()
@@ -180,8 +180,8 @@ def _run(inv: Invocation, output: Path) -> Iterator[RunContext]:
     # merge and bench have no flag for some of these: the groups' defaults (build/, the classic builder)
     work_dir = or_defaults(inv.options, Workspace).work_dir
     builders = or_defaults(inv.options, Builders)
-    with build_mod.locked(work_dir, output):
-        factory = engines_mod.docker_factory(interrupt, builder=builders.builder,
+    with fsutil.locked(work_dir, output):
+        factory = select_mod.docker_factory(interrupt, builder=builders.builder,
                                              buildx_builder=builders.buildx_builder)
         first: list[ContainerEngine] = [factory()]  # DockerUnavailable before anything is printed
 
@@ -220,9 +220,7 @@ def build(inv: Invocation) -> None:
     def steps(run: RunContext) -> build_mod.Outcome:
         outcome = build_mod.build(inv.matrix, inv.cells, run)
         if run.settings(Publishing).push:  # after an interrupt: marks every cell not published
-            from imagefactory.publish import push as publish_mod  # a build that pushes nothing loads no publish code
-
-            outcome.lists = publish_mod.publish(inv.matrix, outcome.reports, run)
+            outcome = build_mod.publish_step(inv.matrix, outcome, run)  # a build that pushes nothing loads no publish code
         return outcome
 
     _pipeline(inv, steps)
@@ -240,12 +238,9 @@ def push(inv: Invocation) -> None:
     and credential helpers."""
 
     from imagefactory.pipeline import build as build_mod
-    from imagefactory.publish import push as publish_mod
 
     def steps(run: RunContext) -> build_mod.Outcome:
-        outcome = build_mod.test(inv.matrix, inv.cells, run)
-        outcome.lists = publish_mod.publish(inv.matrix, outcome.reports, run)
-        return outcome
+        return build_mod.publish_step(inv.matrix, build_mod.test(inv.matrix, inv.cells, run), run)
 
     _pipeline(inv, steps)
 
@@ -275,9 +270,9 @@ def merge_cmd(
 
 def _merged(cells: list[CellReport], lists: list[ListReport], report_path: Path, interrupt: Interrupt) -> None:
     """`merge`'s report (the member cells as read, and the lists), a line per list, its exit."""
-    from imagefactory.report import summary as report_mod
+    from imagefactory.report import summary as summary_mod
 
-    json_path, md_path = report_mod.write(cells, report_path, gpus=False, lists=lists)
+    json_path, md_path = summary_mod.write(cells, report_path, gpus=False, lists=lists)
     for lr in lists:
         print(f"{lr.ref}\t{lr.publish}\t{lr.digest if lr.publish == 'published' else lr.reason}")
     print(f"report: {json_path} and {md_path}", file=sys.stderr)
@@ -442,17 +437,17 @@ def lock_cmd(
     --require-hashes --no-deps, conda from an @EXPLICIT file, without a solve. A second `lock`
     of the same matrix stops at once (exit 2); SIGINT/SIGTERM stop the resolver and write no
     lock (exit 130 / 143)."""
-    from imagefactory.pipeline import build as build_mod
-    from imagefactory.lock import resolve as lock_mod
+    from imagefactory.files import fsutil
+    from imagefactory.lock import resolve as resolve_mod
 
     m, cells = inv.matrix, inv.cells
     if check:
         if upgrade or packages:
             raise ConfigError("--check: resolves nothing, so it cannot be combined with --upgrade or PKG")
-        outcomes = lock_mod.check(m, cells)
+        outcomes = resolve_mod.check(m, cells)
         for o in outcomes:
             print(f"{o.cell}\t{o.status}\t{terminal.printable(str(o.path))}")  # a path may hold escapes
-        lock_mod.check_exit(outcomes)
+        resolve_mod.check_exit(outcomes)
         return
 
     def progress(line: str) -> None:  # progress on stderr; the per-cell diff on stdout
@@ -461,12 +456,12 @@ def lock_cmd(
     from imagefactory.config import netrc as netrc_mod
 
     found = netrc_mod.locate(netrc)  # the conda solve's logins, checked as a build's netrc is
-    options = lock_mod.Options(upgrade=upgrade, packages=tuple(packages or ()), netrc=found.path if found else None)
+    options = resolve_mod.Options(upgrade=upgrade, packages=tuple(packages or ()), netrc=found.path if found else None)
     interrupt = Interrupt()
     try:  # two `lock` runs on one matrix would write the same locks: the second stops at once
-        with build_mod.exclusive(m.path, f"--matrix {m.path}", own_file=False, hint="lock another matrix"), \
+        with fsutil.exclusive(m.path, f"--matrix {m.path}", own_file=False, hint="lock another matrix"), \
                 interrupt.raising():
-            outcomes = lock_mod.lock(m, cells, options, say=progress)
+            outcomes = resolve_mod.lock(m, cells, options, say=progress)
     except Cancelled:
         raise Interrupted(interrupt.signum or signal.SIGINT, "no lock was written") from None
     for o in outcomes:
@@ -494,13 +489,13 @@ def report_cmd(
 
     Exit codes: 0 written; 2 the file is not a readable report."""
     from imagefactory.report import catalog
-    from imagefactory.report import summary as report_mod
+    from imagefactory.report import summary as summary_mod
 
     reports = catalog.read_report(report)
     if html:
         print(f"catalogue: {catalog.write(reports, report)}", file=sys.stderr)
     else:
-        print(report_mod.summary(reports), end="")
+        print(summary_mod.summary(reports), end="")
 
 
 def _error(text: str) -> None:

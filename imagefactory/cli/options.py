@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any, Callable, List, Optional
 import typer
 
 from imagefactory.errors import ConfigError
-from imagefactory.files import bounded, terminal, yamlfile
+from imagefactory import terminal
+from imagefactory.files import bounded, yamlfile
 from imagefactory.run import context
 from imagefactory.run.context import Builder, Gpus, Network, Pull
 

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from imagefactory.engine import environment
 from imagefactory.errors import ConfigError
-from imagefactory.files import bounded, terminal
+from imagefactory import terminal
+from imagefactory.files import bounded
 from imagefactory.run import context
 from imagefactory.run.context import Builder
 
@@ -117,12 +118,12 @@ def _publishing(m: matrix_mod.Matrix, cells: list[Cell], options: P) -> P:
     """Check everything publishing needs before anything is built: the credentials, the commit
     id, every tag of every cell."""
     from imagefactory.engine import logins
-    from imagefactory.publish import push as publish_mod
+    from imagefactory.publish import push
 
     logins.registry_credentials(m)
-    options = dataclasses.replace(options, git_sha=publish_mod.git_sha())
+    options = dataclasses.replace(options, git_sha=push.git_sha())
     for cell in cells:
-        publish_mod.tags_for(m, cell.id, "0" * 64, options)
+        push.tags_for(m, cell.id, "0" * 64, options)
     return options
 
 

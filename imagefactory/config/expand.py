@@ -9,7 +9,7 @@ import itertools
 from typing import Any, Callable
 
 from imagefactory.config import platforms
-from imagefactory.files import terminal
+from imagefactory import terminal
 
 Report = Callable[[tuple[Any, ...], str], None]  # problem(keypath, message)
 

@@ -25,14 +25,14 @@ from imagefactory.config import expand
 from imagefactory.config.bases import DEFAULT_BASE_IMAGES
 from imagefactory.config.bases import apply_base_registry as apply_base_registry  # matrix.apply_base_registry
 from imagefactory.files import bounded
-from imagefactory.files import credentials
-from imagefactory.files import terminal
+from imagefactory import credentials
+from imagefactory import terminal
 from imagefactory.files import yamlfile
 from imagefactory.files.store import Store
 from imagefactory.config import platforms
 from imagefactory.config import refs
 from imagefactory.config import registries
-from imagefactory.config import tags as tagging
+from imagefactory.config import tags
 from imagefactory.errors import ConfigError
 from imagefactory.files.yamlfile import Located as _Located
 from imagefactory.files.yamlfile import Problem
@@ -450,18 +450,18 @@ def _resolve_tags(cells: list[Cell], image: str, template: str, hash_template: s
     stand-in hash per cell."""
     given = {"template", "hash_template", "extra"} if set_keys is None else set_keys
     try:
-        releases = [tagging.release_tag(template, image, cell) for cell in cells]
-        hashes = [tagging.hash_tag(hash_template, image, cell, f"{n:012x}") for n, cell in enumerate(cells)]
-    except tagging.TagTemplateError as e:
+        releases = [tags.release_tag(template, image, cell) for cell in cells]
+        hashes = [tags.hash_tag(hash_template, image, cell, f"{n:012x}") for n, cell in enumerate(cells)]
+    except tags.TagTemplateError as e:
         problem(("tags", e.key), str(e))
         return [], ()
-    own, lists = tagging.plan(list(zip(cells, releases)))
+    own, lists = tags.plan(list(zip(cells, releases)))
     resolved: list[Cell] = []
     owner: dict[str, tuple[str, str]] = {}
     for cell, listed, release, hashed in zip(cells, releases, own, hashes):
         named = [(release, "template"), (hashed, "hash_template")] + [
-            (ref, "extra") for ref in tagging.extra_tags(release, tuple(extra), git_sha="0" * 40)]
-        bad = [(why, key) for ref, key in named + [(listed, "template")] if (why := tagging.refusal(ref, allowed))]
+            (ref, "extra") for ref in tags.extra_tags(release, tuple(extra), git_sha="0" * 40)]
+        bad = [(why, key) for ref, key in named + [(listed, "template")] if (why := tags.refusal(ref, allowed))]
         for why, key in dict.fromkeys(bad):
             problem(("tags", key), f"cell {cell.id}: {why}")
         if bad:

@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Callable, Iterable, Mapping
 from urllib.parse import urlsplit
 from imagefactory.files import bounded
-from imagefactory.files import fsutil, terminal
+from imagefactory import terminal
+from imagefactory.files import fsutil
 from imagefactory.errors import ConfigError
 from imagefactory.config.model import Cell, Matrix
 

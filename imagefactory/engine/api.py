@@ -28,7 +28,7 @@ from imagefactory.errors import ForeignPlatform
 from imagefactory.config.platforms import Platform
 
 if TYPE_CHECKING:  # measured only before a push (publish/push.py): a build loads no layer reader
-    from imagefactory.engine.layers import Measured
+    from imagefactory.engine.layer_sizes import Measured
 
 
 class Builder(str, Enum):
@@ -186,7 +186,7 @@ class ContainerEngine(Protocol):
 
     def layer_sizes(self, ref: str) -> Measured:
         """The compressed layers a push of the local image `ref` would send, base first, each with
-        the Dockerfile step that made it (engine/layers.py: exact blobs or gzip estimates)."""
+        the Dockerfile step that made it (engine/layer_sizes.py: exact blobs or gzip estimates)."""
         ...
 
     def tag(self, image: str, ref: str) -> None: ...

@@ -38,7 +38,7 @@ from typing import IO, TYPE_CHECKING, Callable
 from imagefactory.config import recipe
 from imagefactory.config.registries import RECOMPRESSED, Registry
 from imagefactory.engine import identity
-from imagefactory.files import terminal
+from imagefactory import terminal
 from imagefactory.engine.api import PODMAN, Builder, BuildProgress, BuildRequest
 from imagefactory.errors import BuildError, Cancelled, ConfigError, EngineGone
 from imagefactory.interrupt import Interrupt

@@ -41,7 +41,7 @@ from imagefactory.errors import (BuildError, Cancelled, DockerUnavailable, Engin
 from imagefactory.interrupt import Interrupt
 
 if TYPE_CHECKING:
-    from imagefactory.engine import layers
+    from imagefactory.engine.layer_sizes import Measured
 
 STEP_RE = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
 # The classic builder runs each RUN step in a container and names it in the stream.
@@ -120,7 +120,7 @@ class Engine:
     def __init__(self, client: docker.DockerClient | None = None, *, timeout: int = 600,
                  interrupt: Interrupt | None = None, shared: dict[str, Any] | None = None,
                  registry: RegistryClient | None = None, builder: ImageBuilder | None = None):
-        """`shared`: what the engines of one run (engines.docker_factory, one per worker) learn
+        """`shared`: what the engines of one run (select.docker_factory, one per worker) learn
         once: the API version the first agreed with the engine (_connect), and `docker info`
         (its runtimes and architecture do not change within a run), asked in the background
         from the first engine on (_info). `registry`: the registry HTTP API client that goes with
@@ -259,17 +259,17 @@ class Engine:
             return None
         return next((_size(entry.get("Size")) for entry in listed if entry.get("Id") == image_id), None)
 
-    def layer_sizes(self, ref: str) -> layers.Measured:
-        """The compressed layers a push of `ref` sends (engine/layers.py): exact on the containerd
+    def layer_sizes(self, ref: str) -> Measured:
+        """The compressed layers a push of `ref` sends (engine/layer_sizes.py): exact on the containerd
         store (its blobs), gzip estimates on the graph-driver store (kept by diff id)."""
-        from imagefactory.engine import layers  # only a push measures: a build loads no layer reader
+        from imagefactory.engine import layer_sizes  # only a push measures: a build loads no layer reader
 
         try:
             attrs = self.client.images.get(ref).attrs
             diff_ids = [str(d) for d in (attrs.get("RootFS") or {}).get("Layers") or []]
             estimates = identity.store(self._info()) != identity.CONTAINERD
             with self._streaming():
-                return layers.measured(diff_ids, lambda: self.api.get_image(ref), estimates=estimates)
+                return layer_sizes.measured(diff_ids, lambda: self.api.get_image(ref), estimates=estimates)
         except docker.errors.ImageNotFound:
             raise EngineError(f"cannot measure {ref}: no such image") from None
         except (ValueError, tarfile.TarError) as e:

@@ -12,7 +12,7 @@ from typing import Any
 from imagefactory.errors import ConfigError
 from imagefactory.files.bounded import InputError, read_real, short
 from imagefactory.files.fsutil import home
-from imagefactory.files.terminal import printable, show
+from imagefactory.terminal import printable, show
 
 
 DOCKER_CONFIG_MAX_BYTES = 1 << 20  # a config.json with dozens of logins is a few KB

@@ -10,7 +10,7 @@ import stat
 from pathlib import Path
 
 from imagefactory.errors import ConfigError
-from imagefactory.files.terminal import printable
+from imagefactory.terminal import printable
 
 
 # Pseudo file systems: a "file" there is the state of a process or a device, not a certificate.

@@ -1,17 +1,21 @@
-"""What several steps share about files: a file's sha256, an atomic write, and the cache folder."""
+"""What several steps share about files: a file's sha256, an atomic write, the cache folder, and a
+run's file locks (`locked`: one run at a time on a work dir and a report; `exclusive`: one such
+lock, as `lock` holds the matrix's; not lock/, which pins packages)."""
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import os
 import stat
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from imagefactory.errors import ConfigError
-
-LOCK_MAX_BYTES = 32  # what a lock file holds: a pid and a newline
 
 
 def cache_root() -> Path:
@@ -57,6 +61,23 @@ def atomic_write(path: Path, data: str | bytes, *, durable: bool = False) -> Non
         raise
 
 
+def home(environ: Any = None) -> Path | None:
+    """The user's home folder: $HOME, else the passwd entry's; None for a UID with neither (a
+    container started as --user 4242 with HOME unset)."""
+    env = os.environ if environ is None else environ
+    if env.get("HOME"):
+        return Path(env["HOME"])
+    try:
+        import pwd
+
+        return Path(pwd.getpwuid(os.getuid()).pw_dir)
+    except (KeyError, ImportError, OSError):
+        return None
+
+
+PID_MAX_BYTES = 32  # what a lock file holds: a pid and a newline
+
+
 def open_lock(path: Path, what: str) -> int:
     """A file descriptor of the lock file `path`, opened read-write without following a link, and
     created (0644) when missing. An existing one must be what a run leaves there: a regular file of
@@ -75,7 +96,7 @@ def open_lock(path: Path, what: str) -> int:
         why = "is not a regular file"
     elif st.st_nlink != 1 or st.st_uid != os.geteuid():
         why = "has another name (a hard link) or another owner"
-    elif st.st_size > LOCK_MAX_BYTES or (st.st_size and not os.pread(fd, LOCK_MAX_BYTES, 0).strip().isdigit()):
+    elif st.st_size > PID_MAX_BYTES or (st.st_size and not os.pread(fd, PID_MAX_BYTES, 0).strip().isdigit()):
         why = "holds something other than a pid"
     if why is not None:
         os.close(fd)
@@ -83,15 +104,37 @@ def open_lock(path: Path, what: str) -> int:
     return fd
 
 
-def home(environ: Any = None) -> Path | None:
-    """The user's home folder: $HOME, else the passwd entry's; None for a UID with neither (a
-    container started as --user 4242 with HOME unset)."""
-    env = os.environ if environ is None else environ
-    if env.get("HOME"):
-        return Path(env["HOME"])
-    try:
-        import pwd
+@contextmanager
+def locked(work_dir: Path, report: Path) -> Iterator[None]:
+    """Hold exclusive locks on the work dir and on the report for the whole run, so that a
+    second run on either stops at once instead of overwriting this run's files."""
+    with exclusive(Path(work_dir) / ".imagefactory.lock", f"--work-dir {work_dir}"), \
+            exclusive(Path(report).with_name(f".{Path(report).name}.lock"), f"--report {report}"):
+        yield
 
-        return Path(pwd.getpwuid(os.getuid()).pw_dir)
-    except (KeyError, ImportError, OSError):
-        return None
+
+@contextmanager
+def exclusive(lock_path: Path, what: str, *, own_file: bool = True,
+              hint: str = "give this run its own --work-dir and --report") -> Iterator[None]:
+    """Hold an exclusive lock on `lock_path` while the block runs; ConfigError naming `what` (and
+    the holder's pid) when another run holds it. `own_file`: the lock file is ours (created, the
+    pid written in it); else an existing file (the matrix) is locked as it is, read-only."""
+    if own_file:
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+    fd = open_lock(lock_path, what) if own_file else os.open(lock_path, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno not in (errno.EAGAIN, errno.EACCES):
+                raise
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() if own_file else ""
+            holder = holder if holder.isdigit() else "?"
+            raise ConfigError(f"{what}: another imagefactory run (pid {holder}) is using it; wait for it to "
+                              f"end, or {hint}") from None
+        if own_file:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)

@@ -13,7 +13,8 @@ cached `test` is 0.9 s against 17 s), the digests of big context files (digests.
 wheel is a second to hash), the matrix's parsed data and the schema's verdict on its bytes
 (matrix.py: no YAML parser nor jsonschema import on `list`), the templates' renders (rendered.py:
 no Jinja2 import on a no-op build), and an SBOM's documents and validations (sbom.py: the strict
-validator's import takes seconds).
+validator's import takes seconds), and each layer's measured size (layer_sizes.py: a graph-driver
+engine's layers are gzipped once, not at every push).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from pathlib import Path
 
 
 from imagefactory.files.bounded import InputError, kind, resolved, short
-from imagefactory.files.terminal import show
+from imagefactory.terminal import show
 
 
 MAX_WHEELS = 1000

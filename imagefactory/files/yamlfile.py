@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from imagefactory.errors import ConfigError
 from imagefactory.files.bounded import InputError, read_regular
-from imagefactory.files.credentials import CREDENTIALS_MESSAGE, has_credentials
-from imagefactory.files.terminal import printable, show
+from imagefactory.credentials import CREDENTIALS_MESSAGE, has_credentials
+from imagefactory.terminal import printable, show
 
 if TYPE_CHECKING:  # PyYAML is imported where a document is parsed or walked: --help never reads one
     import yaml

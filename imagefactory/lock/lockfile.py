@@ -21,7 +21,7 @@ from pathlib import Path
 from imagefactory.config import availability
 from imagefactory.config import platforms
 from imagefactory.files import bounded
-from imagefactory.files import terminal
+from imagefactory import terminal
 from imagefactory.files import yamlfile
 from imagefactory.errors import ConfigError
 from imagefactory.config.model import Cell, Matrix

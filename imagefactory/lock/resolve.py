@@ -37,7 +37,7 @@ from typing import Callable
 
 from imagefactory.files import fsutil
 from imagefactory.files import bounded
-from imagefactory.files import terminal
+from imagefactory import terminal
 from imagefactory.files import yamlfile
 from imagefactory.lock import lockfile
 from imagefactory.config import platforms

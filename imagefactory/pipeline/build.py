@@ -11,22 +11,16 @@ name cannot swap the image under this one.
 
 from __future__ import annotations
 
-import errno
-import fcntl
-import os
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from imagefactory.pipeline import freshness
-from imagefactory.files import fsutil
-from imagefactory.render import contexts as render
+from imagefactory.render.contexts import HASH_LABEL, Context, Variant, render, variants
 from imagefactory.pipeline import schedule
 from imagefactory.probe import smoke
 from imagefactory.config import tags
@@ -36,7 +30,7 @@ from imagefactory.probe.checks import FAIL, Check
 from imagefactory.run.context import (UI, Building, Gpus, Network, Probing, Publishing, Pull, Reporting, RunContext,
                                       Settings, Testing, Workspace, need, or_defaults)
 from imagefactory.engine.api import Builder, BuildProgress, BuildRequest, ContainerEngine
-from imagefactory.errors import BuildError, Cancelled, ConfigError, EngineError, EngineGone, ImageFactoryError
+from imagefactory.errors import BuildError, Cancelled, EngineError, EngineGone, ImageFactoryError
 from imagefactory.interrupt import GRACE_SECONDS, Interrupt
 from imagefactory.config.model import Cell, Matrix
 from imagefactory.run.results import BUILD_FAILED, BUILT, CACHED, CHECK_FAILED, INTERRUPTED, NOT_BUILT, PASSED, SKIPPED, CellReport, ListReport
@@ -68,11 +62,11 @@ def find_built(engine: ContainerEngine, matrix: Matrix, cell: Cell, content_hash
     the registry as a cache source) counts. The candidate name is asked first (one inspect);
     every image with the label is listed only when it gives none."""
     candidate = tags.candidate(cell, content_hash)
-    found = engine.labelled_image(candidate, render.HASH_LABEL, content_hash)
+    found = engine.labelled_image(candidate, HASH_LABEL, content_hash)
     if found is not None:  # the name an earlier run gave this content's image: no listing of every image
         return found
     names = {candidate, *cell.tags, tags.hash_tag(matrix.hash_tag_template, matrix.image, cell, content_hash)}
-    for image_id, image_tags in engine.images_with_label(render.HASH_LABEL, content_hash).items():
+    for image_id, image_tags in engine.images_with_label(HASH_LABEL, content_hash).items():
         if names & set(image_tags):
             return image_id
     return None
@@ -94,7 +88,7 @@ class _Cell:
     the probe (Probing; Testing, whose defaults for push), the report (Reporting) and, in a build
     only, Building and Publishing."""
 
-    def __init__(self, matrix: Matrix, ctx: render.Context, options: Settings, ui: UI, engine: ContainerEngine,
+    def __init__(self, matrix: Matrix, ctx: Context, options: Settings, ui: UI, engine: ContainerEngine,
                  gpus: bool, keep_log: bool = False):
         self.matrix, self.ctx, self.options, self.ui, self.engine, self.gpus = matrix, ctx, options, ui, engine, gpus
         self.probing, self.testing = need(options, Probing), or_defaults(options, Testing)
@@ -224,7 +218,7 @@ class _Cell:
         r.emulated = str(emulation or "")
         if emulation:
             self.log(f"probed emulated: {emulation}; speed checks not judged")
-        vdir = self.testing.verdicts_dir or verdicts.cache_dir()
+        vdir = self.testing.verdicts_dir  # None: the cache folder's (verdicts.VERDICTS)
         vkey = verdicts.key(r.image_id or self.engine.image_id(image) or "", cell, gpus=self.gpus,
                             shm=self.testing.probe_shm, emulation=emulation, product=self.engine.product())
         hit = None if self.testing.retest else verdicts.lookup(vdir, vkey, cell)
@@ -291,7 +285,7 @@ def _run(matrix: Matrix, cells: list[Cell], run: RunContext, work: Callable[[_Ce
     options, ui, interrupt, engine_factory = run.options, run.ui, run.interrupt, run.engines()
     where, testing = run.settings(Workspace), or_defaults(options, Testing)  # push: Testing's defaults
     first = engine_factory()
-    contexts: list[render.Context] | None = None
+    contexts: list[Context] | None = None
     try:
         netrc = or_defaults(options, Building).netrc  # test, push: no netrc (they build nothing)
         contexts = render_pinned(matrix, cells, where.work_dir, first, testing.pull, interrupt,
@@ -315,7 +309,7 @@ def _run(matrix: Matrix, cells: list[Cell], run: RunContext, work: Callable[[_Ce
         finally:
             gates.release(index)
 
-    def one_cell(ctx: render.Context, index: int) -> CellReport:
+    def one_cell(ctx: Context, index: int) -> CellReport:
         if stop.is_set() or interrupt.is_set():
             why = "the run was interrupted" if interrupt.is_set() else "an earlier cell failed and --fail-fast is set"
             skipped = CellReport(cell=ctx.cell.id, status=SKIPPED, content_hash=ctx.content_hash,
@@ -361,16 +355,16 @@ def netrc_cells(matrix: Matrix, cells: list[Cell], netrc: netrc_mod.Netrc | None
 
 def render_pinned(matrix: Matrix, cells: list[Cell], work_dir: Path, engine: ContainerEngine,
                   pull: Pull | str, interrupt: Interrupt | None = None, *, builder: Builder = Builder.classic,
-                  netrc_cells: frozenset[str] = frozenset()) -> list[render.Context]:
+                  netrc_cells: frozenset[str] = frozenset()) -> list[Context]:
     """The cells' contexts with each base image pinned to the digest it resolves to now
     (freshness.py): the content hashes every step that looks for a cell's image must use.
     Raises Cancelled once `interrupt` is set."""
     bases = freshness.resolve(engine, [c.base_image for c in cells], Pull(pull))
-    return render.render(matrix, work_dir / "contexts", cells, bases={ref: b.pinned for ref, b in bases.items()},
+    return render(matrix, work_dir / "contexts", cells, bases={ref: b.pinned for ref, b in bases.items()},
                          interrupt=interrupt, builder=builder, netrc_cells=netrc_cells)
 
 
-def _pool(contexts: list[render.Context], order: list[int], one: Callable[[int], CellReport], jobs: int,
+def _pool(contexts: list[Context], order: list[int], one: Callable[[int], CellReport], jobs: int,
           interrupt: Interrupt) -> list[CellReport]:
     """`one(index)` for each context, started in `order`, on `jobs` worker threads. Once
     interrupted, the workers get GRACE_SECONDS to wind down; cells still running then are
@@ -390,36 +384,83 @@ def _pool(contexts: list[render.Context], order: list[int], one: Callable[[int],
             else _unfinished(ctx, INTERRUPTED, "interrupted") for i, ctx in enumerate(contexts)]
 
 
-def _unfinished(ctx: render.Context, status: str, error: str) -> CellReport:
+def _unfinished(ctx: Context, status: str, error: str) -> CellReport:
     return CellReport(cell=ctx.cell.id, status=status, content_hash=ctx.content_hash,
                       candidate=tags.candidate(ctx.cell, ctx.content_hash), error=error)
 
 
-def _attested(c: _Cell) -> bool:
-    """After a cell passed its probe, the pipeline's attest step (a run that publishes); True (the
-    cell passed)."""
+# -- the pipeline, step by step ------------------------------------------------------------------
+# Each cell: build_step (`build`; `test` and `push` take found_step instead) -> probe_step ->
+# attest_step, on the workers _run starts. Then, once every cell has its report, publish_step
+# (build --push, push). A failed step ends the cell's sequence; its report says why.
+
+
+def build_step(c: _Cell) -> bool:
+    """Build the cell's image, or reuse it (a local image of this content, or the registry's);
+    the cells that share its leading layers may start once it ends. True: an image to probe."""
+    built = c.build()
+    c.on_step(BUILD_ENDED)  # the cells that share its layers may start now
+    if built:
+        c.record_size(c.report.image_id)
+    return built
+
+
+def found_step(matrix: Matrix, c: _Cell) -> str | None:
+    """`test` and `push` build nothing: the image already built for the cell's current content,
+    by either builder (find_built_by_any), given its candidate name; None: not built."""
+    r, found = c.report, find_built_by_any(c.engine, matrix, c.ctx)
+    if found is None:
+        r.status = NOT_BUILT
+        r.error = "no image for this cell's current content; run `imagefactory build` first"
+        return None
+    image, how = found
+    if how.content_hash != r.content_hash:  # built by the other builder: its hash names it
+        r.content_hash, r.candidate = how.content_hash, tags.candidate(c.ctx.cell, how.content_hash)
+        c.log(f"found the image the {how.builder.value} builder built (content hash {how.content_hash[:12]})")
+    r.image_id, r.cached, r.builder = image, True, how.builder.value
+    c.engine.tag(image, r.candidate)
+    c.record_size(image)
+    return image
+
+
+def probe_step(c: _Cell, image: str) -> bool:
+    """Smoke-test the image in every launch mode (probe/smoke.py), or take the verdicts kept for
+    it (probe/verdicts.py). True: it passed."""
+    return c.test(image)
+
+
+def attest_step(c: _Cell) -> None:
+    """The passing image's SBOM and provenance, in a run that publishes (attest/record.py)."""
     c.attest()
-    return True
+
+
+def publish_step(matrix: Matrix, outcome: Outcome, run: RunContext) -> Outcome:
+    """After every cell: tag and push the cells that passed, then the lists (publish/push.py);
+    after an interrupt, every cell marked not published. Only a run that pushes calls it, and
+    only it loads the publish code."""
+    from imagefactory.publish import push
+
+    outcome.lists = push.publish(matrix, outcome.reports, run)
+    return outcome
 
 
 def build(matrix: Matrix, cells: list[Cell], run: RunContext) -> Outcome:
     """Render, build (or reuse) and smoke-test every cell."""
 
     def work(c: _Cell) -> bool:
-        built = c.build()
-        c.on_step(BUILD_ENDED)  # the cells that share its layers may start now
-        if built:
-            c.record_size(c.report.image_id)
-        return built and c.test(c.report.image_id) and _attested(c)
+        if not build_step(c) or not probe_step(c, c.report.image_id):
+            return False
+        attest_step(c)
+        return True
 
     return _run(matrix, cells, run, work)
 
 
-def find_built_by_any(engine: ContainerEngine, matrix: Matrix, ctx: render.Context) -> \
-        tuple[str, render.Variant] | None:
-    """The local image built from the cell's current content by either builder (render.variants:
+def find_built_by_any(engine: ContainerEngine, matrix: Matrix, ctx: Context) -> \
+        tuple[str, Variant] | None:
+    """The local image built from the cell's current content by either builder (variants:
     the hash this run's builder renders first), and how it was built; None when there is none."""
-    for variant in render.variants(matrix, ctx):
+    for variant in variants(matrix, ctx):
         image = find_built(engine, matrix, ctx.cell, variant.content_hash)
         if image is not None:
             return image, variant
@@ -430,54 +471,10 @@ def test(matrix: Matrix, cells: list[Cell], run: RunContext) -> Outcome:
     """Re-test the images already built for the cells' current content, whichever builder built them."""
 
     def work(c: _Cell) -> bool:
-        r, found = c.report, find_built_by_any(c.engine, matrix, c.ctx)
-        if found is None:
-            r.status = NOT_BUILT
-            r.error = "no image for this cell's current content; run `imagefactory build` first"
+        image = found_step(matrix, c)
+        if image is None or not probe_step(c, image):
             return False
-        image, how = found
-        if how.content_hash != r.content_hash:  # built by the other builder: its hash names it
-            r.content_hash, r.candidate = how.content_hash, tags.candidate(c.ctx.cell, how.content_hash)
-            c.log(f"found the image the {how.builder.value} builder built (content hash {how.content_hash[:12]})")
-        r.image_id, r.cached, r.builder = image, True, how.builder.value
-        c.engine.tag(image, r.candidate)
-        c.record_size(image)
-        return c.test(image) and _attested(c)
+        attest_step(c)
+        return True
 
     return _run(matrix, cells, run, work, keep_log=True)
-
-
-@contextmanager
-def locked(work_dir: Path, report: Path) -> Iterator[None]:
-    """Hold exclusive locks on the work dir and on the report for the whole run, so that a
-    second run on either stops at once instead of overwriting this run's files."""
-    with exclusive(Path(work_dir) / ".imagefactory.lock", f"--work-dir {work_dir}"), \
-            exclusive(Path(report).with_name(f".{Path(report).name}.lock"), f"--report {report}"):
-        yield
-
-
-@contextmanager
-def exclusive(lock_path: Path, what: str, *, own_file: bool = True,
-              hint: str = "give this run its own --work-dir and --report") -> Iterator[None]:
-    """Hold an exclusive lock on `lock_path` while the block runs; ConfigError naming `what` (and
-    the holder's pid) when another run holds it. `own_file`: the lock file is ours (created, the
-    pid written in it); else an existing file (the matrix) is locked as it is, read-only."""
-    if own_file:
-        lock_path.parent.mkdir(parents=True, exist_ok=True)
-    fd = fsutil.open_lock(lock_path, what) if own_file else os.open(lock_path, os.O_RDONLY)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            if e.errno not in (errno.EAGAIN, errno.EACCES):
-                raise
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() if own_file else ""
-            holder = holder if holder.isdigit() else "?"
-            raise ConfigError(f"{what}: another imagefactory run (pid {holder}) is using it; wait for it to "
-                              f"end, or {hint}") from None
-        if own_file:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        yield
-    finally:
-        os.close(fd)

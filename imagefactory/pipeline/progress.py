@@ -9,7 +9,7 @@ import time
 from typing import TYPE_CHECKING, TextIO
 
 from imagefactory.engine.api import BuildProgress
-from imagefactory.files.terminal import printable_text
+from imagefactory.terminal import printable_text
 from imagefactory.run.results import BUILD_FAILED, BUILT, CACHED, PASSED, CellReport
 
 if TYPE_CHECKING:  # rich is imported only for the live display: start-up counts on CI

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from imagefactory.engine import logins
-from imagefactory.render import contexts as render
+from imagefactory.render import contexts
 from imagefactory.config import tags
 from imagefactory.engine.api import ContainerEngine
 from imagefactory.errors import EngineError, EngineGone, PushError
@@ -75,7 +75,7 @@ def pull_content(engine: ContainerEngine, matrix: Matrix, cell: Cell, content_ha
     except (EngineError, PushError) as e:
         log(f"registry cache: could not pull {pinned} ({e.message}); building")
         return None
-    labelled = engine.images_with_label(render.HASH_LABEL, content_hash)
+    labelled = engine.images_with_label(contexts.HASH_LABEL, content_hash)
     if image_id not in labelled:
         log(f"registry cache: {pinned} does not carry content hash {content_hash[:12]}; building")
         return None

@@ -16,9 +16,9 @@ finding it back by a second lookup, which costs more than the probe's margin; a 
 file costs one read. An image id is the digest of the image's config, so a record can
 only ever describe the content it was made for, whichever engine holds it.
 
-The folder is a store (store.py: read bounded, never through a link, written atomically and
-durably, the newest KEPT images' files staying) whose key is the image id's hex, itself a
-sha256 of the image's config. A record is checked whole when read:
+The folder is a store (store.py's `Store`, here `VERDICTS`; --verdicts-dir gives a run another
+folder: read bounded, never through a link, written atomically and durably, the newest KEPT
+images' files staying) whose key is the image id's hex, itself a sha256 of the image's config. A record is checked whole when read:
 anything that is not a well-formed record for exactly this key is ignored, and the
 cell is probed again. On a hit, the stored probe JSON is judged again by today's
 checks (cheap), so a stricter checks.py never lets an old pass through.
@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from imagefactory.probe import checks
-from imagefactory.files import fsutil
 from imagefactory.files.store import Store
 from imagefactory.config import platforms
 from imagefactory.probe import smoke
@@ -48,10 +47,6 @@ _AT_RE = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?\+00:00")
 FORMAT = 1
 MAX_BYTES = 4 << 20  # a record is a few KiB; anything huge is not ours
 KEPT = 4096  # images whose verdicts stay; the oldest go first
-
-
-def cache_dir() -> Path:
-    return fsutil.cache_root() / "verdicts"
 
 
 def probe_version() -> str:
@@ -94,8 +89,13 @@ class Hit:
     probe: dict | None = None  # {mode: the stored probe JSON}: what the SBOM is made from (supply.py)
 
 
-def _store(directory: Path) -> Store:
-    return Store("verdicts", KEPT, MAX_BYTES, suffix=".json", durable=True, at=directory)
+VERDICTS = Store("verdicts", KEPT, MAX_BYTES, suffix=".json", durable=True)  # the cache folder's verdicts/
+
+
+def _store(directory: Path | None) -> Store:
+    """The verdicts' store: the cache folder's (VERDICTS), or `directory` (--verdicts-dir)."""
+    return VERDICTS if directory is None else Store(VERDICTS.name, KEPT, MAX_BYTES, suffix=".json", durable=True,
+                                                    at=directory)
 
 
 def _entry(image_id: str) -> str | None:
@@ -117,7 +117,7 @@ def _read(store: Store, entry: str) -> list[dict]:
         return []
 
 
-def lookup(directory: Path, k: Key, cell: Cell) -> Hit | None:
+def lookup(directory: Path | None, k: Key, cell: Cell) -> Hit | None:
     """The earlier passing verdicts for exactly this key, judged again now; None: probe."""
     entry = _entry(k.image_id)
     if entry is None:
@@ -135,7 +135,7 @@ def lookup(directory: Path, k: Key, cell: Cell) -> Hit | None:
     return None
 
 
-def store(directory: Path, k: Key, probe: dict, *, now: dt.datetime | None = None) -> str | None:
+def store(directory: Path | None, k: Key, probe: dict, *, now: dt.datetime | None = None) -> str | None:
     """Record a pass (`probe`: {launch mode: its probe JSON}, every mode of the key); returns
     its time, or None when the cache cannot be written (never fatal: the next run simply
     probes again)."""
@@ -143,12 +143,12 @@ def store(directory: Path, k: Key, probe: dict, *, now: dt.datetime | None = Non
     return at if _write(directory, k, {"key": k.as_dict(), "at": at, "probe": probe}) else None
 
 
-def forget(directory: Path, k: Key) -> None:
+def forget(directory: Path | None, k: Key) -> None:
     """Drop the record for this key: the image has just failed a probe (e.g. under --retest)."""
     _write(directory, k, None)
 
 
-def _write(directory: Path, k: Key, record: dict | None) -> bool:
+def _write(directory: Path | None, k: Key, record: dict | None) -> bool:
     entry = _entry(k.image_id)
     if entry is None:
         return False

@@ -1,10 +1,10 @@
 """The size budget (issue 34, item 4): a cell whose image is larger, compressed, than its
 `size_budget` is not pushed, and its report names its largest layers and the packages in them (an
-environment layer's list, engine/layers.py), or the step that made a layer that carries no list; a
+environment layer's list, engine/layer_sizes.py), or the step that made a layer that carries no list; a
 layer of the base image by the base's reference (base_of: when the base is in the engine's store, its
 diff ids say which of the image's first layers are its own).
 
-The size is the engine's measure before the push (engine/layers.py): exact on the containerd image
+The size is the engine's measure before the push (engine/layer_sizes.py): exact on the containerd image
 store (its compressed blobs are what a push sends), a gzip estimate on the graph-driver store (a
 push gzips there). With zstd chosen the pushed bytes are usually fewer than this gzip figure.
 """
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from imagefactory.config.model import human
-from imagefactory.engine.layers import Layer, Measured
+from imagefactory.engine.layer_sizes import Layer, Measured
 
 SHOWN = 3  # the largest layers a message names
 PACKAGES_SHOWN = 12  # the packages a message names per layer

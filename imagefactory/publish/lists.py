@@ -30,7 +30,7 @@ from typing import Callable
 
 from imagefactory.config import refs
 from imagefactory.engine.registry import shown
-from imagefactory.config import tags as tagging
+from imagefactory.config import tags
 from imagefactory.run.results import (INTERRUPTED, NOT_PUBLISHED, PASSED, PUBLISH_FAILED, PUBLISHED, CellReport,
                                      ListReport)
 from imagefactory.run.context import Publishing, RunContext
@@ -44,7 +44,7 @@ AuthFor = Callable[[str], "dict[str, str] | None"]
 
 def list_tags(matrix: Matrix, taglist: TagList, options: Publishing) -> list[str]:
     """The list tag, then its date / git-sha variants (lists too, as each cell's own are per-arch tags)."""
-    extras = tagging.extra_tags(taglist.ref, matrix.extra_tags, today=options.today, git_sha=options.git_sha)
+    extras = tags.extra_tags(taglist.ref, matrix.extra_tags, today=options.today, git_sha=options.git_sha)
     return list(dict.fromkeys([taglist.ref, *extras]))
 
 

@@ -27,10 +27,10 @@ from typing import Any
 
 from imagefactory.engine import logins
 from imagefactory.files import bounded
-from imagefactory.files import terminal
+from imagefactory import terminal
 from imagefactory.publish import lists as publish_lists
 from imagefactory.config import refs
-from imagefactory.config import tags as tagging
+from imagefactory.config import tags
 from imagefactory.run.results import (BUILD_FAILED, BUILT, CACHED, CHECK_FAILED, INTERRUPTED, NOT_BUILT, NOT_PUBLISHED,
                                      PASSED, PUBLISH_FAILED, PUBLISHED, SKIPPED, CellReport, ListReport)
 from imagefactory.run.context import Publishing, RunContext
@@ -154,7 +154,7 @@ def _member_refusal(matrix: Matrix, m: dict, reports: list[CellReport]) -> str:
         return why
     if not r.content_hash:
         return f"{name}: its report names no content hash"
-    hash_tag = tagging.hash_tag(matrix.hash_tag_template, matrix.image, matrix.cell(m["cell"]), r.content_hash)
+    hash_tag = tags.hash_tag(matrix.hash_tag_template, matrix.image, matrix.cell(m["cell"]), r.content_hash)
     hashed = next((p["digest"] for p in r.pushed if p["ref"] == hash_tag), "")
     if hashed != m["digest"]:
         return (f"{name}: its report pushed {m['digest']} as {m['tag']} but {hashed or 'nothing'} as its "

@@ -24,7 +24,7 @@ from imagefactory.publish import lists as publish_lists
 from imagefactory.publish import sizes
 from imagefactory.config import refs
 from imagefactory.config import registries
-from imagefactory.config import tags as tagging
+from imagefactory.config import tags
 from imagefactory.run.context import UI, Publishing, Releasing, RunContext
 from imagefactory.engine import identity
 from imagefactory.engine.api import Builder, ContainerEngine, EngineFactory, PushOutcome
@@ -57,8 +57,8 @@ def tags_for(matrix: Matrix, cell_id: str, content_hash: str, options: Publishin
     """Every tag a passing cell gets: release tag(s), the immutable content-hash tag, extras."""
     cell = matrix.cell(cell_id)
     release = list(cell.tags)
-    immutable = tagging.hash_tag(matrix.hash_tag_template, matrix.image, cell, content_hash)
-    extras = [t for r in release for t in tagging.extra_tags(r, matrix.extra_tags, today=options.today,
+    immutable = tags.hash_tag(matrix.hash_tag_template, matrix.image, cell, content_hash)
+    extras = [t for r in release for t in tags.extra_tags(r, matrix.extra_tags, today=options.today,
                                                              git_sha=options.git_sha)]
     return list(dict.fromkeys(release + [immutable] + extras))
 
@@ -91,7 +91,7 @@ def publish(matrix: Matrix, reports: list[CellReport], run: RunContext) -> list[
         r.tags = tags_for(matrix, r.cell, r.content_hash, options)
         try:
             engine = engine or _can_compress(matrix, make_engine())
-            immutable = tagging.hash_tag(matrix.hash_tag_template, matrix.image, matrix.cell(r.cell),
+            immutable = tags.hash_tag(matrix.hash_tag_template, matrix.image, matrix.cell(r.cell),
                                          r.content_hash)
             order = [immutable] + [t for t in r.tags if t != immutable]
             target = _Target(creds, matrix, matrix.cell(r.cell).platform.oci)

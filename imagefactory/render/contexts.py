@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Mapping
 from imagefactory.config import recipe
 from imagefactory.render import digests
 from imagefactory.files import bounded
-from imagefactory.files import terminal
+from imagefactory import terminal
 from imagefactory.lock import lockfile
 from imagefactory.render import rendered
 from imagefactory.config import netrc as netrc_mod

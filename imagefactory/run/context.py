@@ -141,7 +141,7 @@ class Testing(Settings):
     pull: Pull = Pull.missing  # how base images are resolved (freshness.py)
     retest: bool = False  # probe even when a verdict for this image is cached (verdicts.py)
     probe_shm: str = DEFAULT_PROBE_SHM  # /dev/shm of the probe containers: a size, host or default
-    verdicts_dir: Path | None = None  # None: verdicts.cache_dir()
+    verdicts_dir: Path | None = None  # None: the cache folder's (verdicts.VERDICTS)
 
 
 @dataclass(frozen=True)
@@ -255,7 +255,7 @@ class Silent:
 @dataclass
 class RunContext:
     """One run: its options, its display, its cancellation and where its engines come from.
-    The engines `engine_factory` makes must share `interrupt` (engines.docker_factory does)."""
+    The engines `engine_factory` makes must share `interrupt` (select.docker_factory does)."""
 
     options: Settings = field(default_factory=Settings)
     ui: UI = field(default_factory=Silent)
@@ -263,9 +263,9 @@ class RunContext:
     engine_factory: EngineFactory | None = None
 
     def engines(self) -> EngineFactory:
-        from imagefactory.engine import select as engines
+        from imagefactory.engine import select
 
-        return self.engine_factory or engines.docker_factory(self.interrupt)
+        return self.engine_factory or select.docker_factory(self.interrupt)
 
     def settings(self, group: type[S]) -> S:
         """This run's settings as `group` (need): a step reads only what its command takes."""

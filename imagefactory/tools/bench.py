@@ -30,7 +30,7 @@ from typing import Any, Callable
 from imagefactory.pipeline import build
 from imagefactory.probe import checks
 from imagefactory.files import fsutil
-from imagefactory.render import contexts as render
+from imagefactory.render.contexts import Context
 from imagefactory.probe import smoke
 from imagefactory.run.context import DEFAULT_BENCH_BUDGET, BenchOptions, Pull, RunContext
 from imagefactory.engine.api import ContainerEngine
@@ -236,7 +236,7 @@ def bench(matrix: Matrix, cells: list[Cell], run: RunContext, *,
     return results, host_cores
 
 
-def _bench_cell(engine: ContainerEngine, matrix: Matrix, ctx: render.Context, options: BenchOptions, gpus: bool,
+def _bench_cell(engine: ContainerEngine, matrix: Matrix, ctx: Context, options: BenchOptions, gpus: bool,
                 host_cores: int, say: Callable[[str], None]) -> CellBench:
     refused = refuse_emulated(engine, ctx.cell)
     if refused is not None:

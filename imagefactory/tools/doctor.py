@@ -27,7 +27,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Callable
 
-from imagefactory.engine import select as engines
+from imagefactory.engine import select
 from imagefactory.engine import identity
 from imagefactory.config import platforms
 from imagefactory.engine.api import EngineFactory
@@ -209,7 +209,7 @@ def _cdi_specs(dirs: tuple[str, ...]) -> bool:
 
 def engine_facts(engine_factory: EngineFactory | None = None) -> EngineFacts:
     try:
-        info = (engine_factory or engines.docker_engine)().describe()
+        info = (engine_factory or select.docker_engine)().describe()
     except ImageFactoryError as e:  # DockerUnavailable, or an engine that will not say
         return EngineFacts(error=e.message)
     version = info.version if ENGINE_VERSION_RE.fullmatch(info.version) else "(unreadable)"

@@ -605,11 +605,11 @@ def assert_pulls_its_cell(ref: str, platform: str, image_id: str, digests: dict[
 
 def served_list(ref: str) -> requests.Response:
     """GET of `ref` on the test registry (with its login), asking for a list (an index)."""
-    from imagefactory.engine import registry as registry_http
+    from imagefactory.engine.registry import INDEX_TYPES
 
     repo, tag = ref.split("/", 1)[1].rsplit(":", 1)
     return requests.get(f"http://{TEST_REGISTRY}/v2/{repo}/manifests/{tag}", auth=(TEST_USER, TEST_PASSWORD),
-                        headers={"Accept": ", ".join(registry_http.INDEX_TYPES)}, timeout=10)
+                        headers={"Accept": ", ".join(INDEX_TYPES)}, timeout=10)
 
 
 # --------------------------------------------------------------------------- registries

@@ -23,7 +23,7 @@ import pytest
 
 from imagefactory.pipeline import build
 from imagefactory.config import matrix
-from imagefactory.render import contexts as render
+from imagefactory.render import contexts
 from imagefactory.config import tags
 from imagefactory.engine.api import BuildRequest
 from tests.integration.helpers import (BASE_REGISTRY, TEST_PASSWORD, TEST_REGISTRY, TEST_USER, Build,
@@ -85,7 +85,7 @@ def fake_cell_image(engine, tmp_path: Path, m, created_images) -> tuple[str, str
     context.mkdir()
     (context / "Dockerfile").write_text(
         f"FROM {BASE_REGISTRY}/library/debian:bookworm-slim\n"
-        f'LABEL {render.HASH_LABEL}="{ctx.content_hash}"\n'
+        f'LABEL {contexts.HASH_LABEL}="{ctx.content_hash}"\n'
         "RUN printf '#!/bin/sh\\nexec sleep 600\\n' > /usr/local/bin/python && chmod 755 /usr/local/bin/python\n")
     candidate = tags.candidate(ctx.cell, ctx.content_hash)
     created_images.append(candidate)

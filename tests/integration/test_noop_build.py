@@ -94,13 +94,13 @@ def test_the_engine_takes_an_image_by_name_only_with_the_content_hash_label(cpu_
     its candidate name carries its content hash; the same image under another hash, the cell's
     base image (a name on an image without the label) and a missing name are not taken."""
     from imagefactory.config import matrix
-    from imagefactory.render import contexts as render
+    from imagefactory.render import contexts
 
     first = cpu_build.first_report[CELL]
-    assert engine.labelled_image(first["candidate"], render.HASH_LABEL, first["content_hash"]) == first["image_id"]
-    assert engine.labelled_image(first["candidate"], render.HASH_LABEL, "0" * 64) is None
+    assert engine.labelled_image(first["candidate"], contexts.HASH_LABEL, first["content_hash"]) == first["image_id"]
+    assert engine.labelled_image(first["candidate"], contexts.HASH_LABEL, "0" * 64) is None
     base = matrix.load(cpu_build.matrix).cell(CELL).base_image  # what this run's setup made and cpu_build used
     assert engine.image_id(base) is not None
-    assert engine.labelled_image(base, render.HASH_LABEL, first["content_hash"]) is None
-    assert engine.labelled_image(f"imagefactory-test/no-such-image:{session_id}", render.HASH_LABEL,
+    assert engine.labelled_image(base, contexts.HASH_LABEL, first["content_hash"]) is None
+    assert engine.labelled_image(f"imagefactory-test/no-such-image:{session_id}", contexts.HASH_LABEL,
                                  first["content_hash"]) is None

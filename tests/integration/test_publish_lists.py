@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from imagefactory.engine import select as engines
+from imagefactory.engine import select
 from imagefactory.config import platforms
-from imagefactory.publish import push as publish
+from imagefactory.publish import push
 from imagefactory.config import tags
 from imagefactory.run.context import PushOptions, RunContext, Silent
 from imagefactory.interrupt import Interrupt
@@ -40,8 +40,8 @@ def _publish(matrix: Matrix, tiny: dict[str, str], status: dict[str, str], monke
     reports = [CellReport(c.id, status=status.get(c.platform.oci, PASSED), image_id=tiny[c.platform.oci],
                           content_hash=hashlib.sha256(f"{RUN_ID}{c.id}".encode()).hexdigest()) for c in matrix.cells]
     interrupt = Interrupt()
-    run = RunContext(PushOptions(backoff=0), Silent(), interrupt, engines.docker_factory(interrupt))
-    return {r.cell: r for r in reports}, publish.publish(matrix, reports, run)
+    run = RunContext(PushOptions(backoff=0), Silent(), interrupt, select.docker_factory(interrupt))
+    return {r.cell: r for r in reports}, push.publish(matrix, reports, run)
 
 
 def test_a_list_of_two_real_architectures_is_merged_and_each_platform_pulls_its_cell(

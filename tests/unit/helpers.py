@@ -141,11 +141,11 @@ def run_cli(args: list[str], monkeypatch, capsys) -> tuple[int, str, str]:
     """The installed entry point (cli.main), in this process: (exit code, stdout, stderr)."""
     import sys
 
-    from imagefactory.cli import app as cli
+    from imagefactory.cli import app
 
     monkeypatch.setattr(sys, "argv", ["imagefactory", *args])
     with pytest.raises(SystemExit) as e:
-        cli.main()
+        app.main()
     out, err = capsys.readouterr()
     return int(e.value.code or 0), out, err
 
@@ -182,10 +182,10 @@ def pip_both_project(root):
 # loaded and its exit code, for the tests that check what a command imports.
 RUN_CLI = """
 import json, sys
-from imagefactory.cli import app as cli
+from imagefactory.cli import app
 sys.argv = ["imagefactory", *json.loads(sys.argv[1])]
 try:
-    cli.main()
+    app.main()
 except SystemExit as e:
     code = e.code
 else:

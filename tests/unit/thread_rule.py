@@ -14,11 +14,11 @@ import venv
 from dataclasses import replace
 from pathlib import Path
 
-from imagefactory.render import contexts as render
+from imagefactory.render import contexts
 from imagefactory.config.model import AUTO, Cell
 from tests.unit.helpers import CPU_OPENBLAS
 
-RESOURCES = Path(render.__file__).resolve().parents[1] / "resources"
+RESOURCES = Path(contexts.__file__).resolve().parents[1] / "resources"
 CPUS = sorted(os.sched_getaffinity(0))
 AFFINITIES = sorted({1, len(CPUS)})  # 1 and 2 on the 2-core CI machine: both sides of every quota below
 
@@ -142,9 +142,9 @@ def _shell(argv: list[str], n: int, env: dict[str, str] | None = None) -> str:
 def shell_copies(tmp_path: Path, root: str) -> dict[str, list[str]]:
     """Each shell copy as a command printing OMP_NUM_THREADS with nothing set by the user."""
     script = tmp_path / "launch-env.sh"
-    script.write_text(render.launch_env_text(AUTO_CELL, cgroup_root=root))
+    script.write_text(contexts.launch_env_text(AUTO_CELL, cgroup_root=root))
     entry = tmp_path / "entrypoint.sh"
-    entry.write_text(render.entrypoint_text(AUTO_CELL, cgroup_root=root))
+    entry.write_text(contexts.entrypoint_text(AUTO_CELL, cgroup_root=root))
     show = '. "$0"; printf %s "$OMP_NUM_THREADS"'
     return {"profile.d under dash": ["dash", "-c", show, str(script)],
             "profile.d under bash": ["bash", "-c", show, str(script)],
@@ -195,11 +195,11 @@ def make_hooked_venv(root: Path) -> Path:
     venv.EnvBuilder(with_pip=False, symlinks=True).create(root)
     site = Path(subprocess.run([root / "bin" / "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                capture_output=True, text=True, check=True).stdout.strip())
-    (site / render.LAUNCH_HOOK).write_text(render.launch_hook_source())
-    (site / render.LAUNCH_PTH).write_text("import imagefactory_launch\n")
+    (site / contexts.LAUNCH_HOOK).write_text(contexts.launch_hook_source())
+    (site / contexts.LAUNCH_PTH).write_text("import imagefactory_launch\n")
     conf = root / "etc" / "imagefactory"
     conf.mkdir(parents=True)
-    text = render.launch_conf_text(replace(AUTO_CELL, env=(("HF_HOME", "/data/hf"),)))
+    text = contexts.launch_conf_text(replace(AUTO_CELL, env=(("HF_HOME", "/data/hf"),)))
     (conf / "launch.conf").write_text(text.replace("PATH=/opt/venv/bin", f"PATH={root}/bin"))
     return root
 

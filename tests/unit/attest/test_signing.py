@@ -21,7 +21,7 @@ from imagefactory.engine import logins
 from imagefactory.pipeline import build
 from imagefactory.config import matrix
 from imagefactory.attest import provenance
-from imagefactory.publish import push as publish
+from imagefactory.publish import push
 from imagefactory.pipeline import regcache
 from imagefactory.attest import sbom
 from imagefactory.attest import signing
@@ -121,24 +121,24 @@ def test_an_edit_to_the_code_that_makes_a_kept_document_is_a_new_key(tmp_path, m
     import sys
 
     from imagefactory.config import cacerts
-    from imagefactory.files import store as passcache
+    from imagefactory.files import store
 
     mod = tmp_path / "codedigest_probe.py"
     mod.write_text("X = 1\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     importlib.import_module("codedigest_probe")
     try:
-        before = passcache.code_digest("codedigest_probe")
+        before = store.code_digest("codedigest_probe")
         mod.write_text("X = 2\n")
-        passcache.code_digest.cache_clear()
-        assert passcache.code_digest("codedigest_probe") != before
+        store.code_digest.cache_clear()
+        assert store.code_digest("codedigest_probe") != before
     finally:
         sys.modules.pop("codedigest_probe", None)
-        passcache.code_digest.cache_clear()
+        store.code_digest.cache_clear()
     probe = inventory_probe()
     key = sbom.document_key(SUBJECT, probe, None)
-    real = passcache.code_digest
-    monkeypatch.setattr(passcache, "code_digest", lambda *names: real(*names) + "-edited")
+    real = store.code_digest
+    monkeypatch.setattr(store, "code_digest", lambda *names: real(*names) + "-edited")
     assert sbom.document_key(SUBJECT, probe, None) != key
     assert not hasattr(cacerts, "_certificates_key") and not hasattr(cacerts, "CERTS_CHECKED")
     ca = Path(__file__).parents[2] / "golden" / "certs" / "corp-ca.pem"
@@ -458,7 +458,7 @@ def test_cosign_tags_in_the_registry_do_not_confuse_the_registry_cache_or_freshn
     world = World(probes={c.id: good_probe(c, cpus=2) for c in m.cells}, registry=dict(BASE_DIGESTS))
     opts = BuildOptions(work_dir=tmp_path / "w1", verdicts_dir=tmp_path / "c1", push=True)
     first = build.build(m, list(m.cells), world.context(opts)).reports
-    publish.publish(m, first, world.context(opts))
+    push.publish(m, first, world.context(opts))
     for ref, digest in list(world.registry.items()):  # what `cosign sign` and `attest` leave beside each digest
         repo = ref.rsplit(":", 1)[0]
         for kind in ("sig", "att"):
@@ -475,7 +475,7 @@ def test_cosign_tags_in_the_registry_do_not_confuse_the_registry_cache_or_freshn
         assert again[r.cell].pulled == f"{ref}@{world.registry[ref]}"
         assert again[r.cell].base_digest == r.base_digest  # freshness: the base tag, not a .sig beside it
     assert not [ref for ref in world.ops("registry_digest") if ref.endswith((".sig", ".att"))]
-    publish.publish(m, list(again.values()), world.context(opts2))
+    push.publish(m, list(again.values()), world.context(opts2))
     assert not [ref for r in again.values() for ref in r.tags if signing.cosign_tag(ref.rsplit(":", 1)[1])]
 
 

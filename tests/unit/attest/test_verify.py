@@ -13,7 +13,8 @@ import json
 
 import pytest
 
-from imagefactory.engine import registry as registry_http
+from imagefactory.engine import registry as registry_mod
+from imagefactory.engine.registry import Reply
 from imagefactory.attest import signing
 from imagefactory.attest import verify
 
@@ -45,7 +46,7 @@ class Registry:
         config = self.put(json.dumps({"config": {"Labels": labels}}).encode())
         return self.put(json.dumps({"schemaVersion": 2, "config": {"digest": config}}).encode())
 
-    def get(self, url: str, auth, accept: str = "", method: str = "GET") -> registry_http.Reply:
+    def get(self, url: str, auth, accept: str = "", method: str = "GET") -> Reply:
         self.asked.append((method, url))
         prefix = f"http://{REPO.split('/', 1)[0]}/v2/ml/train/"
         assert url.startswith(prefix), url
@@ -53,15 +54,15 @@ class Registry:
         if kind == "manifests" and name in self.tags and method == "HEAD":
             digest = self.tags[name]
             self.on_head()
-            return registry_http.Reply(200, {"Docker-Content-Digest": digest})
+            return Reply(200, {"Docker-Content-Digest": digest})
         body = self.objects.get(name)
-        return registry_http.Reply(404) if body is None else registry_http.Reply(200, {}, body)
+        return Reply(404) if body is None else Reply(200, {}, body)
 
 
 @pytest.fixture
 def registry(monkeypatch):
     reg = Registry()
-    monkeypatch.setattr(registry_http, "request", lambda method, url, auth, accept="": reg.get(url, auth, accept, method))
+    monkeypatch.setattr(registry_mod, "request", lambda method, url, auth, accept="": reg.get(url, auth, accept, method))
     return reg
 
 
@@ -181,6 +182,6 @@ def test_a_registry_without_the_tag_or_unreachable_is_one_line(registry, cosign,
 
     def down(*args, **kwargs):
         raise ConnectionError("refused")
-    monkeypatch.setattr(registry_http, "request", down)
+    monkeypatch.setattr(registry_mod, "request", down)
     v = verify.verify_ref(f"{REPO}:1", KEY, None)
     assert not v.ok and v.kind == "registry" and v.line == f"{REPO}:1: FAILED: registry unreachable (ConnectionError)"

@@ -67,9 +67,9 @@ def test_the_table_is_what_rich_printed(tmp_path, monkeypatch, capsys):
     from rich.console import Console
     from rich.table import Table
 
-    from imagefactory.cli import app as cli
+    from imagefactory.cli import app
 
-    lines = [list(cli.TABLE_COLUMNS), ["py3.11-cpu-openblas-pip", "2.13.0", "2", "python:3.11-slim-bookworm",
+    lines = [list(app.TABLE_COLUMNS), ["py3.11-cpu-openblas-pip", "2.13.0", "2", "python:3.11-slim-bookworm",
                                        "registry.example.com/ml/train:2.13.0-py3.11-cpu-openblas-pip", "linux/amd64"],
              ["py3.12-cu12.9-mkl-conda", "2.12.1", "auto", "mambaorg/micromamba:2-debian12", "", "linux/arm64"]]
     t = Table(show_header=True, header_style="bold", box=None)
@@ -80,7 +80,7 @@ def test_the_table_is_what_rich_printed(tmp_path, monkeypatch, capsys):
     console = Console(highlight=False, width=200, force_terminal=False, no_color=True, record=True, file=open(
         os.devnull, "w"))
     console.print(t)
-    assert cli.table(lines) == console.export_text()
+    assert app.table(lines) == console.export_text()
 
 
 # -- the validation cache ---------------------------------------------------------------------------
@@ -224,10 +224,10 @@ def test_odd_kept_data_is_parsed_again_and_json_must_hold_the_data_exactly(tmp_p
     kept.symlink_to(elsewhere)  # never through a link
     calls = parses(monkeypatch)
     assert matrix.load(path) == first and len(calls) == 1
-    from imagefactory.files import store as passcache
+    from imagefactory.files import store
 
-    real = passcache.code_digest
-    monkeypatch.setattr(passcache, "code_digest", lambda *names: real(*names) + "-edited")
+    real = store.code_digest
+    monkeypatch.setattr(store, "code_digest", lambda *names: real(*names) + "-edited")
     assert matrix._data_file(matrix.validation_key(TWO_PIP_CELLS)) != kept  # inputs.py edited: another file
     assert matrix._as_json({"a": datetime.date(2026, 12, 2)}) is None and matrix._as_json({1: "x"}) is None
     assert matrix._as_json({"a": [1, 2.5, True, None]}) == '{"a": [1, 2.5, true, null]}'
@@ -260,7 +260,7 @@ def test_a_build_that_pushes_nothing_imports_no_retry_library():
 # cell builds and passes its probe.
 RUN_BUILD_ON_FAKE = """
 import json, sys
-from imagefactory.engine import select as engines
+from imagefactory.engine import select
 from imagefactory.config import matrix
 from tests.fake_engine import World
 from tests.unit.helpers import good_probe
@@ -269,7 +269,7 @@ world = World(probes={c.id: good_probe(c) for c in m.cells})
 def engine(interrupt, **kwargs):
     world.interrupt = interrupt
     return world.engine()
-engines.docker_engine = engine
+select.docker_engine = engine
 """ + RUN.replace("json.loads(sys.argv[1])", "json.loads(sys.argv[1])")
 
 # What a build that pushes nothing may load of the later steps: nothing. SBOM and provenance are
@@ -295,7 +295,7 @@ def test_a_build_without_push_imports_no_publish_or_signing_module(tmp_path):
     # nor what this matrix does not use: CA files (X.509), a wheelhouse, the registry cache and its logins
     unused = {"imagefactory.config.cacerts", "imagefactory.files.pem", "imagefactory.files.wheelfiles",
               "imagefactory.pipeline.regcache", "imagefactory.engine.logins",
-              "imagefactory.engine.layers"}  # layers are measured before a push only
+              "imagefactory.engine.layer_sizes"}  # layers are measured before a push only
     assert sorted(unused & loaded) == []
     # Fewer modules than before the package was laid out by step (issue 33): 44 of the flat package's
     # modules at 298a409, counted the same way (the package folders' __init__ not counted).

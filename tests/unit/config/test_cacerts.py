@@ -9,7 +9,7 @@ from imagefactory.config import cacerts
 from imagefactory.files import bounded
 from imagefactory.files import pem
 from imagefactory.config import matrix
-from imagefactory.render import contexts as render
+from imagefactory.render import contexts
 from tests.conftest import REPO
 from tests.unit.helpers import render_refused as refused
 from tests.unit.helpers import GOLDEN_CERT as CERT, KEY_BODY, ONE_CELL as BASE
@@ -79,7 +79,7 @@ def test_a_matched_name_never_reaches_the_context_or_the_dockerfile(tmp_path, wr
     (tmp_path / "certs").mkdir()
     (tmp_path / "certs" / "a\nRUN id.pem").write_text(CERT)
     m = matrix.load(write_matrix(BASE + "ca_certificates: [certs/*.pem]\n"))
-    (ctx,) = render.render(m, tmp_path / "out")
+    (ctx,) = contexts.render(m, tmp_path / "out")
     assert [p.name for p in (ctx.path / "certs").iterdir()] == ["ca-00.crt"]
     assert "RUN id" not in ctx.dockerfile.read_text()
 

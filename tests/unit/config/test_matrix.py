@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Callable
 import yaml
 from tests.unit.helpers import run_cli
-from imagefactory.files import terminal
+from imagefactory import terminal
 from imagefactory.files import yamlfile
-from imagefactory.render import contexts as render
+from imagefactory.render import contexts
 from tests.unit.helpers import HARDENING_PIP as PIP_III, hardening_project, list_refused as refused, one_error, write_matrix_text as write
 from tests.unit.helpers import GOLDEN_CERT as CERT, ONE_CELL as BASE_HOSTILE, ONE_PIP_CELL, PRIVATE_KEY as KEY
 
@@ -776,12 +776,12 @@ def test_each_variant_is_a_cell_with_what_its_include_entries_set(write_matrix):
 
 def test_a_variant_is_labelled_and_a_cell_without_one_keeps_its_labels(write_matrix):
     m = matrix.load(write_matrix(VARIANTS_VAR))
-    labels = dict(render.labels(m, m.cells[1], None))
+    labels = dict(contexts.labels(m, m.cells[1], None))
     assert labels["io.imagefactory.variant"] == "t2" and labels["io.imagefactory.cell"].endswith("-pip-t2")
     plain = matrix.load(write_matrix(PLAIN, "plain.yaml"))
     [cell] = plain.cells
     assert cell.id == "py3.11-cpu-openblas-pip" and cell.variant == ""
-    assert "io.imagefactory.variant" not in dict(render.labels(plain, cell, None))
+    assert "io.imagefactory.variant" not in dict(contexts.labels(plain, cell, None))
     assert cell.tags == ("registry.example.com/ml/train:2.13.0-py3.11-cpu-openblas-pip",)
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from imagefactory.config import matrix
 from imagefactory.config import netrc
-from imagefactory.render import contexts as render
+from imagefactory.render import contexts
 from imagefactory.engine.api import Builder
 from imagefactory.errors import ConfigError
 from tests.unit.helpers import hardening_project, one_error
@@ -120,13 +120,13 @@ def test_default_path_is_netrc_variable_then_home(tmp_path):
 
 def test_render_refuses_a_secret_mount_for_the_classic_builder(m):
     with pytest.raises(ConfigError, match="needs the BuildKit builder"):
-        render.dockerfile_text(m, m.cells[0], None, [], locked=False, builder=Builder.classic, netrc=True)
+        contexts.dockerfile_text(m, m.cells[0], None, [], locked=False, builder=Builder.classic, netrc=True)
 
 
 def test_the_secret_mount_is_in_the_install_runs_only(m):
     """The one install RUN under BuildKit (torch's install and the other packages': each may come
     from a protected index)."""
-    text = render.dockerfile_text(m, m.cells[0], None, [], locked=False, builder=Builder.buildkit, netrc=True)
+    text = contexts.dockerfile_text(m, m.cells[0], None, [], locked=False, builder=Builder.buildkit, netrc=True)
     mounts = [line for line in text.splitlines() if "type=secret" in line]
     installs = [line for line in text.splitlines() if line.startswith("RUN ") and "pip install" in text.split(line, 1)[1][:400]]
     assert len(mounts) == 1 and all(line.startswith("RUN --mount=type=cache") for line in mounts)

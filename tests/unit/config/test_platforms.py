@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from imagefactory.engine import buildkit
-from imagefactory.engine import select as engines
+from imagefactory.engine import select
 from imagefactory.config import platforms
 from imagefactory.engine.api import Builder, BuildRequest
 from imagefactory.config.model import Cell
@@ -22,7 +22,7 @@ import subprocess
 import sys
 from imagefactory.config import availability
 from imagefactory.config import matrix
-from imagefactory.render import contexts as render
+from imagefactory.render import contexts
 from imagefactory.config import tags
 from imagefactory.run.context import BuildOptions, PushOptions
 
@@ -102,21 +102,21 @@ def test_the_package_has_no_import_cycle():
 
 def test_auto_is_a_choice_no_engine_is_made_of(monkeypatch):
     with pytest.raises(ValueError, match="resolve it"):
-        engines.docker_engine(builder=Builder.auto)
+        select.docker_engine(builder=Builder.auto)
 
 
 def test_an_arm64_pip_cell_on_this_host_is_resolved_by_uv_not_by_pip(tmp_path, monkeypatch):
     """pip's --platform reads markers on this host (an aarch64 torch would lock x86 CUDA wheels): a
     cell of another platform goes to uv (tests/unit/lock/test_resolve_platforms.py locks one for real)."""
-    from imagefactory.lock import resolve as lock
+    from imagefactory.lock import resolve
     from imagefactory.config.model import Matrix
 
     cell = Cell(python="3.11", cuda=None, blas="openblas", installer="pip", torch="2.10.0", threads=2,
                 base_image="python:3.11-slim-bookworm", platform=platforms.ARM64)
     m = Matrix(path=tmp_path / "matrix.yaml", image="r.example.com/ml/train", cells=(cell,))
     monkeypatch.setattr(platforms, "native", lambda machine=None: platforms.AMD64)
-    monkeypatch.setattr(lock, "resolve_uv", lambda m, c, held: ("uv-body", "uv"))
-    assert lock.resolve(m, cell, {}) == ("uv-body", "uv")
+    monkeypatch.setattr(resolve, "resolve_uv", lambda m, c, held: ("uv-body", "uv"))
+    assert resolve.resolve(m, cell, {}) == ("uv-body", "uv")
 
 
 # -- moved from test_platforms_axis.py ----------------------------------------
@@ -161,7 +161,7 @@ def _load(project: Path, text: str) -> matrix.Matrix:
 
 def _rendered(m: matrix.Matrix, out: Path) -> dict[str, tuple[str, str, tuple[str, ...]]]:
     """cell id -> (content hash, Dockerfile, tags)."""
-    return {c.cell.id: (c.content_hash, c.dockerfile.read_text(), c.cell.tags) for c in render.render(m, out)}
+    return {c.cell.id: (c.content_hash, c.dockerfile.read_text(), c.cell.tags) for c in contexts.render(m, out)}
 
 
 def test_a_matrix_without_the_axis_is_the_same_matrix_as_one_naming_linux_amd64(tmp_path):
@@ -284,7 +284,7 @@ def test_the_schema_allows_exactly_the_platforms_of_the_table():
 
 def _build(pip_project: Path, world_builder: str, **world):
     from imagefactory.pipeline import build
-    from imagefactory.publish import push as publish
+    from imagefactory.publish import push
     from tests.fake_engine import World
     from tests.unit.helpers import good_probe
 
@@ -292,7 +292,7 @@ def _build(pip_project: Path, world_builder: str, **world):
     w = World(probes={c.id: good_probe(c) for c in m.cells}, builder=world_builder, **world)
     opts = BuildOptions(work_dir=pip_project / "work", gpus="none", verdicts_dir=pip_project / "verdicts")
     reports = build.build(m, list(m.cells), w.context(opts)).reports
-    publish.publish(m, reports, w.context(PushOptions(backoff=0)))
+    push.publish(m, reports, w.context(PushOptions(backoff=0)))
     return w, {r.cell: r for r in reports}
 
 

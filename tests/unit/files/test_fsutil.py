@@ -6,7 +6,7 @@ import pytest
 from imagefactory.files import fsutil
 import os
 import stat
-from imagefactory.cli import app as cli
+from imagefactory.cli import app
 from imagefactory.config import netrc
 from imagefactory.errors import ConfigError
 from tests.unit.helpers import run_cli
@@ -44,7 +44,7 @@ def test_a_planted_lock_link_never_truncates_its_target(project, monkeypatch, ca
     victim.write_text("do not empty me\n")
     (project / "build").mkdir()
     os.symlink(victim, project / which)
-    monkeypatch.setattr(cli, "_engine_environment", lambda: None)
+    monkeypatch.setattr(app, "_engine_environment", lambda: None)
     line = one_error(["build", "--builder", "classic"], monkeypatch, capsys)
     assert "symbolic link" in line and victim.read_text() == "do not empty me\n"
 

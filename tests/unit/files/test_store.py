@@ -178,11 +178,13 @@ def test_the_kept_results_are_these_stores_and_the_dropped_caches_are_gone(tmp_p
     from imagefactory.attest import sbom
     from imagefactory.config import cacerts, matrix
     from imagefactory.probe import verdicts
+    from imagefactory.engine import layer_sizes
     from imagefactory.render import digests, rendered
 
     names = {s.name for s in (matrix.DATA, rendered.RENDERS, sbom.DOCUMENTS, sbom.VALIDATED, digests.DIGESTS,
-                              verdicts._store(tmp_path))}
-    assert names == {"matrix-data", "rendered", "sbom-documents", "sbom-validated", "file-digests", "verdicts"}
+                              verdicts.VERDICTS, verdicts._store(tmp_path), layer_sizes.SIZES)}
+    assert names == {"matrix-data", "rendered", "sbom-documents", "sbom-validated", "file-digests", "verdicts",
+                     "layer-sizes"}
     assert not hasattr(matrix, "SCHEMA_VALIDATED") and not hasattr(cacerts, "CERTS_CHECKED")
     from tests.unit.helpers import TWO_PIP_CELLS
 

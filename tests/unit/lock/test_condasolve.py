@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from imagefactory.lock import condasolve
-from imagefactory.lock import resolve as lock
+from imagefactory.lock import resolve
 from imagefactory.lock import lockfile
 from imagefactory.config import matrix
 from imagefactory.errors import ConfigError
@@ -137,8 +137,8 @@ def test_a_conda_cell_is_locked_without_conda_and_its_lock_is_current(channel_se
     monkeypatch.setenv("PATH", "/nonexistent")  # no conda (nor anything else) on PATH
     path = _project(tmp_path, f"{channel_server}/main")
     m = matrix.load(path)
-    [outcome] = lock.lock(m, list(m.cells), lock.Options(), say=lambda _: None)
-    assert outcome.status == lock.WRITTEN
+    [outcome] = resolve.lock(m, list(m.cells), resolve.Options(), say=lambda _: None)
+    assert outcome.status == resolve.WRITTEN
     text = outcome.path.read_text()
     assert "# resolver: py-rattler" in text and "@EXPLICIT" in text
     urls = [line for line in text.splitlines() if line.startswith("http")]
@@ -148,12 +148,12 @@ def test_a_conda_cell_is_locked_without_conda_and_its_lock_is_current(channel_se
     assert any("/pytorch-2.13.0-cpu_mkl_py311_h1_100.conda#" in u for u in urls)
     assert all(u.startswith(f"{channel_server}/main/linux-64/") for u in urls)
     assert lockfile.load(m, m.cells[0]) is not None  # current: every rule of lockfile.py holds
-    assert [o.status for o in lock.check(m, list(m.cells))] == [lock.CURRENT]
+    assert [o.status for o in resolve.check(m, list(m.cells))] == [resolve.CURRENT]
 
 
 def test_the_openblas_cell_gets_the_generic_build_and_the_openblas_switch(channel_server, tmp_path):
     m = matrix.load(_project(tmp_path, f"{channel_server}/main", blas="openblas"))
-    body, how = lock.resolve(m, m.cells[0], {})
+    body, how = resolve.resolve(m, m.cells[0], {})
     assert "pytorch-2.13.0-cpu_generic_py311" in body and "libblas-3.9.0-30_openblas" in body
     assert "_mkl.conda" not in body and "/mkl-" not in body and "nomkl-1.0" in body
 
@@ -278,16 +278,16 @@ def test_a_private_channel_is_locked_with_the_netrc_login_and_the_login_stays_ou
 
 def test_a_lock_line_off_the_cells_channels_is_refused_by_check(channel_server, tmp_path):
     m = matrix.load(_project(tmp_path, f"{channel_server}/main"))
-    lock.lock(m, list(m.cells), lock.Options(), say=lambda _: None)
+    resolve.lock(m, list(m.cells), resolve.Options(), say=lambda _: None)
     path = lockfile.path_for(m, m.cells[0])
     text = path.read_text()
     moved = text.replace(f"{channel_server}/main/linux-64/numpy", "https://evil.example.com/main/linux-64/numpy")
     assert moved != text
     path.write_text(moved)
-    [o] = lock.check(m, list(m.cells))
-    assert o.status == lock.STALE and any("numpy" in p and "one of the matrix's channels" in p for p in o.problems)
+    [o] = resolve.check(m, list(m.cells))
+    assert o.status == resolve.STALE and any("numpy" in p and "one of the matrix's channels" in p for p in o.problems)
     with pytest.raises(ConfigError):
-        lock.check_exit([o])
+        resolve.check_exit([o])
 
 
 def test_the_solver_error_is_flattened_and_bounded():

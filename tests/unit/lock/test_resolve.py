@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from imagefactory.probe import checks
-from imagefactory.lock import resolve as lock
+from imagefactory.lock import resolve
 from imagefactory.lock import lockfile
 from imagefactory.config import matrix
-from imagefactory.render import contexts as render
+from imagefactory.render import contexts
 from imagefactory.errors import ConfigError, ImageFactoryError, LocksMissing
 from imagefactory.config.model import Cell
 from imagefactory.resources import probe as probe_script
@@ -52,7 +52,7 @@ def edit(path: Path, old: str, new: str) -> None:
 
 
 def render_all(project: Path, out: Path):
-    return {c.cell.id: c for c in render.render(matrix.load(project / "matrix.yaml"), out)}
+    return {c.cell.id: c for c in contexts.render(matrix.load(project / "matrix.yaml"), out)}
 
 
 # --------------------------------------------------------------------------- rendering from a lock
@@ -60,7 +60,7 @@ def render_all(project: Path, out: Path):
 @pytest.fixture(scope="module")
 def fixture_contexts(tmp_path_factory):
     m = matrix.load(FIXTURE / "matrix.yaml")
-    return {c.cell.id: c for c in render.render(m, tmp_path_factory.mktemp("locked"))}
+    return {c.cell.id: c for c in contexts.render(m, tmp_path_factory.mktemp("locked"))}
 
 
 @pytest.mark.parametrize("cell_id", [PIP, CONDA])
@@ -120,7 +120,7 @@ def test_a_cuda_cell_keeps_conda_override_cuda_with_a_lock(project, tmp_path):
     # No real CUDA lock can be written here (no conda channel); a locked CUDA cell's Dockerfile is
     # what render writes for a cell whose lock load_all read and checked.
     m = matrix.load(project / "matrix.yaml")
-    text = render.dockerfile_text(m, m.cell(UNLOCKED), None, [], locked=True)
+    text = contexts.dockerfile_text(m, m.cell(UNLOCKED), None, [], locked=True)
     assert "RUN CONDA_OVERRIDE_CUDA=12.9 /opt/conda/bin/conda create -y -p /opt/env \\\n      --file " in text
 
 
@@ -245,18 +245,18 @@ def cli(*args: str) -> int:
 
 def test_check_current_missing_and_stale(project):
     m = project / "matrix.yaml"
-    outcomes = lock.check(matrix.load(m), list(matrix.load(m).cells))
+    outcomes = resolve.check(matrix.load(m), list(matrix.load(m).cells))
     assert {o.cell: o.status for o in outcomes} == {PIP: "current", CONDA: "current", UNLOCKED: "missing"}
     with pytest.raises(LocksMissing) as err:
-        lock.check_exit(outcomes)
+        resolve.check_exit(outcomes)
     assert err.value.exit_code == 1 and UNLOCKED in err.value.message
     assert cli("lock", "--check", "--matrix", str(m), "--only", PIP) == 0
     assert cli("lock", "--check", "--matrix", str(m)) == 1
     edit(m, "threads: 4", "threads: 4\npackages: [scipy]")
-    outcomes = lock.check(matrix.load(m), list(matrix.load(m).cells))
+    outcomes = resolve.check(matrix.load(m), list(matrix.load(m).cells))
     assert {o.cell: o.status for o in outcomes} == {PIP: "stale", CONDA: "stale", UNLOCKED: "missing"}
     with pytest.raises(ConfigError) as cerr:
-        lock.check_exit(outcomes)
+        resolve.check_exit(outcomes)
     assert cerr.value.exit_code == 2 and any(f"cell {UNLOCKED} has no lock" in p for p in cerr.value.problems)
     assert cli("lock", "--check", "--matrix", str(m)) == 2
 
@@ -286,10 +286,10 @@ def test_lock_writes_missing_and_stale_locks_and_leaves_current_ones(project):
     m = matrix.load(project / "matrix.yaml")
     (project / "locks" / f"{PIP}.txt").unlink()
     fake = FakeResolver({"torch": "2.13.0+cpu", "numpy": "2.4.6", "threadpoolctl": "3.8.0"})
-    out = lock.lock(m, [m.cell(PIP)], lock.Options(), resolver=fake, say=lambda _: None)
+    out = resolve.lock(m, [m.cell(PIP)], resolve.Options(), resolver=fake, say=lambda _: None)
     assert [(o.cell, o.status, o.changes) for o in out] == [
         (PIP, "written", ["+ numpy 2.4.6", "+ threadpoolctl 3.8.0", "+ torch 2.13.0+cpu"])]
-    again = lock.lock(m, [m.cell(PIP)], lock.Options(), resolver=fake, say=lambda _: None)
+    again = resolve.lock(m, [m.cell(PIP)], resolve.Options(), resolver=fake, say=lambda _: None)
     assert again[0].status == "unchanged" and len(fake.calls) == 1
     assert lockfile.load(m, m.cell(PIP)) is not None  # what was written reads back as current
 
@@ -297,7 +297,7 @@ def test_lock_writes_missing_and_stale_locks_and_leaves_current_ones(project):
 def test_upgrade_prints_a_per_cell_diff(project):
     m = matrix.load(project / "matrix.yaml")
     fake = FakeResolver({"torch": "2.13.0+cpu", "numpy": "2.5.0", "rich": "14.0.0", "threadpoolctl": "3.8.0"})
-    out = lock.lock(m, [m.cell(PIP)], lock.Options(upgrade=True), resolver=fake, say=lambda _: None)
+    out = resolve.lock(m, [m.cell(PIP)], resolve.Options(upgrade=True), resolver=fake, say=lambda _: None)
     assert out[0].status == "upgraded"
     assert "  numpy 2.4.6 -> 2.5.0" in out[0].changes and "+ rich 14.0.0" in out[0].changes
     assert "- sympy 1.14.0" in out[0].changes
@@ -308,7 +308,7 @@ def test_upgrade_named_packages_holds_the_others(project):
     m = matrix.load(project / "matrix.yaml")
     before = {p.name: p.version for p in lockfile.parse(project / "locks" / f"{PIP}.txt", "pip").pins}
     fake = FakeResolver({"numpy": "2.5.0"})
-    lock.lock(m, [m.cell(PIP)], lock.Options(upgrade=True, packages=("NumPy",)), resolver=fake, say=lambda _: None)
+    resolve.lock(m, [m.cell(PIP)], resolve.Options(upgrade=True, packages=("NumPy",)), resolver=fake, say=lambda _: None)
     held = fake.calls[0][1]
     assert "numpy" not in held and held == {n: v for n, v in before.items() if n != "numpy"}
 
@@ -317,11 +317,11 @@ def test_upgrade_package_errors(project):
     m = matrix.load(project / "matrix.yaml")
     fake = FakeResolver({})
     with pytest.raises(ConfigError, match="no selected cell locks no-such-pkg"):
-        lock.lock(m, [m.cell(PIP)], lock.Options(upgrade=True, packages=("no-such-pkg",)), resolver=fake)
+        resolve.lock(m, [m.cell(PIP)], resolve.Options(upgrade=True, packages=("no-such-pkg",)), resolver=fake)
     with pytest.raises(ConfigError, match="not a package name"):
-        lock.lock(m, [m.cell(PIP)], lock.Options(upgrade=True, packages=("numpy;rm",)), resolver=fake)
+        resolve.lock(m, [m.cell(PIP)], resolve.Options(upgrade=True, packages=("numpy;rm",)), resolver=fake)
     with pytest.raises(ConfigError, match="given with --upgrade"):
-        lock.lock(m, [m.cell(PIP)], lock.Options(packages=("numpy",)), resolver=fake)
+        resolve.lock(m, [m.cell(PIP)], resolve.Options(packages=("numpy",)), resolver=fake)
     assert fake.calls == []
 
 
@@ -331,11 +331,11 @@ def test_nothing_is_written_unless_every_cell_resolved(project):
 
     def resolver(m, cell, held):
         if cell.installer == "conda":
-            raise lock.ResolveError(f"cell {cell.id}: no conda here")
+            raise resolve.ResolveError(f"cell {cell.id}: no conda here")
         return FakeResolver({"torch": "2.13.0+cpu"})(m, cell, held)
 
-    with pytest.raises(lock.ResolveError, match="no conda here"):
-        lock.lock(m, list(m.cells), lock.Options(upgrade=True), resolver=resolver, say=lambda _: None)
+    with pytest.raises(resolve.ResolveError, match="no conda here"):
+        resolve.lock(m, list(m.cells), resolve.Options(upgrade=True), resolver=resolver, say=lambda _: None)
     assert (project / "locks" / f"{PIP}.txt").read_text() == before
     assert not (project / "locks" / f"{UNLOCKED}.txt").exists()
 
@@ -344,7 +344,7 @@ def test_nothing_is_written_unless_every_cell_resolved(project):
 
 def test_pip_command_targets_the_cell_and_ignores_the_hosts_pip_config(project, monkeypatch, tmp_path):
     m = matrix.load(project / "matrix.yaml")
-    cmd = lock.pip_command(m, m.cell(PIP), tmp_path / "r.json", tmp_path / "t", None)
+    cmd = resolve.pip_command(m, m.cell(PIP), tmp_path / "r.json", tmp_path / "t", None)
     joined = " ".join(cmd)
     for part in ("--dry-run", "--report", "--python-version 3.11", "--abi cp311", "--only-binary :all:",
                  "--platform manylinux_2_28_x86_64", "--index-url https://pypi.org/simple",
@@ -353,7 +353,7 @@ def test_pip_command_targets_the_cell_and_ignores_the_hosts_pip_config(project, 
     monkeypatch.setenv("PIP_FIND_LINKS", "/opt/wheels")
     monkeypatch.setenv("PIP_CONSTRAINT", "/etc/constraints.txt")
     monkeypatch.setenv("PIP_CERT", "/etc/ssl/certs/ca-certificates.crt")
-    env = lock._pip_env()
+    env = resolve._pip_env()
     assert env["PIP_CONFIG_FILE"] == os.devnull and "PIP_FIND_LINKS" not in env and "PIP_CONSTRAINT" not in env
     assert env["PIP_CERT"] == "/etc/ssl/certs/ca-certificates.crt"
 
@@ -366,7 +366,7 @@ def test_pip_command_with_a_torch_index_and_mkl_numpy_index(write_matrix, tmp_pa
         pip: {numpy_index_url: "https://mkl.example.com/simple", extra_index_urls: ["https://x.example.com/simple"]}
     """)
     m = matrix.load(path)
-    cmd = " ".join(lock.pip_command(m, m.cells[0], tmp_path / "r", tmp_path / "t", tmp_path / "c.txt"))
+    cmd = " ".join(resolve.pip_command(m, m.cells[0], tmp_path / "r", tmp_path / "t", tmp_path / "c.txt"))
     assert ("--extra-index-url https://x.example.com/simple --extra-index-url https://download.pytorch.org/whl/cu126 "
             "--extra-index-url https://mkl.example.com/simple") in cmd
     assert "torch==2.7.1+cu126" in cmd and f"--constraint {tmp_path / 'c.txt'}" in cmd
@@ -388,15 +388,15 @@ def test_pins_from_a_pip_report_hash_wheelhouse_files_here(tmp_path):
         _report_item("Jinja2", "3.1.6", "https://files.example/jinja2.whl", "b" * 64),
         _report_item("torch", "2.13.0+cpu", wheel.as_uri()),
     ]}
-    pins = lock.pins_from_report(report, wheel.parent, "c")
+    pins = resolve.pins_from_report(report, wheel.parent, "c")
     assert pins == [("jinja2", "3.1.6", "b" * 64),
                     ("torch", "2.13.0+cpu", hashlib.sha256(b"not really a wheel").hexdigest())]
     elsewhere = {"install": [_report_item("x", "1.0", (tmp_path / "x.whl").as_uri())]}
-    with pytest.raises(lock.ResolveError, match="without a sha256"):
-        lock.pins_from_report(elsewhere, wheel.parent, "c")
+    with pytest.raises(resolve.ResolveError, match="without a sha256"):
+        resolve.pins_from_report(elsewhere, wheel.parent, "c")
     odd = {"install": [_report_item("x\n--index-url evil", "1.0", "https://e/x.whl", "c" * 64)]}
-    with pytest.raises(lock.ResolveError, match="odd package"):
-        lock.pins_from_report(odd, None, "c")
+    with pytest.raises(resolve.ResolveError, match="odd package"):
+        resolve.pins_from_report(odd, None, "c")
 
 
 # --------------------------------------------------------------------------- probe and check
@@ -472,11 +472,11 @@ def caught(project: Path, cell: str) -> list[str]:
     `lock --check` calls it stale with the same lines."""
     m = matrix.load(project / "matrix.yaml")
     with pytest.raises(ConfigError) as err:
-        render.render(m, project / "out", [m.cell(cell)])
+        contexts.render(m, project / "out", [m.cell(cell)])
     assert err.value.exit_code == 2
     assert not (project / "out" / cell).exists()
-    (outcome,) = lock.check(m, [m.cell(cell)])
-    assert outcome.status == lock.STALE
+    (outcome,) = resolve.check(m, [m.cell(cell)])
+    assert outcome.status == resolve.STALE
     assert outcome.problems == err.value.problems
     return err.value.problems
 
@@ -487,7 +487,7 @@ def line_of(path: Path, text: str) -> int:
 
 def test_the_fixture_locks_are_current(project):
     m = matrix.load(project / "matrix.yaml")
-    assert {o.cell: o.status for o in lock.check(m, [m.cell(PIP), m.cell(CONDA)])} == {
+    assert {o.cell: o.status for o in resolve.check(m, [m.cell(PIP), m.cell(CONDA)])} == {
         PIP: "current", CONDA: "current"}
 
 
@@ -644,7 +644,7 @@ def test_lock_writes_the_resolution_record_it_is_judged_against(project):
         return "".join(f"{n}=={v} \\\n    --hash=sha256:{hashlib.sha256(n.encode()).hexdigest()}\n" for n, v in
                        (("numpy", "2.4.6"), ("threadpoolctl", "3.8.0"), ("torch", "2.13.0+cpu"))), "stand-in"
 
-    lock.lock(m, [m.cell(PIP)], lock.Options(), resolver=resolver, say=lambda _: None)
+    resolve.lock(m, [m.cell(PIP)], resolve.Options(), resolver=resolver, say=lambda _: None)
     written = lockfile.load(m, m.cell(PIP))
     assert written is not None and [r[:2] for r in written.resolved] == [
         ("numpy", "2.4.6"), ("threadpoolctl", "3.8.0"), ("torch", "2.13.0+cpu")]

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from imagefactory.lock import resolve as lock
+from imagefactory.lock import resolve
 from imagefactory.lock import lockfile
 from imagefactory.config import matrix
 from imagefactory.config import platforms
@@ -118,7 +118,7 @@ torch: "2.10.0"
 pip: {{torch_index_url: null, index_url: "{url}", wheelhouse: "{house}"}}
 """)
     m = matrix.load(tmp_path / "matrix.yaml")
-    lock.lock(m, list(m.cells), lock.Options(), say=lambda _: None)
+    resolve.lock(m, list(m.cells), resolve.Options(), say=lambda _: None)
     return m, {c.id: lockfile.load(m, c) for c in m.cells}
 
 
@@ -149,7 +149,7 @@ def test_the_aarch64_lock_pins_the_aarch64_wheel_and_names_its_resolver_and_plat
     amd = locks[AMD]
     assert amd is not None
     assert next(p for p in amd.pins if p.name == "torch").version == "2.10.0+cpu"
-    expected = "pip " if lock.host_is_target(m.cell(AMD)) else "uv "  # pip only where this host is the target
+    expected = "pip " if resolve.host_is_target(m.cell(AMD)) else "uv "  # pip only where this host is the target
     assert f"# resolver: {expected}" in amd.text
 
 
@@ -166,12 +166,12 @@ def _cell(platform: platforms.Platform, python: str = "3.11", packages: tuple[st
     (platforms.AMD64, "x86_64", "3.12", False), (platforms.AMD64, "riscv64", "3.11", False),
 ])
 def test_pip_resolves_only_where_this_host_is_the_target(platform, machine, python, want):
-    assert lock.host_is_target(_cell(platform, python), machine=machine, python="3.11") is want
+    assert resolve.host_is_target(_cell(platform, python), machine=machine, python="3.11") is want
 
 
 def test_uv_command_targets_the_cell_with_the_matrixs_indexes_only(tmp_path, monkeypatch):
     m = Matrix(path=tmp_path / "matrix.yaml", image="r.example.com/ml/train", cells=(_cell(platforms.ARM64),))
-    cmd = lock.uv_command("uv", m, m.cells[0], tmp_path / "r.in", tmp_path / "o.txt", tmp_path / "c.txt")
+    cmd = resolve.uv_command("uv", m, m.cells[0], tmp_path / "r.in", tmp_path / "o.txt", tmp_path / "c.txt")
     joined = " ".join(cmd)
     for part in ("pip compile --no-config", "--generate-hashes", "--python-platform aarch64-manylinux_2_28",
                  "--python-version 3.11", "--only-binary :all:", "--index-strategy unsafe-best-match",
@@ -184,7 +184,7 @@ def test_uv_command_targets_the_cell_with_the_matrixs_indexes_only(tmp_path, mon
     monkeypatch.setenv("UV_HTTP_TIMEOUT", "60")
     monkeypatch.delenv("SSL_CERT_FILE", raising=False)
     monkeypatch.setenv("PIP_CERT", "/etc/ssl/certs/ca.pem")
-    env = lock._uv_env()
+    env = resolve._uv_env()
     assert not {"UV_INDEX_URL", "UV_EXTRA_INDEX_URL", "UV_FIND_LINKS", "UV_CONSTRAINT", "UV_TORCH_BACKEND"} & set(env)
     assert env["UV_HTTP_TIMEOUT"] == "60" and env["UV_NO_CONFIG"] == "1" and env["SSL_CERT_FILE"] == "/etc/ssl/certs/ca.pem"
 
@@ -194,9 +194,9 @@ def test_a_requirement_that_a_requirements_file_would_read_as_an_option_is_refus
     cell = _cell(platforms.ARM64, packages=(spec,))
     m = Matrix(path=tmp_path / "matrix.yaml", image="r.example.com/ml/train", cells=(cell,))
     with pytest.raises(ConfigError, match=f"cell {cell.id}: requirement .* cannot be locked"):
-        lock._requirements(m, cell)
+        resolve._requirements(m, cell)
     ok = _cell(platforms.ARM64, packages=('scipy>=1.11 ; python_version >= "3.10"', "Pillow[avif]==11.0"))
-    assert lock._requirements(m, ok).splitlines()[-2:] == list(ok.packages)
+    assert resolve._requirements(m, ok).splitlines()[-2:] == list(ok.packages)
 
 
 # --------------------------------------------------------------------------- uv failing, hanging, lying
@@ -205,7 +205,7 @@ def _fake_uv(tmp_path: Path, monkeypatch, script: str) -> None:
     exe = tmp_path / "uv"
     exe.write_text("#!/bin/sh\n" + script)
     exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
-    monkeypatch.setattr(lock, "_uv_binary", lambda cell: str(exe))
+    monkeypatch.setattr(resolve, "_uv_binary", lambda cell: str(exe))
 
 
 def _arm_matrix(tmp_path: Path) -> Matrix:
@@ -215,18 +215,18 @@ def _arm_matrix(tmp_path: Path) -> Matrix:
 def test_uv_failing_is_one_escaped_line_naming_the_cell(tmp_path, monkeypatch):
     _fake_uv(tmp_path, monkeypatch, "printf 'noise\\n\\033[2Jx: no solution for torch==2.10.0\\n' >&2; exit 1\n")
     m = _arm_matrix(tmp_path)
-    with pytest.raises(lock.ResolveError) as e:
-        lock.resolve(m, m.cells[0], {})
+    with pytest.raises(resolve.ResolveError) as e:
+        resolve.resolve(m, m.cells[0], {})
     assert e.value.message.startswith(f"cell {m.cells[0].id}: uv could not resolve: noise | ")
     assert "\x1b" not in e.value.message and "\\x1b[2J" in e.value.message and "\n" not in e.value.message
 
 
 def test_uv_hanging_is_stopped(tmp_path, monkeypatch):
     _fake_uv(tmp_path, monkeypatch, "sleep 30\n")
-    monkeypatch.setattr(lock, "RESOLVE_TIMEOUT", 0.5)
+    monkeypatch.setattr(resolve, "RESOLVE_TIMEOUT", 0.5)
     m = _arm_matrix(tmp_path)
-    with pytest.raises(lock.ResolveError, match=f"cell {m.cells[0].id}: uv did not finish within 0 s"):
-        lock.resolve(m, m.cells[0], {})
+    with pytest.raises(resolve.ResolveError, match=f"cell {m.cells[0].id}: uv did not finish within 0 s"):
+        resolve.resolve(m, m.cells[0], {})
 
 
 def test_uv_answering_anything_but_pins_is_refused(tmp_path, monkeypatch):
@@ -234,26 +234,26 @@ def test_uv_answering_anything_but_pins_is_refused(tmp_path, monkeypatch):
     body = "torch==2.10.0 \\\\\n    --hash=sha256:" + "a" * 64 + "\\n--index-url https://evil.example/simple\\n"
     _fake_uv(tmp_path, monkeypatch, f'eval out=\\${{$(($# - 1))}}; printf "{body}" > "$out"\n')
     m = _arm_matrix(tmp_path)
-    with pytest.raises(lock.ResolveError, match="uv printed 1 line.* first line 3: '--index-url https://evil"):
-        lock.resolve(m, m.cells[0], {})
+    with pytest.raises(resolve.ResolveError, match="uv printed 1 line.* first line 3: '--index-url https://evil"):
+        resolve.resolve(m, m.cells[0], {})
 
 
 def test_uv_missing_is_a_resolve_error_naming_the_cell(tmp_path, monkeypatch):
     monkeypatch.setitem(__import__("sys").modules, "uv", None)  # `import uv` raises ImportError
-    with pytest.raises(lock.ResolveError, match="cell py3.11-cpu-openblas-pip-arm64: locking for linux/arm64 "
+    with pytest.raises(resolve.ResolveError, match="cell py3.11-cpu-openblas-pip-arm64: locking for linux/arm64 "
                                                 "Python 3.11 needs uv"):
-        lock._uv_binary(_cell(platforms.ARM64))
+        resolve._uv_binary(_cell(platforms.ARM64))
     assert os.environ.get("UV_NO_CONFIG") is None  # the host's env is never changed, only the child's
 
 
 def test_pips_pick_must_be_one_of_uvs_files_and_cover_uvs_pins_exactly():
     resolved = [lockfile.Pin("torch", "2.10.0", ("a" * 64, "b" * 64), 1), lockfile.Pin("bar", "1.0", ("c" * 64,), 2)]
     cell = _cell(platforms.ARM64)
-    lock._agree([("bar", "1.0", "c" * 64), ("torch", "2.10.0", "b" * 64)], resolved, cell)
+    resolve._agree([("bar", "1.0", "c" * 64), ("torch", "2.10.0", "b" * 64)], resolved, cell)
     for picked, why in ([[("bar", "1.0", "c" * 64), ("torch", "2.10.0", "d" * 64)], "pip picked torch 2.10.0"],
                         [[("bar", "1.0.1", "c" * 64), ("torch", "2.10.0", "a" * 64)], "pip picked bar 1.0.1"],
                         [[("torch", "2.10.0", "a" * 64)], "pip found no file for bar"],
                         [[("bar", "1.0", "c" * 64), ("torch", "2.10.0", "a" * 64), ("foo", "1", "e" * 64)],
                          "pip picked foo 1"]):
-        with pytest.raises(lock.ResolveError, match=why):
-            lock._agree(picked, resolved, cell)
+        with pytest.raises(resolve.ResolveError, match=why):
+            resolve._agree(picked, resolved, cell)

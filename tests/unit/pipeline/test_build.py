@@ -18,13 +18,14 @@ from pathlib import Path
 import pytest
 import requests
 
+from imagefactory.files import fsutil
 from imagefactory.engine import logins
 from imagefactory.pipeline import build as build_mod
-from imagefactory.cli import app as cli
-from imagefactory.engine import select as engines
+from imagefactory.cli import app
+from imagefactory.engine import select as select_mod
 from imagefactory.config import matrix as matrix_mod
-from imagefactory.publish import push as publish_mod
-from imagefactory.render import contexts as render
+from imagefactory.publish import push as push_mod
+from imagefactory.render import contexts as contexts_mod
 from imagefactory.engine.docker import Engine
 from imagefactory.engine.api import BuildRequest
 from imagefactory.errors import (BuildError, Cancelled, CellFailure, ConfigError, DockerUnavailable, EngineError,
@@ -81,7 +82,7 @@ def run_build(m, world, tmp_path, **options):
 
 def run_publish(m, world, reports, the_ui=None, **options):
     opts = PushOptions(backoff=0, **options)
-    publish_mod.publish(m, reports, world.context(opts, the_ui or ui()))
+    push_mod.publish(m, reports, world.context(opts, the_ui or ui()))
     return {r.cell: r for r in reports}
 
 
@@ -228,7 +229,7 @@ def test_unauthorized_is_not_retried_and_the_password_is_redacted(m, world, tmp_
     monkeypatch.setenv(logins.USER_ENV, "ci")
     monkeypatch.setenv(logins.PASSWORD_ENV, SECRET)
     reports = run_build(m, world, tmp_path).reports
-    immutable = publish_mod.tags_for(m, A, reports[0].content_hash, PushOptions())[1]
+    immutable = push_mod.tags_for(m, A, reports[0].content_hash, PushOptions())[1]
     world.pushes[immutable] = ["unauthorized", "ok"]
     published = run_publish(m, world, reports)
     assert world.ops("push").count(immutable) == 1
@@ -263,7 +264,7 @@ def test_a_failed_publish_makes_the_run_fail(m, world, tmp_path):
     outcome = run_build(m, world, tmp_path)
     run_publish(m, world, outcome.reports)
     with pytest.raises(CellFailure) as e:
-        cli._finish(outcome, tmp_path / "report.json", Interrupt())
+        app._finish(outcome, tmp_path / "report.json", Interrupt())
     assert e.value.exit_code == 1 and A in e.value.message
     assert (tmp_path / "report.json").exists()
 
@@ -277,7 +278,7 @@ def test_an_image_that_is_not_pushed_reports_its_size_and_the_catalogue_shows_it
         outcome = run_build(m, world, tmp_path)
         assert {r.status for r in outcome.reports} == {PASSED} and all(r.publish == "" for r in outcome.reports)
         assert {r.cached for r in outcome.reports} == {run == "cached"}
-        cli._finish(outcome, tmp_path / "report.json", Interrupt())
+        app._finish(outcome, tmp_path / "report.json", Interrupt())
         doc = json.loads((tmp_path / "report.json").read_text())
         assert {c["cell"]: c["sizes"] for c in doc["cells"]} == {A: {"local": {"size": 1_234_000_000}},
                                                                  B: {"local": {"size": 987_000_000}}}, run
@@ -291,7 +292,7 @@ def test_a_run_that_published_everything_succeeds(m, world, tmp_path, capsys):
     was published; the registry serves each release tag at the digest the report names."""
     outcome = run_build(m, world, tmp_path)
     run_publish(m, world, outcome.reports)
-    cli._finish(outcome, tmp_path / "report.json", Interrupt())
+    app._finish(outcome, tmp_path / "report.json", Interrupt())
     doc = json.loads((tmp_path / "report.json").read_text())
     assert doc["ok"] is True
     assert [(c["cell"], c["status"], c["publish"]) for c in doc["cells"]] == [(A, PASSED, PUBLISHED),
@@ -306,7 +307,7 @@ def test_a_lost_engine_exits_3_after_writing_the_report(m, world, tmp_path):
     world.builds[A] = "gone"
     outcome = run_build(m, world, tmp_path)
     with pytest.raises(DockerUnavailable) as e:
-        cli._finish(outcome, tmp_path / "report.json", Interrupt())
+        app._finish(outcome, tmp_path / "report.json", Interrupt())
     assert e.value.exit_code == 3 and (tmp_path / "report.json").exists()
 
 
@@ -346,7 +347,7 @@ def test_an_interrupt_during_a_build_marks_it_and_skips_the_rest(m, world, tmp_p
     assert reports[A].status == INTERRUPTED and reports[B].status == SKIPPED
     assert "interrupted" in reports[B].error and world.ops("build") == [A]
     with pytest.raises(Interrupted) as e:
-        cli._finish(outcome, tmp_path / "report.json", world.interrupt)
+        app._finish(outcome, tmp_path / "report.json", world.interrupt)
     assert e.value.exit_code == 130 and '"interrupted"' in (tmp_path / "report.json").read_text()
 
 
@@ -357,7 +358,7 @@ def test_an_interrupt_during_a_probe_marks_the_cell_interrupted_and_sigterm_exit
     reports = by_cell(outcome)
     assert reports[B].status == INTERRUPTED and reports[A].status == PASSED
     with pytest.raises(Interrupted) as e:
-        cli._finish(outcome, tmp_path / "report.json", world.interrupt)
+        app._finish(outcome, tmp_path / "report.json", world.interrupt)
     assert e.value.exit_code == 143
 
 
@@ -401,7 +402,7 @@ def test_a_stuck_worker_is_given_up_after_the_grace_period(m, tmp_path, monkeypa
     monkeypatch.setattr(build_mod, "GRACE_SECONDS", 0.3)
     interrupt = Interrupt()
     release_worker = threading.Event()
-    contexts = render.render(m, tmp_path / "ctx")
+    contexts = contexts_mod.render(m, tmp_path / "ctx")
 
     def stuck(index):
         interrupt.cancel()
@@ -549,17 +550,17 @@ def test_a_bad_github_sha_stops_the_run_before_any_build(tmp_path):
 def test_a_second_run_on_the_same_work_dir_stops_at_once(tmp_path):
     (tmp_path / "matrix.yaml").write_text(MATRIX)
     work, report = tmp_path / "work", tmp_path / "report.json"
-    with build_mod.locked(work, report):
+    with fsutil.locked(work, report):
         with pytest.raises(ConfigError, match="another imagefactory run"):
-            with build_mod.locked(work, tmp_path / "other.json"):
+            with fsutil.locked(work, tmp_path / "other.json"):
                 pass
         with pytest.raises(ConfigError, match="--report"):
-            with build_mod.locked(tmp_path / "other-work", report):
+            with fsutil.locked(tmp_path / "other-work", report):
                 pass
         r = _cli("test", "--plain", "--matrix", str(tmp_path / "matrix.yaml"), "--work-dir", str(work),
                  "--report", str(tmp_path / "r2.json"))
         assert r.returncode == 2 and f"pid {os.getpid()}" in r.stderr, r.stderr
-    with build_mod.locked(work, report):  # released with the run
+    with fsutil.locked(work, report):  # released with the run
         pass
 
 
@@ -580,7 +581,7 @@ def test_render_writes_nothing_unless_every_cell_renders(tmp_path):
         f.unlink()
     (tmp_path / "wheels").rmdir()
     with pytest.raises(ConfigError, match="pip.wheelhouse: cannot be read"):  # exit 2, one line
-        render.render(m, out)
+        contexts_mod.render(m, out)
     assert sorted(p.name for p in out.iterdir()) == [first]
     assert [p.name for p in (out / first).iterdir()] == ["old"]
 
@@ -622,8 +623,8 @@ def test_sigterm_while_build_is_still_rendering_exits_143_with_a_report(m, tmp_p
         world.interrupt = interrupt
         return world.engine()
 
-    monkeypatch.setattr(engines, "docker_engine", engine)
-    real_render_cell = render.render_cell
+    monkeypatch.setattr(select_mod, "docker_engine", engine)
+    real_render_cell = contexts_mod.render_cell
 
     def render_cell_then_sigterm(*args, **kwargs):
         ctx = real_render_cell(*args, **kwargs)
@@ -631,17 +632,17 @@ def test_sigterm_while_build_is_still_rendering_exits_143_with_a_report(m, tmp_p
         time.sleep(0.2)  # the handler runs at once: before the next cell renders
         return ctx
 
-    monkeypatch.setattr(render, "render_cell", render_cell_then_sigterm)
+    monkeypatch.setattr(contexts_mod, "render_cell", render_cell_then_sigterm)
 
     def exit_now(code: int) -> None:
         raise SystemExit(code)
 
-    monkeypatch.setattr(cli.os, "_exit", exit_now)
+    monkeypatch.setattr(app.os, "_exit", exit_now)
     report = tmp_path / "report.json"
     monkeypatch.setattr(sys, "argv", ["imagefactory", "build", "--matrix", str(m.path), "--plain", "--gpus", "none",
                                       "--work-dir", str(tmp_path / "work"), "--report", str(report)])
     with pytest.raises(SystemExit) as e:
-        cli.main()
+        app.main()
     assert e.value.code == 143, capsys.readouterr().err
     cells = {c["cell"]: c["status"] for c in json.loads(report.read_text())["cells"]}
     assert set(cells) == {A, B} and set(cells.values()) <= {INTERRUPTED, SKIPPED}
@@ -663,7 +664,7 @@ def by_cell_CM(reports) -> dict:
 
 
 def publish(m, world, reports, **options) -> dict:
-    publish_mod.publish(m, reports, world.context(PushOptions(backoff=0, **options), Plain(io.StringIO())))
+    push_mod.publish(m, reports, world.context(PushOptions(backoff=0, **options), Plain(io.StringIO())))
     return by_cell_CM(reports)
 
 
@@ -681,7 +682,7 @@ def test_an_image_that_only_inherits_the_content_hash_label_is_not_reused(m, wor
     after the cell's own image was removed, was then tested, tagged and pushed as the release."""
     first = by_cell_CM(run(build_mod.build, m, world, tmp_path).reports)
     derived = derive_from(world, first[A].image_id, "someone/finetune:latest")
-    assert derived.labels[render.HASH_LABEL] == first[A].content_hash
+    assert derived.labels[contexts_mod.HASH_LABEL] == first[A].content_hash
     del world.images[first[A].image_id]  # `docker rmi` of the cell's own image
 
     assert build_mod.find_built(world.engine(), m, m.cell(A), first[A].content_hash) is None
@@ -709,7 +710,7 @@ def test_a_cached_cell_is_found_by_its_candidate_name_without_listing_every_imag
     assert world.ops("labelled_image") == [candidate] and world.ops("images_with_label") == []
     # the name moved to an image of other content (a user's `docker tag`): not this cell's image
     world.images[first[A].image_id].tags.discard(candidate)
-    other = Image("sha256:" + "e" * 64, {render.HASH_LABEL: "0" * 64}, {candidate}, cell=cell.id)
+    other = Image("sha256:" + "e" * 64, {contexts_mod.HASH_LABEL: "0" * 64}, {candidate}, cell=cell.id)
     world.images[other.id] = other
     assert build_mod.find_built(world.engine(), m, cell, content_hash) != other.id
     assert world.ops("images_with_label") == [content_hash]  # looked further, by the label

@@ -11,9 +11,9 @@ import pytest
 from imagefactory.engine import logins
 from imagefactory.pipeline import build
 from imagefactory.config import matrix
-from imagefactory.publish import push as publish
+from imagefactory.publish import push
 from imagefactory.pipeline import regcache
-from imagefactory.render import contexts as render
+from imagefactory.render import contexts
 from imagefactory.config import tags
 from imagefactory.run.results import PASSED
 from imagefactory.report.summary import summary
@@ -42,7 +42,7 @@ def setup(tmp_path, write_matrix, monkeypatch):
         opts = BuildOptions(work_dir=tmp_path / work, verdicts_dir=cache, **options)
         outcome = build.build(m, list(m.cells), world.context(opts))
         if opts.push:
-            publish.publish(m, outcome.reports, world.context(opts))
+            push.publish(m, outcome.reports, world.context(opts))
         return {r.cell: r for r in outcome.reports}
 
     return m, world, run
@@ -125,7 +125,7 @@ def test_an_image_without_the_cells_content_hash_is_not_used(setup):
     first = run(push=True)
     for cell, ref in hash_refs(m, first).items():
         digest = world.registry[ref]
-        world.blobs[digest] = Image(world.blobs[digest].id, {render.HASH_LABEL: "0" * 64}, set(), cell)
+        world.blobs[digest] = Image(world.blobs[digest].id, {contexts.HASH_LABEL: "0" * 64}, set(), cell)
     again = run("w2", fresh=True, push=True)
     assert len(world.ops("pull")) == 2 and world.count("build") == sorted(first)
     assert not any(r.pulled for r in again.values())
@@ -183,7 +183,7 @@ def test_the_content_tag_lookup_gets_only_its_own_registrys_credentials(tmp_path
     monkeypatch.setenv(logins.PASSWORD_ENV + "_THIRD_EXAMPLE_NET_5000", "third-secret")
     world = World(probes={c.id: good_probe(c, cpus=2) for c in m.cells}, registry=dict(BASES))
     opts = BuildOptions(work_dir=tmp_path / "w1", verdicts_dir=tmp_path / "cache", push=True)
-    publish.publish(m, build.build(m, list(m.cells), world.context(opts)).reports, world.context(opts))
+    push.publish(m, build.build(m, list(m.cells), world.context(opts)).reports, world.context(opts))
     world.images.clear()
     world.calls.clear()
     opts = BuildOptions(work_dir=tmp_path / "w2", verdicts_dir=tmp_path / "cache2", push=True)

@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 
 from imagefactory.probe import checks
-from imagefactory.report import summary as report
+from imagefactory.report import summary
 from imagefactory.run import results
 from imagefactory.probe import smoke
 from imagefactory.errors import ConfigError
@@ -22,7 +22,7 @@ from imagefactory.tools import bench
 from imagefactory.pipeline import build
 from imagefactory.config import matrix
 from imagefactory.config import platforms
-from imagefactory.render import contexts as render
+from imagefactory.render import contexts
 from imagefactory.config import tags
 from imagefactory.probe import verdicts
 from imagefactory.run.results import PASSED, CellReport
@@ -197,7 +197,7 @@ def test_report_gives_each_cell_its_launches_and_names_failing_modes(tmp_path):
     r = results.CellReport("py3.11-cpu-openblas-pip", status=results.CHECK_FAILED,
                           checks=smoke.judge(CPU_OPENBLAS, probes, gpu_required=False))
     untested = results.CellReport("py3.12-cpu-openblas-pip", status=results.BUILD_FAILED)
-    path, md = report.write([r, untested], tmp_path / "report.json", gpus=False)
+    path, md = summary.write([r, untested], tmp_path / "report.json", gpus=False)
     cells = json.loads(path.read_text())["cells"]
     assert cells[0]["launches"] == {"docker": "pass", "bare": "pass", "hpc": "fail"}
     assert cells[1]["launches"] == {}
@@ -220,15 +220,15 @@ def test_good_probes_of_every_mode_pass_for_every_cell_shape():
 
 
 def test_probe_shm_option_is_checked_once_into_the_run_options():
-    from imagefactory.cli import options as cli
+    from imagefactory.cli.options import _invocation
     from imagefactory.run import context
     from tests.conftest import REPO
 
     golden = REPO / "tests" / "golden" / "matrix.yaml"
-    inv = cli._invocation("test", {"matrix": golden, "only": None, "probe_shm": "host"}, {})
+    inv = _invocation("test", {"matrix": golden, "only": None, "probe_shm": "host"}, {})
     assert inv.options.probe_shm == "host"
     with pytest.raises(ConfigError, match="--probe-shm"):
-        cli._invocation("test", {"matrix": golden, "only": None, "probe_shm": "1g --privileged"}, {})
+        _invocation("test", {"matrix": golden, "only": None, "probe_shm": "1g --privileged"}, {})
     assert context.TestOptions().probe_shm == smoke.DEFAULT_SHM == "1g"
 
 
@@ -402,7 +402,7 @@ def test_a_build_probes_the_foreign_cell_emulated_and_the_report_says_so(both):
     assert {c.verdict for c in arm.checks if c.name == "probe.import_time"} == {checks.NOT_JUDGED}
     assert {c.verdict for c in amd.checks if c.name == "probe.import_time"} == {checks.INFO}
 
-    path, md = report.write(list(reports.values()), project / "report.json", gpus=False)
+    path, md = summary.write(list(reports.values()), project / "report.json", gpus=False)
     doc = {c["cell"]: c for c in json.loads(path.read_text())["cells"]}
     assert doc[ARM]["emulated"] == arm.emulated and doc[AMD]["emulated"] == ""
     text = md.read_text()
@@ -414,7 +414,7 @@ def test_a_build_probes_the_foreign_cell_emulated_and_the_report_says_so(both):
 
 def test_a_native_only_report_is_as_before():
     r = CellReport(AMD, PASSED, checks=checks.judge(CPU_OPENBLAS, good_probe(CPU_OPENBLAS), gpu_required=False))
-    text = report.summary([r])
+    text = summary.summary([r])
     assert "emulated" not in text and "❔" not in text and f"| `{AMD}` | passed |" in text
 
 
@@ -444,7 +444,7 @@ def test_bench_refuses_to_judge_a_cell_it_would_run_emulated(golden, tmp_path):
     m, cell, content_hash = golden
     world = World(registry={cell.base_image: "sha256:" + "1" * 64}, info=replace(ENGINE_INFO, architecture="aarch64"),
                   run_outputs=[RunResult(0, "{}", "")] * 2)
-    world.images["sha256:abc"] = Image("sha256:abc", {render.HASH_LABEL: content_hash},
+    world.images["sha256:abc"] = Image("sha256:abc", {contexts.HASH_LABEL: content_hash},
                                        {tags.candidate(cell, content_hash)}, cell.id)
     said: list[str] = []
     (r,), _ = bench.bench(m, [cell], world.context(BenchOptions(work_dir=tmp_path)), say=said.append)

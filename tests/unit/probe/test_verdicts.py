@@ -128,12 +128,16 @@ def test_an_unwritable_cache_is_not_fatal(tmp_path):
     assert verdicts.store(blocker / "verdicts", key(), probes(CPU_OPENBLAS)) is None
 
 
-def test_cache_dir_follows_the_environment(tmp_path, monkeypatch):
+def test_the_verdicts_folder_follows_the_environment(tmp_path, monkeypatch):
+    """No --verdicts-dir: the Store's own folder, the same path the verdicts always had."""
     monkeypatch.setenv("IMAGEFACTORY_CACHE_DIR", str(tmp_path))
-    assert verdicts.cache_dir() == tmp_path / "verdicts"
+    assert verdicts.VERDICTS.folder() == tmp_path / "verdicts"
+    assert verdicts.store(None, key(), probes(CPU_OPENBLAS)) is not None
+    assert [p.name for p in (tmp_path / "verdicts").iterdir()] == [key().image_id.split(":")[1] + ".json"]
+    assert verdicts.lookup(None, key(), CPU_OPENBLAS) is not None
     monkeypatch.delenv("IMAGEFACTORY_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert verdicts.cache_dir() == tmp_path / "xdg" / "imagefactory" / "verdicts"
+    assert verdicts.VERDICTS.folder() == tmp_path / "xdg" / "imagefactory" / "verdicts"
 
 
 def test_a_failed_probe_forgets_the_earlier_pass(tmp_path):

@@ -249,12 +249,12 @@ def test_the_help_states_the_clis_exit_codes() -> None:
 
 def test_lock_checks_exit_code_table_is_what_it_exits_with() -> None:
     """docs/locks.md's `lock --check` table: each row's code is lock.check_exit's for that case."""
-    from imagefactory.lock import resolve as lock
+    from imagefactory.lock import resolve
     from imagefactory.errors import ImageFactoryError
 
     def code(status: str, problems: list[str]) -> int:
         try:
-            lock.check_exit([lock.Outcome("c", Path("locks/c.txt"), status, problems=problems)])
+            resolve.check_exit([resolve.Outcome("c", Path("locks/c.txt"), status, problems=problems)])
         except ImageFactoryError as e:
             return e.exit_code
         return 0
@@ -262,7 +262,7 @@ def test_lock_checks_exit_code_table_is_what_it_exits_with() -> None:
     (table,) = exit_code_tables(LOCKS_DOC.read_text())
     assert sorted(table) == [0, 1, 2]
     assert "current" in table[code("current", [])]
-    assert "no lock" in table[code(lock.MISSING, [])]
+    assert "no lock" in table[code(resolve.MISSING, [])]
     assert "stale" in table[code("stale", ["locks/c.txt:1: torch: stale"])]
 
 

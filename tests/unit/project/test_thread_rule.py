@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from imagefactory.render import contexts as render
+from imagefactory.render import contexts
 from tests.unit.thread_rule import (
     AUTO_CELL, CASES, CPUS, REFUSED, _run_hooked, _tree, launch, make_hooked_venv, probe, shell_copies, workload,
 )
 from imagefactory.files import bounded
 
-REPO = Path(render.__file__).resolve().parents[2]
+REPO = Path(contexts.__file__).resolve().parents[2]
 
 # Every file that reads the CPU quota, and how test_every_copy_of_the_cpu_budget_rule_agrees runs it.
 # A new copy (a file naming cpu.max or cfs_quota_us) fails the test below until it is run there too.
@@ -116,7 +116,7 @@ def test_the_hook_says_nothing_when_stderr_is_closed(hooked_venv, tmp_path):
 
 def test_the_hook_cap_is_what_a_c_int_holds():
     assert launch.MAX_THREADS == 2**31 - 1
-    assert f"[ \"$1\" -le {2**31 - 1} ]" in render.launch_env_text(AUTO_CELL)
+    assert f"[ \"$1\" -le {2**31 - 1} ]" in contexts.launch_env_text(AUTO_CELL)
     assert sys.maxsize > launch.MAX_THREADS  # (the Python side compares ints; the shell, intmax_t)
 
 

@@ -7,10 +7,10 @@ import io
 
 from imagefactory.config import matrix
 from imagefactory.engine.api import EngineInfo
-from imagefactory.engine.layers import Layer, Measured
+from imagefactory.engine.layer_sizes import Layer, Measured
 from imagefactory.pipeline.progress import Plain
 from imagefactory.publish import budget
-from imagefactory.publish import push as publish_mod
+from imagefactory.publish import push
 from imagefactory.run.results import NOT_PUBLISHED, PASSED, PUBLISHED, CellReport
 from imagefactory.run.context import PushOptions, RunContext
 from tests.fake_engine import Image, World
@@ -90,7 +90,7 @@ def _run(write_matrix, layers: Measured, *, atomic: bool = False, base_image: st
                                   base_image=base_image))
     out = io.StringIO()
     options = PushOptions(backoff=0, atomic=atomic)
-    publish_mod.publish(m, reports, RunContext(options, Plain(out), world.interrupt, world.engine))
+    push.publish(m, reports, RunContext(options, Plain(out), world.interrupt, world.engine))
     return world, reports, out.getvalue()
 
 
@@ -202,7 +202,7 @@ def test_an_image_that_cannot_be_measured_is_not_pushed_and_fails(write_matrix):
     m = matrix.load(write_matrix(MATRIX))
     world = World()
     report = CellReport(cell=m.cells[0].id, status=PASSED, content_hash="00" * 32, image_id="gone")
-    publish_mod.publish(m, [report], RunContext(PushOptions(backoff=0), Plain(io.StringIO()), world.interrupt,
+    push.publish(m, [report], RunContext(PushOptions(backoff=0), Plain(io.StringIO()), world.interrupt,
                                                 world.engine))
     assert report.publish == PUBLISH_FAILED and report.error.startswith("size_budget: cannot measure gone")
     assert world.ops("push") == []
@@ -221,6 +221,6 @@ def test_an_interrupt_while_measuring_marks_the_cells_interrupted_and_pushes_not
     for n, cell in enumerate(m.cells):
         world.images[f"img{n}"] = Image(f"img{n}", {}, cell=cell.id)
         reports.append(CellReport(cell=cell.id, status=PASSED, content_hash=f"{n:02x}" * 32, image_id=f"img{n}"))
-    publish_mod.publish(m, reports, RunContext(PushOptions(backoff=0), Plain(io.StringIO()), world.interrupt,
+    push.publish(m, reports, RunContext(PushOptions(backoff=0), Plain(io.StringIO()), world.interrupt,
                                                world.engine))
     assert [r.publish for r in reports] == [INTERRUPTED, INTERRUPTED] and world.ops("push") == []

@@ -1,6 +1,6 @@
 """Issue 23 part 5: a list is published only when every platform of it passed (publish_lists.py),
 with the in-memory engine and registry (tests/fake_engine.py); the registry HTTP client's
-hostile-input rules against a real HTTP server on loopback (registry_http.py)."""
+hostile-input rules against a real HTTP server on loopback (engine/registry.py)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ import pytest
 
 from imagefactory.pipeline import build
 from imagefactory.config import matrix
-from imagefactory.publish import push as publish
-from imagefactory.engine import registry as registry_http
-from imagefactory.report import summary as report
+from imagefactory.publish import push
+from imagefactory.engine import registry
+from imagefactory.report import summary
 from imagefactory.errors import RegistryError
 from imagefactory.run.context import BuildOptions, PushOptions
 from tests.fake_engine import World
@@ -43,7 +43,7 @@ def _run(project: Path, text: str = PIP_BOTH, only: tuple[str, ...] = (), failin
         w.on_call = opts.pop("on_call")(w)
     bopts = BuildOptions(work_dir=project / "work", gpus="none", verdicts_dir=project / "verdicts")
     reports = build.build(m, cells, w.context(bopts)).reports
-    lists = publish.publish(m, reports, w.context(PushOptions(backoff=0, **opts)))
+    lists = push.publish(m, reports, w.context(PushOptions(backoff=0, **opts)))
     return w, {r.cell: r for r in reports}, lists
 
 
@@ -141,7 +141,7 @@ def test_an_interrupt_while_the_list_is_put_leaves_it_interrupted_not_published(
 
 def test_the_report_says_per_list_its_members_and_why(project, tmp_path):
     w, cells, lists = _run(project, failing=(ARM,))
-    json_path, md_path = report.write(list(cells.values()), tmp_path / "out" / "report.json", gpus=False,
+    json_path, md_path = summary.write(list(cells.values()), tmp_path / "out" / "report.json", gpus=False,
                                       lists=lists)
     doc = json.loads(json_path.read_text())
     assert set(doc) >= {"ok", "gpus", "cells", "lists"}  # "cells" as before, "lists" beside it
@@ -155,7 +155,7 @@ def test_the_report_says_per_list_its_members_and_why(project, tmp_path):
 
 def test_a_list_that_failed_to_merge_makes_the_report_not_ok(project, tmp_path):
     w, cells, lists = _run(project, altered={LIST})
-    json_path, _ = report.write(list(cells.values()), tmp_path / "report.json", gpus=False, lists=lists)
+    json_path, _ = summary.write(list(cells.values()), tmp_path / "report.json", gpus=False, lists=lists)
     assert json.loads(json_path.read_text())["ok"] is False
     assert all(r.ok for r in cells.values())
 
@@ -201,28 +201,28 @@ def test_a_manifest_is_read_with_its_digest_checked_against_its_bytes(server):
     digest = "sha256:" + hashlib.sha256(body).hexdigest()
     _Registry.answers["/v2/ml/train/manifests/1"] = (200, {"Content-Type": DOCKER, "Docker-Content-Digest": digest},
                                                     body)
-    got = registry_http.get_manifest(f"{server}/ml/train:1", None)
+    got = registry.get_manifest(f"{server}/ml/train:1", None)
     assert got is not None and (got.digest, got.size, got.media_type) == (digest, len(body), DOCKER)
-    assert registry_http.get_manifest(f"{server}/ml/train:2", None) is None  # 404
+    assert registry.get_manifest(f"{server}/ml/train:2", None) is None  # 404
     _Registry.answers["/v2/ml/train/manifests/1"] = (200, {"Content-Type": DOCKER,
                                                            "Docker-Content-Digest": "sha256:" + "0" * 64}, body)
     with pytest.raises(RegistryError, match="names digest 'sha256:0000"):
-        registry_http.get_manifest(f"{server}/ml/train:1", None)
+        registry.get_manifest(f"{server}/ml/train:1", None)
 
 
 def test_an_oversized_or_unknown_answer_is_refused_and_never_echoed(server):
-    big = b"{" + b" " * (registry_http.MAX_BYTES + 10) + b"}"
+    big = b"{" + b" " * (registry.MAX_BYTES + 10) + b"}"
     _Registry.answers["/v2/ml/train/manifests/big"] = (200, {"Content-Type": DOCKER}, big)
     with pytest.raises(RegistryError, match="larger than 4 MiB"):
-        registry_http.get_manifest(f"{server}/ml/train:big", None)
+        registry.get_manifest(f"{server}/ml/train:big", None)
     _Registry.answers["/v2/ml/train/manifests/odd"] = (200, {"Content-Type": "text/html<script>"}, b"<b>hi</b>")
     with pytest.raises(RegistryError) as e:
-        registry_http.get_manifest(f"{server}/ml/train:odd", None)
+        registry.get_manifest(f"{server}/ml/train:odd", None)
     assert "<b>" not in e.value.message and "'text/html<script>'" in e.value.message
     body = json.dumps({"errors": [{"code": "DENIED\nINJECTED", "message": "<img src=x>"}]}).encode()
     _Registry.answers["/v2/ml/train/manifests/err"] = (403, {}, body)
     with pytest.raises(RegistryError) as e:
-        registry_http.get_manifest(f"{server}/ml/train:err", None)
+        registry.get_manifest(f"{server}/ml/train:err", None)
     assert e.value.message.endswith("answered HTTP 403") and not e.value.transient
 
 
@@ -231,7 +231,7 @@ def test_an_oversized_or_unknown_answer_is_refused_and_never_echoed(server):
 def test_a_token_realm_that_is_no_plain_https_url_is_not_followed(server, realm):
     _Registry.answers["/v2/ml/train/manifests/1"] = (401, {"WWW-Authenticate": f'Bearer realm="{realm}"'}, b"")
     with pytest.raises(RegistryError, match="HTTP 401"):
-        registry_http.get_manifest(f"{server}/ml/train:1", {"username": "u", "password": "secret"})
+        registry.get_manifest(f"{server}/ml/train:1", {"username": "u", "password": "secret"})
     assert len(_Registry.seen) == 1  # the challenge was not followed anywhere
 
 
@@ -241,14 +241,14 @@ def test_a_token_that_could_break_a_header_is_not_sent(server):
                                                                                 f'scope="repository:ml/train:pull"'}, b"")
     _Registry.answers["/token"] = (200, {}, json.dumps({"token": "abc\r\nX-Evil: 1"}).encode())
     with pytest.raises(RegistryError, match="HTTP 401"):
-        registry_http.get_manifest(f"{server}/ml/train:1", None)
+        registry.get_manifest(f"{server}/ml/train:1", None)
     _Registry.answers["/token"] = (200, {}, json.dumps({"token": "good.token-1"}).encode())
     with pytest.raises(RegistryError, match="HTTP 401"):  # the server keeps answering 401
-        registry_http.get_manifest(f"{server}/ml/train:1", None)
+        registry.get_manifest(f"{server}/ml/train:1", None)
     assert _Registry.seen[-1][2].get("Authorization") == "Bearer good.token-1"
     assert "scope=repository%3Aml%2Ftrain%3Apull" in _Registry.seen[-2][1]
 
 
 def test_a_reference_that_is_no_reference_never_reaches_a_url():
     with pytest.raises(RegistryError, match="is not an image reference"):
-        registry_http.get_manifest("127.0.0.1:5000/ml/train:1/../../x", None)
+        registry.get_manifest("127.0.0.1:5000/ml/train:1/../../x", None)

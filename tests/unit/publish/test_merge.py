@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 
 from imagefactory.pipeline import build
-from imagefactory.engine import select as engines
+from imagefactory.engine import select
 from imagefactory.files import bounded
 from imagefactory.config import matrix
 from imagefactory.publish import merge
-from imagefactory.publish import push as publish
-from imagefactory.report import summary as report
-from imagefactory.config import tags as tagging
+from imagefactory.publish import push
+from imagefactory.report import summary
+from imagefactory.config import tags
 from imagefactory.run.context import BuildOptions, PushOptions
 from tests.fake_engine import World
 from tests.unit.helpers import AMD, AMD_TAG, ARM, ARM_TAG, BASE, LIST, PIP_BOTH, good_probe, pip_both_project, run_cli
@@ -44,8 +44,8 @@ def cell_job(project: Path, world: World, cell: str, *, failing: bool = False) -
         world.probes[cell] = {"crash": True}
     opts = BuildOptions(work_dir=project / f"work-{cell}", gpus="none", verdicts_dir=project / "verdicts")
     reports = build.build(m, [m.cell(cell)], world.context(opts)).reports
-    lists = publish.publish(m, reports, world.context(PushOptions(backoff=0)))
-    path, _ = report.write(reports, project / "reports" / f"report-{cell}" / f"report-{cell}.json", gpus=False,
+    lists = push.publish(m, reports, world.context(PushOptions(backoff=0)))
+    path, _ = summary.write(reports, project / "reports" / f"report-{cell}" / f"report-{cell}.json", gpus=False,
                            lists=lists)
     return path
 
@@ -57,7 +57,7 @@ def edit(path: Path, change) -> None:
 
 
 def merge_cli(project: Path, world: World, monkeypatch, capsys, *extra: str) -> tuple[int, str, str]:
-    monkeypatch.setattr(engines, "docker_engine", lambda interrupt, **kwargs: world.engine())
+    monkeypatch.setattr(select, "docker_engine", lambda interrupt, **kwargs: world.engine())
     world.calls.clear()
     return run_cli(["merge", "--matrix", str(project / "matrix.yaml"), "--reports", str(project / "reports"),
                     "--report", str(project / "out" / "report.json"), "--plain", "--retry-delay", "0", *extra],
@@ -196,7 +196,7 @@ def test_an_unreadable_report_is_one_line_exit_2(project, world, monkeypatch, ca
 
 
 def test_a_missing_reports_path_is_exit_2(project, world, monkeypatch, capsys):
-    monkeypatch.setattr(engines, "docker_engine", lambda interrupt, **kwargs: world.engine())
+    monkeypatch.setattr(select, "docker_engine", lambda interrupt, **kwargs: world.engine())
     code, _, err = run_cli(["merge", "--matrix", str(project / "matrix.yaml"), "--reports",
                             str(project / "nowhere"), "--report", str(project / "out.json")], monkeypatch, capsys)
     assert code == 2 and "--reports" in err and "not found" in err
@@ -214,7 +214,7 @@ def test_the_refusal_reuses_the_member_check_of_the_in_run_merge(project):
     m = matrix.load(project / "matrix.yaml")
     (lr,) = merge.publish_lists.start(m, [], PushOptions())
     assert merge.refusal(m, lr, {}).count("has no report") == 2
-    assert tagging.list_of(m, m.cell(ARM)) is m.lists[0]
+    assert tags.list_of(m, m.cell(ARM)) is m.lists[0]
 
 
 def test_list_github_rows_carry_the_platform(project, monkeypatch, capsys):

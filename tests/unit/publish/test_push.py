@@ -10,7 +10,7 @@ from imagefactory.config import registries
 from imagefactory.engine import logins
 from imagefactory.run.context import PushOptions, RunContext
 from imagefactory.config import matrix
-from imagefactory.publish import push as publish_mod
+from imagefactory.publish import push
 from imagefactory.errors import ConfigError
 from imagefactory.pipeline.progress import Plain
 from imagefactory.run.results import PASSED, PUBLISH_FAILED, PUBLISHED, CellReport
@@ -55,7 +55,7 @@ def _publish(m, sent) -> CellReport:
     report = CellReport(cell=CELL, status=PASSED, content_hash=HASH, image_id="img1")
     run = RunContext(PushOptions(backoff=0), Plain(io.StringIO()), world.interrupt,
                      lambda: Recorder(world, sent))  # type: ignore[arg-type,return-value]
-    publish_mod.publish(m, [report], run)
+    push.publish(m, [report], run)
     return report
 
 

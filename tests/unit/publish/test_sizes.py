@@ -11,10 +11,10 @@ import pytest
 
 from imagefactory.config import matrix
 from imagefactory.engine.api import Manifest
-from imagefactory.engine.layers import Layer, Measured
+from imagefactory.engine.layer_sizes import Layer, Measured
 from imagefactory.engine.api import DOCKER_MANIFEST, OCI_INDEX
 from imagefactory.pipeline.progress import Plain
-from imagefactory.publish import push as publish_mod
+from imagefactory.publish import push
 from imagefactory.publish import sizes
 from imagefactory.run.results import PASSED, PUBLISHED, CellReport
 from imagefactory.run.context import PushOptions, RunContext
@@ -95,7 +95,7 @@ def _world(m) -> tuple[World, list[CellReport]]:
 
 def _run(world: World, m, reports: list[CellReport]) -> str:
     out = io.StringIO()
-    publish_mod.publish(m, reports, RunContext(PushOptions(backoff=0), Plain(out), world.interrupt, world.engine))
+    push.publish(m, reports, RunContext(PushOptions(backoff=0), Plain(out), world.interrupt, world.engine))
     return out.getvalue()
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from imagefactory.config import matrix
-from imagefactory.render import contexts as render
+from imagefactory.render import contexts as contexts_mod
 from imagefactory.engine.api import Builder
 from tests.conftest import REPO
 import signal
@@ -31,7 +31,7 @@ UPDATE = os.environ.get("IMAGEFACTORY_UPDATE_GOLDEN") == "1"
 @pytest.fixture(scope="module")
 def golden_contexts(tmp_path_factory):
     m = matrix.load(GOLDEN / "matrix.yaml")
-    return {c.cell.id: c for c in render.render(m, tmp_path_factory.mktemp("golden"))}
+    return {c.cell.id: c for c in contexts_mod.render(m, tmp_path_factory.mktemp("golden"))}
 
 
 def test_golden_fixture_covers_every_template_branch(golden_contexts):
@@ -108,8 +108,8 @@ def test_key_settings_in_rendered_text(golden_contexts):
 
 def test_rerender_is_byte_identical(tmp_path):
     m = matrix.load(GOLDEN / "matrix.yaml")
-    a = render.render(m, tmp_path / "a")
-    b = render.render(m, tmp_path / "b")
+    a = contexts_mod.render(m, tmp_path / "a")
+    b = contexts_mod.render(m, tmp_path / "b")
     for x, y in zip(a, b):
         assert x.content_hash == y.content_hash
         for f in x.path.rglob("*"):
@@ -121,13 +121,13 @@ def test_content_hash_follows_every_input(tmp_path, write_matrix):
     text = (GOLDEN / "matrix.yaml").read_text()
     shutil.copytree(GOLDEN / "certs", tmp_path / "certs")
     shutil.copytree(GOLDEN / "wheels", tmp_path / "wheels")
-    base = render.render(matrix.load(write_matrix(text)), tmp_path / "a")
-    changed = render.render(matrix.load(write_matrix(text.replace("threads: 8", "threads: 2"))), tmp_path / "b")
+    base = contexts_mod.render(matrix.load(write_matrix(text)), tmp_path / "a")
+    changed = contexts_mod.render(matrix.load(write_matrix(text.replace("threads: 8", "threads: 2"))), tmp_path / "b")
     assert all(x.content_hash != y.content_hash for x, y in zip(base, changed))
     by_id = {c.cell.id: c.content_hash for c in base}
     pip_cells = {"py3.11-cpu-openblas-pip", "py3.11-cu13.0-openblas-pip"}
     (tmp_path / "wheels" / "extra-1.0-py3-none-any.whl").write_text("x")
-    wheel = render.render(matrix.load(write_matrix(text)), tmp_path / "c")
+    wheel = contexts_mod.render(matrix.load(write_matrix(text)), tmp_path / "c")
     assert {c.cell.id for c in wheel if c.content_hash != by_id[c.cell.id]} == pip_cells
 
 
@@ -140,7 +140,7 @@ def test_content_hash_follows_the_bytes_of_every_copied_file(tmp_path, write_mat
     pip_cells = {"py3.11-cpu-openblas-pip", "py3.11-cu13.0-openblas-pip"}
 
     def hashes(out: str) -> dict[str, str]:
-        return {c.cell.id: c.content_hash for c in render.render(matrix.load(write_matrix(text)), tmp_path / out)}
+        return {c.cell.id: c.content_hash for c in contexts_mod.render(matrix.load(write_matrix(text)), tmp_path / out)}
 
     def flip_last_byte(path: Path) -> None:
         data = bytearray(path.read_bytes())
@@ -168,15 +168,15 @@ def test_render_replaces_an_old_context_and_leaves_no_staging(tmp_path):
     m = matrix.load(GOLDEN / "matrix.yaml")
     (tmp_path / "py3.11-cpu-mkl-conda").mkdir()
     (tmp_path / "py3.11-cpu-mkl-conda" / "stale").write_text("x")
-    render.render(m, tmp_path)
+    contexts_mod.render(m, tmp_path)
     assert not (tmp_path / "py3.11-cpu-mkl-conda" / "stale").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".render-")]
 
 
 def test_dockerfile_value_escaping_is_a_second_line_of_defence():
-    assert render._dq('a"b$c\\') == '"a\\"b\\$c\\\\"'
+    assert contexts_mod._dq('a"b$c\\') == '"a\\"b\\$c\\\\"'
     with pytest.raises(ValueError):
-        render._dq("a\nRUN id")
+        contexts_mod._dq("a\nRUN id")
 
 
 def _hadolint(dockerfile):
@@ -195,7 +195,7 @@ def _shipped_contexts(tmp_path):
     ms.append(matrix.load(GOLDEN / "matrix.yaml"))
     out = []
     for i, m in enumerate(ms):
-        out += render.render(m, tmp_path / f"r{i}")
+        out += contexts_mod.render(m, tmp_path / f"r{i}")
     return out
 
 
@@ -223,7 +223,7 @@ def test_threads_auto_bakes_no_thread_count_and_no_empty_env(tmp_path):
     (tmp_path / "matrix.yaml").write_text(text)
     shutil.copytree(GOLDEN / "certs", tmp_path / "certs")
     shutil.copytree(GOLDEN / "wheels", tmp_path / "wheels")
-    ctx = {c.cell.id: c for c in render.render(matrix.load(tmp_path / "matrix.yaml"), tmp_path / "out")}
+    ctx = {c.cell.id: c for c in contexts_mod.render(matrix.load(tmp_path / "matrix.yaml"), tmp_path / "out")}
     dockerfile = ctx["py3.11-cpu-openblas-pip"].dockerfile.read_text()
     assert "OMP_NUM_THREADS" not in dockerfile and 'io.imagefactory.threads="auto"' in dockerfile
     assert all("=" in line for line in dockerfile.splitlines() if line.startswith("ENV"))
@@ -304,7 +304,7 @@ def _blas_siblings(tmp_path, builder):
                     "torch: \"2.13.0\"\npip: {torch_index_url: \"https://download.pytorch.org/whl/cpu\", "
                     "numpy_index_url: \"https://mkl.example.com/simple\"}\n")
     m = matrix.load(path)
-    return [render.dockerfile_text(m, cell, None, [], locked=False, builder=builder) for cell in m.cells]
+    return [contexts_mod.dockerfile_text(m, cell, None, [], locked=False, builder=builder) for cell in m.cells]
 
 
 def test_cells_that_differ_in_blas_and_packages_share_the_torch_step(tmp_path):
@@ -336,7 +336,7 @@ def test_buildkit_installs_and_splits_in_one_step(tmp_path):
 
 def test_locked_pip_render_removes_torch_test_programs_too(tmp_path):
     fixture = REPO / "tests" / "fixtures" / "locks" / "matrix.yaml"
-    ctx = {c.cell.id: c for c in render.render(matrix.load(fixture), tmp_path)}
+    ctx = {c.cell.id: c for c in contexts_mod.render(matrix.load(fixture), tmp_path)}
     (run,) = [r for r in _runs(ctx["py3.11-cpu-openblas-pip"].dockerfile.read_text()) if "--require-hashes" in r]
     assert run.startswith("0: ") and 'rm -rf "$torch/test"' in run
 
@@ -378,7 +378,7 @@ DIGEST = "sha256:" + "ab" * 32
 
 def test_condarc_channels_keep_their_type(tmp_path, write_matrix):
     m = matrix.load(write_matrix(BASE + 'conda: {channels: ["null", "yes", "1.5", "conda-forge"]}\n'))
-    (ctx,) = render.render(m, tmp_path / "out")
+    (ctx,) = contexts_mod.render(m, tmp_path / "out")
     assert yaml.safe_load((ctx.path / "condarc").read_text())["channels"] == ["null", "yes", "1.5", "conda-forge"]
 
 
@@ -386,7 +386,7 @@ def test_only_certificate_blocks_enter_the_context(tmp_path, write_matrix):
     crl = "-----BEGIN X509 CRL-----\nMAA=\n-----END X509 CRL-----\n"
     (tmp_path / "ca.pem").write_text("# corporate bundle\n" + CERT + crl + "trailing text\n")
     m = matrix.load(write_matrix(BASE + "ca_certificates: [ca.pem]\n"))
-    (ctx,) = render.render(m, tmp_path / "out")
+    (ctx,) = contexts_mod.render(m, tmp_path / "out")
     copied = (ctx.path / "certs" / "ca-00.crt").read_text()
     assert copied.startswith("-----BEGIN CERTIFICATE-----\n") and copied.endswith("-----END CERTIFICATE-----\n")
     assert "corporate" not in copied and "trailing" not in copied and "CRL" not in copied
@@ -394,7 +394,7 @@ def test_only_certificate_blocks_enter_the_context(tmp_path, write_matrix):
     # A key added after the matrix was checked is still refused when the context is written.
     (tmp_path / "ca.pem").write_text(CERT + KEY)
     with pytest.raises(matrix.ConfigError, match="private key"):
-        render.render(m, tmp_path / "out2")
+        contexts_mod.render(m, tmp_path / "out2")
     assert not [p for p in (tmp_path / "out2").iterdir()]
 
 
@@ -414,7 +414,7 @@ def test_wheelhouse_gives_regular_files_and_the_same_bytes_wherever_out_is(tmp_p
     if shm.is_dir() and os.access(shm, os.W_OK) and os.stat(shm).st_dev != os.stat(tmp_path).st_dev:
         outs.append(Path(tempfile.mkdtemp(dir=shm, prefix="imagefactory-test-")) / "out")
     try:
-        contexts = [render.render(m, out)[0] for out in outs]
+        contexts = [contexts_mod.render(m, out)[0] for out in outs]
         _same_regular_files(contexts)
     finally:
         for out in outs[1:]:
@@ -439,7 +439,7 @@ def test_a_link_out_of_the_wheelhouse_added_later_is_not_copied(tmp_path):
     (tmp_path / "secret").write_text("root:x:0:0\n")
     (tmp_path / "wheels" / "shadow-1.0-py3-none-any.whl").symlink_to(tmp_path / "secret")
     with pytest.raises(matrix.ConfigError, match="outside the wheelhouse"):
-        render.render(m, tmp_path / "out")
+        contexts_mod.render(m, tmp_path / "out")
     assert not any("root:x" in p.read_text() for p in (tmp_path / "out").rglob("*") if p.is_file())
 
 
@@ -502,7 +502,7 @@ def test_base_images_can_be_pinned_by_digest(ref, registry, expected, tmp_path, 
     text = PIP + f'base_images: {{pip: "{ref}"}}\n' + (f"base_registry: {registry}\n" if registry else "")
     m = matrix.load(write_matrix(text))
     assert m.cells[0].base_image == expected
-    (ctx,) = render.render(m, tmp_path / "out")
+    (ctx,) = contexts_mod.render(m, tmp_path / "out")
     froms = [line for line in ctx.dockerfile.read_text().splitlines() if line.startswith("FROM ")]
     assert froms and all(line.split()[1] == expected for line in froms)
 
@@ -543,7 +543,7 @@ def dockerfiles(tmp_path_factory) -> dict[str, str]:
     path = tmp_path_factory.mktemp("bytecode") / "matrix.yaml"
     path.write_text(MATRIX)
     m = matrix.load(path)
-    return {c.installer: render.dockerfile_text(m, c, None, [], locked=False) for c in m.cells}
+    return {c.installer: contexts_mod.dockerfile_text(m, c, None, [], locked=False) for c in m.cells}
 
 
 def compileall_options(dockerfile: str) -> list[str]:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from imagefactory.files import store as passcache
-from imagefactory.render import contexts as render
+from imagefactory.files import store
+from imagefactory.render import contexts
 from imagefactory.render import rendered
 from tests.unit.helpers import CPU_OPENBLAS
 
@@ -37,15 +37,15 @@ def test_a_render_made_before_is_read_back_without_jinja(monkeypatch):
     """The no-op build's contexts: the same cell renders the same Dockerfile and launch files,
     read back; with Jinja2's environment gone, they still come out byte for byte."""
     cell = CPU_OPENBLAS
-    texts = [render.entrypoint_text(cell), render.launch_env_text(cell), render.launch_conf_text(cell)]
+    texts = [contexts.entrypoint_text(cell), contexts.launch_env_text(cell), contexts.launch_conf_text(cell)]
 
     def no_jinja():
         raise AssertionError("Jinja2 was asked to render")
 
-    monkeypatch.setattr(render, "environment", no_jinja)
-    assert [render.entrypoint_text(cell), render.launch_env_text(cell), render.launch_conf_text(cell)] == texts
+    monkeypatch.setattr(contexts, "environment", no_jinja)
+    assert [contexts.entrypoint_text(cell), contexts.launch_env_text(cell), contexts.launch_conf_text(cell)] == texts
     with pytest.raises(AssertionError, match="Jinja2 was asked"):
-        render.entrypoint_text(cell, certs=True)  # another value: rendered
+        contexts.entrypoint_text(cell, certs=True)  # another value: rendered
 
 
 def test_another_template_folder_or_code_is_another_key(templates, monkeypatch):
@@ -60,8 +60,8 @@ def test_another_template_folder_or_code_is_another_key(templates, monkeypatch):
     rendered._folder.cache_clear()
     rendered.text("t.j2", {"x": 1}, make, templates=templates, code=())
     assert len(calls) == 3
-    real = passcache.code_digest
-    monkeypatch.setattr(passcache, "code_digest", lambda *names: real(*names) + "-edited")
+    real = store.code_digest
+    monkeypatch.setattr(store, "code_digest", lambda *names: real(*names) + "-edited")
     rendered.text("t.j2", {"x": 1}, make, templates=templates, code=())
     assert len(calls) == 4
 

@@ -17,7 +17,7 @@ import pytest
 
 from imagefactory.config import matrix, recipe
 from imagefactory.engine.api import Builder
-from imagefactory.render import contexts as render
+from imagefactory.render import contexts
 from imagefactory.resources import layers
 from tests.conftest import REPO
 
@@ -35,7 +35,7 @@ def rooted(script: str, root: Path) -> str:
 
 def settled(body: str, root: Path) -> str:
     """The shell of a settled RUN around `body`, as the Dockerfiles render it, under `root`."""
-    return rooted(render.environment().from_string(SETTLED_RUN).render(source_date_epoch=EPOCH)
+    return rooted(contexts.environment().from_string(SETTLED_RUN).render(source_date_epoch=EPOCH)
                   .replace("BODY", body), root)
 
 
@@ -102,7 +102,7 @@ def test_the_environment_layers_are_copied_in_the_plans_order(golden_matrix, bui
     cells = [c for c in golden_matrix.cells if c.installer == installer]
     assert cells
     for cell in cells:
-        text = render.dockerfile_text(golden_matrix, cell, None, [], locked=False, builder=builder)
+        text = contexts.dockerfile_text(golden_matrix, cell, None, [], locked=False, builder=builder)
         assert copied_layers(text, stage) == list(plan), cell.id
 
 
@@ -121,7 +121,7 @@ def installer_step(golden_matrix) -> str:
     """The installer's RUN of a conda cell's Dockerfile from its stamp on: the installer, conda's
     clean, the history's dates, the settle (the download and its checksum before it need a network)."""
     cell = next(c for c in golden_matrix.cells if c.installer == "conda")
-    lines = render.dockerfile_text(golden_matrix, cell, None, [], locked=False).splitlines(keepends=True)
+    lines = contexts.dockerfile_text(golden_matrix, cell, None, [], locked=False).splitlines(keepends=True)
     start = next(i for i, line in enumerate(lines) if line.startswith("RUN curl ") and "conda-installer.sh" in line)
     end = next(i for i in range(start, len(lines)) if not lines[i].rstrip("\n").endswith("\\"))
     run = "".join(lines[start:end + 1])

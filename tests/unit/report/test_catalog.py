@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from imagefactory.report import catalog
-from imagefactory.report import summary as report
+from imagefactory.report import summary
 from imagefactory.run import results
 from imagefactory.cli.app import app
 from imagefactory.errors import ConfigError
@@ -50,7 +50,7 @@ def test_every_value_from_the_report_is_escaped(reports):
     r = reports[1]
     r.cell = "py3.12-cpu-openblas-pip" + HOSTILE
     r.status = r.builder = r.base_image = HOSTILE
-    r.checks = [report.Check(HOSTILE, HOSTILE, HOSTILE, "fail", HOSTILE, mode=HOSTILE)]
+    r.checks = [summary.Check(HOSTILE, HOSTILE, HOSTILE, "fail", HOSTILE, mode=HOSTILE)]
     r.pushed = [{"ref": "reg.example/a:b" + HOSTILE, "digest": HOSTILE}, {"ref": "reg.example/a:b", "digest": HOSTILE}]
     page = catalog.render(reports, {r.cell: [{"name": HOSTILE, "status": "ok", "speedup": 2.0, "unit": HOSTILE,
                                                "container": HOSTILE, "baseline": {"label": HOSTILE, "value": 1},
@@ -95,7 +95,7 @@ def test_the_report_command_writes_the_catalogue_and_prints_the_summary(tmp_path
 def test_every_run_writes_the_catalogue_beside_the_report(reports, tmp_path, monkeypatch):
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
     shutil.copy(FIXTURE / "bench.json", tmp_path / "bench.json")
-    report.write(reports, tmp_path / "report.json", gpus=False)
+    summary.write(reports, tmp_path / "report.json", gpus=False)
     page = (tmp_path / "report.html").read_text()
     assert page.startswith("<!DOCTYPE html>") and 'data-verdict="fail"' in page and "×5.31" in page
 

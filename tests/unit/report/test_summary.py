@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from imagefactory.report import summary as report
+from imagefactory.report import summary
 from imagefactory.run import results
 
 FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "report"
@@ -21,7 +21,7 @@ def load(path: Path) -> list[results.CellReport]:
     """The cells of a report.json, as the pipeline had them before writing it."""
     known = {f.name for f in dataclasses.fields(results.CellReport)}
     return [results.CellReport(**{k: v for k, v in c.items() if k in known and k != "checks"},
-                              checks=[report.Check(**ch) for ch in c["checks"]])
+                              checks=[summary.Check(**ch) for ch in c["checks"]])
             for c in json.loads(path.read_text())["cells"]]
 
 
@@ -41,7 +41,7 @@ def table_rows(text: str) -> list[list[str]]:
 
 
 def test_one_row_per_check_failing_first_with_the_fix(reports):
-    md = report.summary(reports)
+    md = summary.summary(reports)
     rows = table_rows(section(md, BAD))
     names = [r[0] for r in rows]
     judged = {c.name for c in reports[1].checks}
@@ -58,7 +58,7 @@ def test_one_row_per_check_failing_first_with_the_fix(reports):
 
 
 def test_information_rows_show_the_value_once_and_modes_only_where_they_differ(reports):
-    rows = {r[0]: r for r in table_rows(section(report.summary(reports), GOOD))}
+    rows = {r[0]: r for r in table_rows(section(summary.summary(reports), GOOD))}
     python = rows["python.version"]
     assert python[1:4] == ["✅", "✅", "✅"] and python[4] == "3.11"
     threads = rows["threads.numpy_blas"]  # 2 threads in docker and bare, 1 CPU in hpc
@@ -69,7 +69,7 @@ def test_information_rows_show_the_value_once_and_modes_only_where_they_differ(r
 
 
 def test_the_overview_has_a_column_per_mode_and_names_failing_checks(reports):
-    md = report.summary(reports)
+    md = summary.summary(reports)
     assert "| cell | status | docker | bare | hpc | publish | failing checks |" in md
     assert f"| `{BAD}` | check-failed | ✅ | ✅ | ❌ | not-published | `torch.compile` (hpc) |" in md
     assert f"| `{GOOD}` | passed | ✅ | ✅ | ✅ | published | — |" in md
@@ -79,9 +79,9 @@ def test_the_overview_has_a_column_per_mode_and_names_failing_checks(reports):
 def test_the_summary_is_well_formed_markdown(reports):
     """Every table row has as many cells as its header, a blank line before every table and
     heading, and a hostile value cannot end a cell, a row or open HTML."""
-    reports[1].checks[0] = report.Check("probe.numpy", "imported", "a | b\nc <script>x</script>", "fail",
+    reports[1].checks[0] = summary.Check("probe.numpy", "imported", "a | b\nc <script>x</script>", "fail",
                                         "fix | it\r\n", mode="docker")
-    md = report.summary(reports)
+    md = summary.summary(reports)
     lines = md.splitlines()
     width = None
     for i, line in enumerate(lines):
@@ -98,10 +98,10 @@ def test_the_summary_is_well_formed_markdown(reports):
 
 def test_write_gives_json_and_markdown_and_keeps_the_json_as_it_was(reports, tmp_path, monkeypatch):
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
-    path, md = report.write(reports, tmp_path / "report.json", gpus=False)
+    path, md = summary.write(reports, tmp_path / "report.json", gpus=False)
     doc = json.loads(path.read_text())
     assert [c["cell"] for c in doc["cells"]] == [GOOD, BAD] and doc["cells"][1]["launches"]["hpc"] == "fail"
-    assert md == tmp_path / "report.md" and md.read_text() == report.summary(reports)
+    assert md == tmp_path / "report.md" and md.read_text() == summary.summary(reports)
     # report.json is what it was: the fixture's cells come back field for field. The fields
     # signing added (sbom, provenance, signing, signatures) are new keys, empty when unsigned, and
     # so is emulated (empty for a native probe): a reader of the old document finds every key it
@@ -115,7 +115,7 @@ def test_write_gives_json_and_markdown_and_keeps_the_json_as_it_was(reports, tmp
 def test_a_failed_build_shows_its_step_error_and_log_tail_in_a_fence_it_cannot_close():
     r = results.CellReport("py3.11-cpu-mkl-pip", status=results.BUILD_FAILED, failed_step="step 9/31: RUN pip install",
                           error="exit | 1", log_tail=["ERROR: no such package", "```", "# not a heading"])
-    md = report.summary([r])
+    md = summary.summary([r])
     # no cell was probed: no mode columns, and the row has as many cells as the header
     assert "| cell | status | publish | failing checks |" in md and "| `py3.11-cpu-mkl-pip` | build-failed | — |  |" in md
     body = section(md, "py3.11-cpu-mkl-pip")

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from imagefactory.probe import checks
-from imagefactory.render import contexts as render
+from imagefactory.render import contexts
 from tests.unit.helpers import CPU_OPENBLAS
 from tests.unit.thread_rule import (
     AFFINITIES, AUTO_CELL, CASES, CPUS, REFUSED, RESOURCES, USER_VALUES, _run_hooked, _shell, _tree, launch,
@@ -57,9 +57,9 @@ def test_a_value_the_user_sets_wins_and_a_bad_one_is_left_alone(tmp_path, given,
     want, said = want.replace("B", "1"), said.replace("=B", "=1") + ("\n" if said else "")
     show = 'printf "%s %s %s" "$OMP_NUM_THREADS" "$MKL_NUM_THREADS" "$OPENBLAS_NUM_THREADS"'
     script = tmp_path / "launch-env.sh"
-    script.write_text(render.launch_env_text(AUTO_CELL, cgroup_root=root))
+    script.write_text(contexts.launch_env_text(AUTO_CELL, cgroup_root=root))
     entry = tmp_path / "entrypoint.sh"
-    entry.write_text(render.entrypoint_text(AUTO_CELL, cgroup_root=root))
+    entry.write_text(contexts.entrypoint_text(AUTO_CELL, cgroup_root=root))
     got = {shell: _with_stderr([shell, "-c", '. "$0"; ' + show, str(script)], given) for shell in ("dash", "bash")}
     got["entrypoint"] = _with_stderr(["bash", str(entry), "sh", "-c", show], given)
     environ = dict(given)
@@ -72,7 +72,7 @@ def test_a_value_the_user_sets_wins_and_a_bad_one_is_left_alone(tmp_path, given,
 
 def test_the_shell_script_survives_set_eu_and_leaves_no_helpers_behind(tmp_path):
     script = tmp_path / "launch-env.sh"
-    script.write_text(render.launch_env_text(AUTO_CELL, cgroup_root=str(tmp_path / "none")))
+    script.write_text(contexts.launch_env_text(AUTO_CELL, cgroup_root=str(tmp_path / "none")))
     for shell in ("dash", "bash"):
         out = _shell([shell, "-euc", '. "$0"; set | grep -c "^_imagefactory" || true; command -v '
                       '_imagefactory_cpu_budget || echo gone', str(script)], 1)
@@ -84,7 +84,7 @@ def test_fixed_threads_are_the_image_env_and_activation_is_sourced(tmp_path):
     (prefix / "etc" / "conda" / "activate.d").mkdir(parents=True)
     (prefix / "etc" / "conda" / "activate.d" / "x.sh").write_text("export MKL_INTERFACE_LAYER=LP64,GNU\necho noise\n")
     cell = replace(CPU_OPENBLAS, threads=4, env=(("HF_HOME", "/data/hf"),))
-    text = render.launch_env_text(cell).replace("_imagefactory_prefix=/opt/venv",
+    text = contexts.launch_env_text(cell).replace("_imagefactory_prefix=/opt/venv",
                                                 f"_imagefactory_prefix={prefix}")
     script = tmp_path / "launch-env.sh"
     script.write_text(text)
@@ -207,7 +207,7 @@ def test_no_writable_exec_place_is_reported_not_invented(tmp_path, monkeypatch):
 
 def test_python_launcher_runs_the_environments_interpreter(hooked_venv, tmp_path):
     """/usr/local/bin/python: a script, because a symlink is not a venv interpreter."""
-    text = render.environment().get_template("python-launcher.sh.j2").render(python=f"{hooked_venv}/bin/python")
+    text = contexts.environment().get_template("python-launcher.sh.j2").render(python=f"{hooked_venv}/bin/python")
     launcher = tmp_path / "python"
     launcher.write_text(text)
     launcher.chmod(0o755)

@@ -12,9 +12,9 @@ import threading
 
 import pytest
 
-from imagefactory.pipeline import build as build_mod
-from imagefactory.cli import app as cli
-from imagefactory.engine import select as engines
+from imagefactory.files import fsutil
+from imagefactory.cli import app
+from imagefactory.engine import select
 from imagefactory.config import matrix as matrix_mod
 from imagefactory.run.context import Gpus, TestOptions
 from imagefactory.errors import Cancelled, ConfigError
@@ -39,8 +39,8 @@ def world(tmp_path, monkeypatch) -> World:
     def exit_now(code: int) -> None:
         raise SystemExit(code)
 
-    monkeypatch.setattr(engines, "docker_engine", engine)
-    monkeypatch.setattr(cli.os, "_exit", exit_now)
+    monkeypatch.setattr(select, "docker_engine", engine)
+    monkeypatch.setattr(app.os, "_exit", exit_now)
     monkeypatch.chdir(tmp_path)
     return w
 
@@ -48,7 +48,7 @@ def world(tmp_path, monkeypatch) -> World:
 def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
     monkeypatch.setattr(sys, "argv", ["imagefactory", *args])
     try:
-        cli.main()
+        app.main()
         code = 0
     except SystemExit as e:
         code = int(e.code or 0)
@@ -75,7 +75,7 @@ def test_choices_are_checked_once_into_enums():
 
 
 def test_bench_holds_the_work_dir_lock(world, tmp_path, monkeypatch, capsys):
-    with build_mod.locked(tmp_path / "build", tmp_path / "build" / "report.json"):  # a build is running
+    with fsutil.locked(tmp_path / "build", tmp_path / "build" / "report.json"):  # a build is running
         code, _, err = run_cli(monkeypatch, capsys, "bench", "--work-dir", "build")
     assert code == 2 and "--work-dir build: another imagefactory run" in err, err
     assert world.calls == []
@@ -113,7 +113,7 @@ def test_raising_scope_turns_sigterm_into_cancelled_in_the_main_thread():
 
 
 def test_a_second_lock_of_the_same_matrix_stops_before_resolving(world, tmp_path, monkeypatch, capsys):
-    with build_mod.exclusive(tmp_path / "matrix.yaml", "a running lock", own_file=False):
+    with fsutil.exclusive(tmp_path / "matrix.yaml", "a running lock", own_file=False):
         code, _, err = run_cli(monkeypatch, capsys, "lock")
     assert code == 2 and "another imagefactory run" in err and "resolving" not in err, err
     assert not (tmp_path / "locks").exists() and (tmp_path / "matrix.yaml").read_text() == MATRIX

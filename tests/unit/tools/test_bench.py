@@ -13,7 +13,7 @@ import pytest
 from imagefactory.tools import bench
 from imagefactory.pipeline import build
 from imagefactory.config import matrix
-from imagefactory.render import contexts as render
+from imagefactory.render import contexts
 from imagefactory.config import tags
 from imagefactory.engine.api import RunResult
 from imagefactory.errors import EngineError
@@ -128,7 +128,7 @@ def fake(golden, outputs: list, *, built: bool = True) -> World:
     m, cell, content_hash = golden
     world = World(registry={cell.base_image: "sha256:" + "1" * 64}, run_outputs=list(outputs))
     if built:
-        world.images["sha256:abc"] = Image("sha256:abc", {render.HASH_LABEL: content_hash},
+        world.images["sha256:abc"] = Image("sha256:abc", {contexts.HASH_LABEL: content_hash},
                                            {tags.candidate(cell, content_hash)}, cell.id)
     return world
 

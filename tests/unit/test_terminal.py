@@ -1,10 +1,10 @@
-"""files/terminal.py: what reaches the terminal is escaped and bounded (listings, paths, warnings)."""
+"""terminal.py: what reaches the terminal is escaped and bounded (listings, paths, warnings)."""
 
 from __future__ import annotations
 
 import pytest
-from imagefactory.cli import app as cli
-from imagefactory.files import terminal
+from imagefactory.cli import app
+from imagefactory import terminal
 from tests.unit.helpers import run_cli
 from tests.unit.helpers import hardening_project
 
@@ -26,7 +26,7 @@ def test_listing_takes_names_never_one_string():
 def test_the_warning_itself_reaches_the_terminal_escaped(project, monkeypatch, capsys):
     bad = project / "n\x1b[31m\x07"
     bad.write_text("machine other.example.com login a password b\n")
-    monkeypatch.setattr(cli, "_run", _no_engine)
+    monkeypatch.setattr(app, "_run", _no_engine)
     code, out, err = run_cli(["build", "--builder", "classic", "--netrc", str(bad)], monkeypatch, capsys)
     assert "warning: netrc" in err and "names no host" in err
     assert "\x1b" not in err + out and "\x07" not in err + out and "\\x1b[31m\\x07" in err

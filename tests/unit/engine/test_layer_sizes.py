@@ -1,4 +1,4 @@
-"""engine/layers.py: an image's layers from a `docker save` stream, exact where the stream holds the
+"""engine/layer_sizes.py: an image's layers from a `docker save` stream, exact where the stream holds the
 compressed blobs (the containerd store), gzip estimates where it holds layer.tar (graph driver),
 estimates kept by diff id so the next measure of the same layers saves nothing."""
 
@@ -13,7 +13,7 @@ import tarfile
 
 import pytest
 
-from imagefactory.engine import layers
+from imagefactory.engine import layer_sizes
 
 
 def _tar(members: dict[str, bytes]) -> list[bytes]:
@@ -52,7 +52,7 @@ def _graph_driver() -> list[bytes]:
 
 
 def test_the_containerd_store_gives_the_blobs_sizes_exactly_with_their_steps():
-    got = layers.measure(_containerd())
+    got = layer_sizes.measure(_containerd())
     assert got.exact and [x.size for x in got.layers] == [len(gzip.compress(BASE)), len(gzip.compress(VENV))]
     assert [x.diff_id for x in got.layers] == [sha(BASE), sha(VENV)]
     assert [x.digest for x in got.layers] == [sha(gzip.compress(BASE)), sha(gzip.compress(VENV))]
@@ -60,7 +60,7 @@ def test_the_containerd_store_gives_the_blobs_sizes_exactly_with_their_steps():
 
 
 def test_the_graph_driver_store_is_estimated_by_gzip_in_manifest_order():
-    got = layers.measure(_graph_driver())
+    got = layer_sizes.measure(_graph_driver())
     assert not got.exact and all(x.estimated and not x.digest for x in got.layers)
     assert [x.diff_id for x in got.layers] == [sha(BASE), sha(VENV)]  # manifest order, not the tar's
     expected = [len(gzip.compress(data, compresslevel=6, mtime=0)) for data in (BASE, VENV)]
@@ -75,11 +75,11 @@ def test_estimates_are_kept_by_diff_id_and_the_next_measure_saves_nothing():
         calls.append(1)
         return _graph_driver()
 
-    first = layers.measured([sha(BASE), sha(VENV)], save, estimates=True)
-    again = layers.measured([sha(BASE), sha(VENV)], save, estimates=True)
+    first = layer_sizes.measured([sha(BASE), sha(VENV)], save, estimates=True)
+    again = layer_sizes.measured([sha(BASE), sha(VENV)], save, estimates=True)
     assert calls == [1] and [x.size for x in again.layers] == [x.size for x in first.layers]
     assert again.layers[1].step == "COPY /opt/venv /opt/venv # buildkit" and not again.exact
-    layers.measured([sha(BASE), sha(b"new")], save, estimates=True)  # one layer never measured: saved again
+    layer_sizes.measured([sha(BASE), sha(b"new")], save, estimates=True)  # one layer never measured: saved again
     assert calls == [1, 1]
 
 
@@ -90,8 +90,8 @@ def test_blob_sizes_are_never_taken_from_the_cache():
         calls.append(1)
         return _containerd()
 
-    layers.measured([sha(BASE), sha(VENV)], save, estimates=False)
-    layers.measured([sha(BASE), sha(VENV)], save, estimates=False)
+    layer_sizes.measured([sha(BASE), sha(VENV)], save, estimates=False)
+    layer_sizes.measured([sha(BASE), sha(VENV)], save, estimates=False)
     assert calls == [1, 1]
 
 
@@ -99,7 +99,7 @@ def test_blob_sizes_are_never_taken_from_the_cache():
                                      {"manifest.json": json.dumps([{"Layers": ["gone/layer.tar"]}]).encode()}])
 def test_a_stream_that_is_not_one_image_is_refused(members):
     with pytest.raises(ValueError):
-        layers.measure(_tar(members))
+        layer_sizes.measure(_tar(members))
 
 
 def test_a_history_without_empty_layer_marks_is_read_by_its_nop_steps_or_not_at_all():
@@ -109,10 +109,10 @@ def test_a_history_without_empty_layer_marks_is_read_by_its_nop_steps_or_not_at_
     history = [{"created_by": ""}, {"created_by": sh + "#(nop)  SHELL [/bin/bash]"},
                {"created_by": sh + "#(nop) COPY dir:bf4 in /opt/venv"}, {"created_by": sh + "useradd x"},
                {"created_by": sh + "#(nop)  ENV A=1"}, {"created_by": sh + "#(nop) ADD file:1 in /"}]
-    assert layers.steps({"history": history}, 4) == ["", sh + "#(nop) COPY dir:bf4 in /opt/venv", sh + "useradd x",
+    assert layer_sizes.steps({"history": history}, 4) == ["", sh + "#(nop) COPY dir:bf4 in /opt/venv", sh + "useradd x",
                                                      sh + "#(nop) ADD file:1 in /"]
-    assert layers.steps({"history": history}, 3) == []  # does not fit: no step rather than a wrong one
-    assert layers.steps({"history": "x"}, 1) == []
+    assert layer_sizes.steps({"history": history}, 3) == []  # does not fit: no step rather than a wrong one
+    assert layer_sizes.steps({"history": "x"}, 1) == []
 
 
 LIST = "opt/venv/etc/imagefactory/layers/3-torch.txt"
@@ -143,24 +143,24 @@ def _image(layer: bytes, *, blob: bool) -> list[bytes]:
 @pytest.mark.parametrize("blob", [True, False], ids=["containerd-blob", "graph-driver-tar"])
 def test_an_environment_layers_packages_are_read_from_the_list_it_carries(blob):
     """Only whole package lines: a terminal escape or a stray line never reaches a message."""
-    got = layers.measure(_image(_env_layer(), blob=blob))
+    got = layer_sizes.measure(_image(_env_layer(), blob=blob))
     assert got.layers[0].packages == ("filelock==3.20.0", "torch==2.13.0", "python=3.11.9=h1_0_cpython")
     assert got.exact is blob
 
 
 def test_a_list_past_the_peek_a_misnamed_list_or_a_cut_tar_gives_no_packages(monkeypatch):
-    monkeypatch.setattr(layers, "PEEK", 4096)
-    monkeypatch.setattr(layers, "CHUNK", 1024)  # many reads, so the peek must stop itself
+    monkeypatch.setattr(layer_sizes, "PEEK", 4096)
+    monkeypatch.setattr(layer_sizes, "CHUNK", 1024)  # many reads, so the peek must stop itself
     late = _layer_tar({"opt/venv/bin/python": os.urandom(8192), LIST: LISTED})
-    assert layers.measure(_image(late, blob=True)).layers[0].packages == ()
-    assert layers.measure(_image(late, blob=False)).layers[0].packages == ()
-    monkeypatch.setattr(layers, "PEEK", 64 << 20)
-    assert layers.measure(_image(late, blob=True)).layers[0].packages != ()
+    assert layer_sizes.measure(_image(late, blob=True)).layers[0].packages == ()
+    assert layer_sizes.measure(_image(late, blob=False)).layers[0].packages == ()
+    monkeypatch.setattr(layer_sizes, "PEEK", 64 << 20)
+    assert layer_sizes.measure(_image(late, blob=True)).layers[0].packages != ()
     elsewhere = _layer_tar({"opt/venv/etc/imagefactory/layers/../../x.txt": LISTED,
                             "tmp/etc/imagefactory/layers/3-torch.txt.bak": LISTED})
-    assert layers.measure(_image(elsewhere, blob=False)).layers[0].packages == ()
-    assert layers.packages(_env_layer()[:700]) == ()  # cut inside the list's header
-    assert layers.packages(b"\0" * 10) == () and layers.packages(b"") == ()
+    assert layer_sizes.measure(_image(elsewhere, blob=False)).layers[0].packages == ()
+    assert layer_sizes.packages(_env_layer()[:700]) == ()  # cut inside the list's header
+    assert layer_sizes.packages(b"\0" * 10) == () and layer_sizes.packages(b"") == ()
 
 
 def test_a_kept_estimate_keeps_its_packages():
@@ -170,13 +170,13 @@ def test_a_kept_estimate_keeps_its_packages():
         calls.append(1)
         return _image(layer, blob=False)
 
-    first = layers.measured([sha(layer)], save, estimates=True)
-    again = layers.measured([sha(layer)], save, estimates=True)
+    first = layer_sizes.measured([sha(layer)], save, estimates=True)
+    again = layer_sizes.measured([sha(layer)], save, estimates=True)
     assert calls == [1] and again.layers[0].packages == first.layers[0].packages != ()
 
 
 def test_a_step_is_kept_long_enough_to_reach_a_settled_apt_steps_packages():
     long = "RUN /bin/bash -o pipefail -c touch /tmp/imagefactory-stamp  && printf x" + " " * 600 + \
         "&& apt-get install -y g++" + "x" * 2000
-    (step,) = layers.steps({"history": [{"created_by": long}]}, 1)
-    assert len(step) == layers.STEP_CHARS and "apt-get install -y g++" in step
+    (step,) = layer_sizes.steps({"history": [{"created_by": long}]}, 1)
+    assert len(step) == layer_sizes.STEP_CHARS and "apt-get install -y g++" in step
