@@ -225,24 +225,27 @@ class Engine:
         except _SDK_ERRORS as e:
             self._failed(f"could not inspect {ref}", e)
 
-    def image_platform(self, ref: str) -> str | None:
-        """os/architecture of the local image's config ("linux/amd64"); None when there is none."""
+    def _inspected(self, ref: str) -> dict | None:
+        """The local image's inspect answer; None when there is none."""
         try:
-            attrs = self.client.images.get(ref).attrs
+            return self.client.images.get(ref).attrs
         except docker.errors.ImageNotFound:
             return None
         except _SDK_ERRORS as e:
             self._failed(f"could not inspect {ref}", e)
+
+    def image_platform(self, ref: str) -> str | None:
+        """os/architecture of the local image's config ("linux/amd64"); None when there is none."""
+        attrs = self._inspected(ref)
+        if attrs is None:
+            return None
         return f"{attrs.get('Os') or '?'}/{attrs.get('Architecture') or '?'}"
 
     def local_image(self, ref: str) -> LocalImage | None:
         """The local image's size as `docker images` lists it and its rootfs diff ids; None if there is none."""
-        try:
-            attrs = self.client.images.get(ref).attrs
-        except docker.errors.ImageNotFound:
+        attrs = self._inspected(ref)
+        if attrs is None:
             return None
-        except _SDK_ERRORS as e:
-            self._failed(f"could not inspect {ref}", e)
         size = self._listed_size(str(attrs.get("Id", "")))
         if size is None:
             size = _size(attrs.get("Size"))
