@@ -124,6 +124,9 @@ def test_cells_build_probe_and_push_on_the_graph_driver_store(built, legacy, bui
     for name in CELLS[builder]:
         cell = cells[name]
         assert cell["status"] == "passed" and cell["builder"] == builder, (name, cell["status"], cell["error"])
+        # its size as the graph-driver store lists it (`docker images`), pushed or not
+        (listed,) = legacy.api.images(name=cell["candidate"])
+        assert cell["sizes"]["local"]["size"] == listed["Size"] > 5 * 10**8, (name, cell["sizes"], listed["Size"])
         assert cell["launches"] == ALL_PASS, [c for c in cell["checks"] if c["verdict"] == "fail"]
         # the id is the legacy engine's own for the candidate: its config digest in this store
         image = legacy.images.get(cell["candidate"])
